@@ -1,0 +1,97 @@
+"""``convert(model, recipe)``: swap ``nn.Linear`` modules for quantized ones, in place.
+
+Swapping from the outside (no monkey-patching): every ``nn.Linear`` whose qualified name the
+recipe does not exclude becomes a :class:`~fp4train.linear.QuantizedLinear` sharing the same
+parameters, so ``state_dict`` keys, optimizer state and parameter identity are unchanged.
+All shape problems are collected first and reported together, before anything is swapped.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+import torch.nn as nn
+
+from . import backends
+from . import recipes as _recipes
+from .linear.module import QuantizedLinear
+from .recipes.spec import Recipe
+
+#: The transformer-block index of a module: the first ".<int>." in its qualified name.
+BLOCK_INDEX = re.compile(r"(?:^|\.)(\d+)\.")
+
+
+def convert(
+    model: nn.Module,
+    recipe: str | Recipe,
+    *,
+    filter: Callable[[str, nn.Linear], bool] | None = None,  # noqa: A002 - the public name
+    backend: str | None = None,
+) -> nn.Module:
+    """Swap ``model``'s ``nn.Linear`` layers for :class:`QuantizedLinear` as ``recipe`` says.
+
+    Args:
+        model: any module; its ``nn.Linear`` submodules are replaced in place.
+        recipe: a preset name (``fp4train.recipes.names()``), a recipe file, or a Recipe.
+        filter: ``filter(name, module) -> bool``; only modules for which it returns True are
+            converted (on top of the recipe's own overrides).
+        backend: GEMM backend name; default: the recipe's.
+
+    Returns ``model``. Raises ``ValueError`` naming every layer whose shape the recipe cannot
+    run, with the fix, before changing anything.
+    """
+    recipe = _recipes.get(recipe)
+    backend = backend or recipe.backend
+    backends.get(backend)  # fail early on a bad name
+    if isinstance(model, nn.Linear):
+        raise TypeError("convert() swaps submodules in place; wrap a bare nn.Linear, e.g. nn.Sequential(linear)")
+
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    indices = {n: _block_index(n) for n, _ in linears}
+    known = [i for i in indices.values() if i is not None]
+    num_blocks = max(known) + 1 if known else None
+
+    plan, problems = [], []
+    for name, mod in linears:
+        if filter is not None and not filter(name, mod):
+            continue
+        spec = recipe.spec_for(name, indices[name], num_blocks)
+        if spec is None or not spec.quantized:
+            if isinstance(mod, QuantizedLinear):  # a previous convert(): back to high precision
+                plan.append((name, mod, None))
+            continue
+        if not mod.weight.dtype.is_floating_point:
+            problems.append(f"  {name}: weight dtype {mod.weight.dtype} is not floating point")
+            continue
+        for p in spec.shape_problems(mod.in_features, mod.out_features):
+            problems.append(f"  {name} (Linear {mod.in_features}->{mod.out_features}): {p}")
+        plan.append((name, mod, spec))
+    if problems:
+        raise ValueError(
+            f"recipe {recipe.name!r} cannot run these layers:\n"
+            + "\n".join(problems)
+            + "\nFix: exclude them with convert(..., filter=lambda name, m: name not in {...}), add an "
+            "Override(pattern, None) to the recipe, or give the model dimensions that are multiples of the block size."
+        )
+
+    for name, mod, spec in plan:
+        if spec is None:
+            new = nn.Linear.__new__(nn.Linear)
+            nn.Module.__init__(new)
+            new.in_features, new.out_features, new.weight, new.bias = mod.in_features, mod.out_features, mod.weight, mod.bias
+        else:
+            new = QuantizedLinear.from_linear(mod, spec, backend=backend, recipe_name=recipe.name)
+        _set_submodule(model, name, new)
+    return model
+
+
+def _block_index(name: str) -> int | None:
+    m = BLOCK_INDEX.search(name + ".")
+    return int(m.group(1)) if m else None
+
+
+def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)

@@ -1,0 +1,88 @@
+"""Counter-based random numbers: ``uniform(seed, index)`` is a pure function.
+
+Stochastic rounding and random Hadamard signs need random numbers that are
+
+* reproducible from a seed (a resumed run continues the same stream),
+* the same on every device (CPU tests can check GPU results), and
+* cheap to recompute inside a kernel from ``(seed, element index)`` alone, so that a
+  Triton kernel and this reference produce *the same* draws bit for bit.
+
+``torch.Generator`` gives none of the last two, so we hash the element's index with the
+seed. The mixer is Chris Wellons' ``lowbias32`` (a bijection on 32-bit words with good
+avalanche), applied twice with the seed folded in between. All arithmetic is on int64
+tensors holding values < 2**32; the 32x32-bit products are split into 16-bit halves so
+no intermediate ever exceeds 2**48 (no reliance on signed-overflow wrap-around).
+"""
+
+from __future__ import annotations
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+_GOLDEN = 0x9E3779B9
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2**32 for int64 x in [0, 2**32) without overflow."""
+    c_lo, c_hi = c & 0xFFFF, c >> 16
+    lo = x * c_lo  # < 2**48
+    hi = ((x & 0xFFFF) * c_hi) & 0xFFFF  # only the low 16 bits survive the shift by 16
+    return (lo + (hi << 16)) & _MASK32
+
+
+def lowbias32(x: torch.Tensor) -> torch.Tensor:
+    """The ``lowbias32`` integer hash on int64 tensors holding 32-bit words."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    x = x ^ (x >> 16)
+    return x
+
+
+def hash32(seed: int, index: torch.Tensor) -> torch.Tensor:
+    """32 random bits per element of ``index`` (int64, taken mod 2**32) for ``seed``."""
+    key = (int(seed) * _GOLDEN) & _MASK32
+    key2 = ((int(seed) >> 32) ^ 0x85EBCA6B) & _MASK32
+    h = lowbias32((index & _MASK32) ^ key)
+    return lowbias32(h ^ key2)
+
+
+def uniform(seed: int, shape: tuple[int, ...] | torch.Size, device=None) -> torch.Tensor:
+    """Float32 uniform draws in [0, 1) for every element of a row-major ``shape``.
+
+    Element ``i`` (its flat row-major index) gets ``(hash32(seed, i) >> 8) * 2**-24``: 24 bits,
+    exact in float32, never equal to 1.
+    """
+    n = 1
+    for s in shape:
+        n *= int(s)
+    idx = torch.arange(n, device=device, dtype=torch.int64)
+    bits = hash32(seed, idx) >> 8
+    return (bits.to(torch.float32) * (2.0**-24)).reshape(tuple(shape))
+
+
+def random_signs(seed: int, n: int, device=None) -> torch.Tensor:
+    """A float32 vector of ``n`` seeded +-1 signs (bit 31 of the hash)."""
+    idx = torch.arange(n, device=device, dtype=torch.int64)
+    bit = hash32(seed, idx) >> 31
+    return 1.0 - 2.0 * bit.to(torch.float32)
+
+
+def derive_seed(seed: int, *salt: int) -> int:
+    """A new 62-bit seed from ``seed`` and integer salts (e.g. a GEMM/operand id)."""
+    s = int(seed) & ((1 << 62) - 1)
+    for v in salt:
+        t = torch.tensor([(s ^ (v * 0x632BE5AB)) & _MASK32, ((s >> 32) + v) & _MASK32])
+        a, b = lowbias32(t).tolist()
+        s = ((a << 30) ^ b) & ((1 << 62) - 1)
+    return s
+
+
+def fresh_seed() -> int:
+    """A seed drawn from torch's default CPU generator (so ``torch.manual_seed`` governs it).
+
+    Uses the CPU generator on purpose: no device sync, and its state is what a checkpoint
+    saves with ``torch.get_rng_state()``.
+    """
+    return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())

@@ -1,0 +1,51 @@
+"""FP8 E4M3 (``float8_e4m3fn``): the element of MXFP8/FP8 and the block scale of NVFP4.
+
+1 sign, 4 exponent (bias 7), 3 mantissa bits; largest finite 448, smallest subnormal 2**-9;
+no Inf, one NaN pattern per sign (``0x7F``/``0xFF``). We round to nearest-even through
+PyTorch's cast, but never let the cast decide out-of-range behaviour: PyTorch versions
+differ there (some saturate, some give NaN, and some turn Inf into 448). So values are
+clamped to +-448 first, and NaN/Inf are routed explicitly to the NaN code.
+"""
+
+from __future__ import annotations
+
+import torch
+
+E4M3_MAX = 448.0
+E4M3_NAN_CODE = 0x7F
+
+
+def encode(v: torch.Tensor) -> torch.Tensor:
+    """Float32 -> E4M3 bit patterns (uint8): RTNE, saturating at +-448, NaN/Inf -> NaN code."""
+    finite = torch.isfinite(v)
+    codes = v.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+    return torch.where(finite, codes, torch.full_like(codes, E4M3_NAN_CODE))
+
+
+def decode(codes: torch.Tensor) -> torch.Tensor:
+    """E4M3 bit patterns (uint8) -> float32."""
+    return codes.view(torch.float8_e4m3fn).to(torch.float32)
+
+
+def round_to_e4m3(v: torch.Tensor) -> torch.Tensor:
+    """Float32 values rounded to the nearest E4M3 value (RTNE, saturating), as float32."""
+    return decode(encode(v))
+
+
+def encode_stochastic(v: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Float32 -> E4M3 codes with stochastic rounding driven by uniforms ``u`` in [0, 1).
+
+    Positive E4M3 codes 0..126 are ordered by magnitude, so the two neighbours of ``|v|`` are
+    adjacent codes: find the nearest code, step down one if it lies above ``|v|``, and round
+    up with probability proportional to the distance. Saturates at 448; NaN/Inf -> NaN code.
+    """
+    a = v.abs().clamp(max=E4M3_MAX)
+    near = a.to(torch.float8_e4m3fn).view(torch.uint8).to(torch.int32)
+    lo = torch.where(decode(near.to(torch.uint8)) > a, near - 1, near).clamp(0, 126)
+    hi = (lo + 1).clamp(max=126)
+    g_lo = decode(lo.to(torch.uint8))
+    g_hi = decode(hi.to(torch.uint8))
+    step = torch.where(hi > lo, g_hi - g_lo, torch.ones_like(g_lo))
+    up = (u < (a - g_lo) / step) & (hi > lo)
+    codes = (lo + up.to(lo.dtype)).to(torch.uint8) | (torch.signbit(v).to(torch.uint8) << 7)
+    return torch.where(torch.isfinite(v), codes, torch.full_like(codes, E4M3_NAN_CODE))

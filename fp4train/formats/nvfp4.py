@@ -1,0 +1,73 @@
+"""NVFP4: E2M1 elements, 16-element blocks with an E4M3 scale, one FP32 scale per tensor.
+
+Encode (NVIDIA, arXiv 2509.25149), with ``amax_t`` the tensor's largest finite magnitude:
+
+    s_enc = (448 * 6) / amax_t                    # FP32; maps amax_t to E4M3max * E2M1max
+    sb    = e4m3((amax_b / 6) * s_enc)            # per block; the division by 6 first
+    q     = e2m1((x * s_enc) / sb)                # per element; two roundings, this order
+    x'    = (q * sb) / s_enc                      # decode (q * sb is exact)
+
+The float order above is load-bearing for bit-exactness: kernels must use the same.
+Edge cases: an all-zero tensor uses ``s_enc = 1``; a tiny ``amax_t`` whose ``s_enc`` would
+overflow is capped at the FP32 maximum; a block whose ``sb`` rounds to 0 (its amax below
+about ``2**-10 * amax_t / 448``) is flushed to zero; a block holding NaN/Inf gets the E4M3
+NaN scale (decodes to NaN), and ``amax_t`` is taken over finite values only.
+
+"4/6" block scaling (Cook et al. 2025, ``four_over_six=True``): each block tries mapping its
+max to 6 *and* to 4 and keeps whichever gives the smaller squared error (ties keep 6). To make
+room for the 4-candidate (whose ``sb`` is 1.5x larger), the tensor scale becomes
+``(448 * 4) / amax_t`` in this mode (our choice; documented in docs/formats.md).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import e2m1, e4m3
+
+_FP32_MAX = torch.finfo(torch.float32).max
+
+
+def tensor_scale(x: torch.Tensor, *, four_over_six: bool = False) -> torch.Tensor:
+    """FP32 encode scale ``s_enc`` (0-d tensor) from the finite values of ``x``."""
+    xf = x.float()
+    if xf.numel() == 0:
+        return torch.ones((), device=x.device)
+    amax = torch.where(torch.isfinite(xf), xf.abs(), torch.zeros_like(xf)).amax()
+    top = 448.0 * (4.0 if four_over_six else 6.0)
+    s = (top / amax).clamp(max=_FP32_MAX)
+    return torch.where(amax == 0, torch.ones_like(s), s)
+
+
+def _encode_with(xb, amax_b, s_enc, target: float, u):
+    sb_codes = e4m3.encode((amax_b / target) * s_enc)
+    sb = e4m3.decode(sb_codes).unsqueeze(-1)
+    v = (xb * s_enc) / sb
+    v = torch.where(sb == 0, torch.zeros_like(v), v)
+    codes = e2m1.encode_nearest(v) if u is None else e2m1.encode_stochastic(v, u)
+    return codes, sb_codes, sb
+
+
+def encode_blocks(
+    xb: torch.Tensor,
+    s_enc: torch.Tensor,
+    *,
+    u: torch.Tensor | None,
+    four_over_six: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blocked float32 ``(*scale_shape, 16)`` -> (E2M1 codes, E4M3 scale bytes)."""
+    finite = torch.isfinite(xb)
+    nan_block = ~finite.all(dim=-1)
+    xb = torch.where(finite, xb, torch.zeros_like(xb))
+    amax_b = xb.abs().amax(dim=-1)
+    codes, sb_codes, sb = _encode_with(xb, amax_b, s_enc, 6.0, u)
+    if four_over_six:
+        codes4, sb_codes4, sb4 = _encode_with(xb, amax_b, s_enc, 4.0, u)
+        err6 = ((e2m1.decode(codes) * sb) / s_enc - xb).square().sum(-1)
+        err4 = ((e2m1.decode(codes4) * sb4) / s_enc - xb).square().sum(-1)
+        use4 = err4 < err6
+        codes = torch.where(use4.unsqueeze(-1), codes4, codes)
+        sb_codes = torch.where(use4, sb_codes4, sb_codes)
+    codes = torch.where(nan_block.unsqueeze(-1), torch.zeros_like(codes), codes)
+    sb_codes = torch.where(nan_block, torch.full_like(sb_codes, e4m3.E4M3_NAN_CODE), sb_codes)
+    return codes, sb_codes

@@ -1,0 +1,114 @@
+"""The quantized linear layer as one autograd Function: three GEMMs, six prepared operands."""
+
+from __future__ import annotations
+
+import torch
+
+from ..recipes.spec import LinearSpec
+from .operands import (
+    DGRAD,
+    FPROP,
+    OP_A,
+    OP_B,
+    WGRAD,
+    pack_operand,
+    pad_rows,
+    prepare,
+    shares_quantization,
+    unpack_operand,
+)
+
+
+class QuantizedLinearFunction(torch.autograd.Function):
+    """``Y = X W^T + b`` with every GEMM operand prepared as a :class:`LinearSpec` says.
+
+    Shapes: X [M, K] (M = all leading dims flattened), W [N, K], Y and dY [M, N].
+    Each GEMM is ``C = A B^T`` with both operands blocked along the inner dimension:
+
+    * GEMM 1, fprop: ``Y[M,N]  = X[M,K]    @ W[N,K]^T``    inner K: X along K, W along K.
+    * GEMM 2, dgrad: ``dX[M,K] = dY[M,N]   @ (W^T)[K,N]^T`` inner N: dY along N, W along N.
+    * GEMM 3, wgrad: ``dW[N,K] = dY^T[N,M] @ (X^T)[K,M]^T`` inner M: dY along M, X along M.
+
+    A GEMM's transform (Hadamard along its inner dim) is applied to both of its operands
+    before quantization, with the same signs. If the wgrad GEMM has one, M is zero-padded to
+    its block (exact: zero rows add nothing to ``dY^T X``).
+
+    Saved for backward (through ``save_for_backward``, so saved-tensor hooks see it):
+
+    * X *already prepared for wgrad*: quantized along M (and transformed) in forward, kept
+      packed - FP4 codes + scales, ~3.8x (MXFP4) / ~3.6x (NVFP4) fewer bytes than BF16. When
+      fprop's X and wgrad's X are the same 2D-tiled quantization, fprop's is kept instead.
+      X is kept unpacked only where the recipe leaves wgrad's X unquantized (``bf16``
+      recipe, or custom recipes), and at 1 byte/element for FP8 recipes.
+    * W: the parameter itself (no copy). dgrad requantizes it along N in backward, except
+      when fprop and dgrad share one 2D-tiled quantization, which is then saved (packed).
+    * dY is quantized once for both backward GEMMs when they share a 2D-tiled spec.
+
+    The bias gradient is ``dY.sum(0)`` in FP32. ``seed`` drives stochastic rounding and
+    random Hadamard signs of this call (see :func:`fp4train.linear.operands.prepare`).
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: torch.dtype):
+        K = x.shape[-1]
+        N = weight.shape[0]
+        x2 = x.reshape(-1, K)
+        cdt = out_dtype
+        with torch.autocast(x.device.type, enabled=False):
+            # GEMM 1, fprop: Y[M,N] = X[M,K] @ W[N,K]^T, both along K
+            g = spec.fprop
+            xa = prepare(x2, g.a, axis=1, transform=g.transform, seed=seed, gemm=FPROP, operand=OP_A, compute_dtype=cdt)
+            wb = prepare(weight, g.b, axis=1, transform=g.transform, seed=seed, gemm=FPROP, operand=OP_B, compute_dtype=cdt)
+            y = backend.gemm(xa, wb, out_dtype)
+            if bias is not None:
+                y = y + bias.to(out_dtype)
+
+            # X for GEMM 3 (wgrad, along M), prepared now and saved packed
+            w3 = spec.wgrad
+            if shares_quantization(g.a, g.transform, w3.b, w3.transform):
+                x_saved = xa
+            else:
+                xm = pad_rows(x2, w3.transform.block) if w3.transform is not None else x2
+                x_saved = prepare(xm, w3.b, axis=0, transform=w3.transform, seed=seed, gemm=WGRAD, operand=OP_B, compute_dtype=cdt)
+            # W for GEMM 2 (dgrad, along N): reuse fprop's when one 2D tiling serves both
+            w_saved = wb if shares_quantization(g.b, g.transform, spec.dgrad.b, spec.dgrad.transform) else None
+
+        x_tensors, x_meta = pack_operand(x_saved)
+        w_tensors, w_meta = pack_operand(w_saved) if w_saved is not None else ((), None)
+        ctx.save_for_backward(weight, *x_tensors, *w_tensors)
+        ctx.n_x, ctx.x_meta, ctx.w_meta, ctx.reuse_w = len(x_tensors), x_meta, w_meta, w_saved is not None
+        ctx.spec, ctx.backend, ctx.seed, ctx.cdt = spec, backend, seed, cdt
+        ctx.x_shape, ctx.x_dtype, ctx.has_bias, ctx.M = x.shape, x.dtype, bias is not None, x2.shape[0]
+        return y.reshape(*x.shape[:-1], N)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        spec, backend, seed, cdt = ctx.spec, ctx.backend, ctx.seed, ctx.cdt
+        weight, *rest = ctx.saved_tensors
+        x_op = unpack_operand(tuple(rest[: ctx.n_x]), ctx.x_meta)
+        w_q = unpack_operand(tuple(rest[ctx.n_x :]), ctx.w_meta) if ctx.reuse_w else None
+        N = weight.shape[0]
+        dy2 = grad_out.reshape(-1, N)
+        g2, g3 = spec.dgrad, spec.wgrad
+        share_dy = shares_quantization(g2.a, g2.transform, g3.a, g3.transform)
+        dx = dw = db = None
+        with torch.autocast(dy2.device.type, enabled=False):
+            dy_dgrad = None
+            if ctx.needs_input_grad[0] or share_dy:
+                dy_dgrad = prepare(dy2, g2.a, axis=1, transform=g2.transform, seed=seed, gemm=DGRAD, operand=OP_A, compute_dtype=cdt)
+            if ctx.needs_input_grad[0]:
+                # GEMM 2, dgrad: dX[M,K] = dY[M,N] @ (W^T)[K,N]^T, both along N
+                if w_q is None:
+                    w_q = prepare(weight, g2.b, axis=0, transform=g2.transform, seed=seed, gemm=DGRAD, operand=OP_B, compute_dtype=cdt)
+                dx = backend.gemm(dy_dgrad, w_q.t(), ctx.x_dtype).reshape(ctx.x_shape)
+            if ctx.needs_input_grad[1]:
+                # GEMM 3, wgrad: dW[N,K] = dY^T[N,M] @ (X^T)[K,M]^T, both along M
+                if share_dy:
+                    dy_wgrad = dy_dgrad
+                else:
+                    dym = pad_rows(dy2, g3.transform.block) if g3.transform is not None else dy2
+                    dy_wgrad = prepare(dym, g3.a, axis=0, transform=g3.transform, seed=seed, gemm=WGRAD, operand=OP_A, compute_dtype=cdt)
+                dw = backend.gemm(dy_wgrad.t(), x_op.t(), weight.dtype)
+            if ctx.has_bias and ctx.needs_input_grad[2]:
+                db = dy2.float().sum(0).to(weight.dtype)
+        return dx, dw, db, None, None, None, None

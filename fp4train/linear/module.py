@@ -1,0 +1,70 @@
+"""``QuantizedLinear``: an ``nn.Linear`` whose three GEMMs follow a :class:`LinearSpec`."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .. import backends
+from ..counter_rng import fresh_seed
+from ..recipes.spec import LinearSpec
+from .function import QuantizedLinearFunction
+
+
+class QuantizedLinear(nn.Linear):
+    """Drop-in ``nn.Linear`` with quantized GEMMs.
+
+    It *is* an ``nn.Linear`` (same ``weight``/``bias`` parameters and ``state_dict`` keys), so
+    optimizers, checkpoints and FSDP-style wrappers keep working after :func:`fp4train.convert`.
+    Weights stay in their master dtype; quantization happens on the fly in every call.
+
+    A spec that quantizes nothing runs ``F.linear`` itself, bit-identical to ``nn.Linear``.
+    Under autocast the output dtype is the autocast dtype (BF16 on GPU); unquantized operands
+    are cast to it, quantized ones are quantized from the master values directly.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        spec: LinearSpec,
+        backend: str = "emulated",
+        recipe_name: str = "",
+        device=None,
+        dtype=None,
+    ):
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+        self._configure(spec, backend, recipe_name)
+
+    def _configure(self, spec: LinearSpec, backend: str, recipe_name: str) -> None:
+        self.spec = spec
+        self.backend_name = backend
+        self.backend = backends.get(backend)
+        self.recipe_name = recipe_name
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, spec: LinearSpec, *, backend: str = "emulated", recipe_name: str = "") -> QuantizedLinear:
+        """A QuantizedLinear that shares ``linear``'s parameters (no copy)."""
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new._configure(spec, backend, recipe_name)
+        new.train(linear.training)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.spec.quantized:
+            return F.linear(x, self.weight, self.bias)
+        dev = x.device.type
+        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        seed = fresh_seed() if self.spec.needs_seed else 0
+        return QuantizedLinearFunction.apply(x, self.weight, self.bias, self.spec, self.backend, seed, out_dtype)
+
+    def extra_repr(self) -> str:
+        r = f", recipe={self.recipe_name}" if self.recipe_name else ""
+        return super().extra_repr() + r + f", backend={self.backend_name}"

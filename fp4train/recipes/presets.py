@@ -1,0 +1,90 @@
+"""The preset recipes of METHODS.md section 4 (AdaHOP and Full-Stack FP4 come with their own modules).
+
+Operand names per GEMM (``C = A B^T``, blocks along the inner dim):
+fprop ``a=X, b=W`` (inner K), dgrad ``a=dY, b=W^T`` (inner N), wgrad ``a=dY^T, b=X^T`` (inner M).
+"""
+
+from __future__ import annotations
+
+from .spec import Override, GemmSpec, LinearSpec, QuantSpec, Recipe, TransformSpec
+
+
+def _uniform(q: QuantSpec, grad: QuantSpec | None = None, transform: TransformSpec | None = None) -> LinearSpec:
+    """Every weight/activation operand ``q``, every gradient operand ``grad`` (default ``q``)."""
+    g = grad or q
+    return LinearSpec(
+        fprop=GemmSpec(a=q, b=q, transform=transform),
+        dgrad=GemmSpec(a=g, b=q, transform=transform),
+        wgrad=GemmSpec(a=g, b=q, transform=transform),
+    )
+
+
+BF16 = Recipe(
+    name="bf16",
+    description="No quantization: every GEMM in the compute dtype (the baseline).",
+)
+
+FP8_ROWWISE = Recipe(
+    name="fp8_rowwise",
+    linear=_uniform(QuantSpec("fp8")),
+    description="FP8 E4M3, one FP32 scale per row along each GEMM's inner dim (the Hopper FP8 baseline).",
+)
+
+MXFP4 = Recipe(
+    name="mxfp4",
+    linear=_uniform(QuantSpec("mxfp4")),
+    description="Naive MXFP4: 1x32 blocks along every GEMM's inner dim, floor (OCP) scales, round-to-nearest-even.",
+)
+
+_NV_W = QuantSpec("nvfp4", block=(16, 16))
+_NV_X = QuantSpec("nvfp4")
+_NV_G = QuantSpec("nvfp4", rounding="stochastic")
+NVFP4 = Recipe(
+    name="nvfp4",
+    linear=LinearSpec(
+        fprop=GemmSpec(a=_NV_X, b=_NV_W),
+        dgrad=GemmSpec(a=_NV_G, b=_NV_W),
+        wgrad=GemmSpec(a=_NV_G, b=_NV_X, transform=TransformSpec(block=16, random_signs=True)),
+    ),
+    keep_last_blocks=0.15,
+    description=(
+        "NVIDIA's NVFP4 recipe: 1x16 blocks, W in 16x16 tiles, RHT-16 on wgrad, "
+        "stochastic rounding on gradients, last 15% of blocks in BF16."
+    ),
+)
+
+HADAMARD_MXFP4 = Recipe(
+    name="hadamard_mxfp4",
+    linear=_uniform(
+        QuantSpec("mxfp4"),
+        grad=QuantSpec("mxfp4", rounding="stochastic"),
+        transform=TransformSpec(block=32),
+    ),
+    description="Uniform Hadamard (HALO/Quartet style): block-32 inner Hadamard on every GEMM, MXFP4, SR on gradients.",
+)
+
+def _tib2d_linear(fmt: str) -> LinearSpec:
+    """W and dY in 32x32 tiles (one quantization serves both of their GEMMs), X in 1x32."""
+    w = QuantSpec(fmt, block=(32, 32), scale="ceil")
+    x = QuantSpec(fmt, block=32, scale="ceil")
+    g = QuantSpec(fmt, block=(32, 32), scale="ceil", rounding="stochastic")
+    return LinearSpec(fprop=GemmSpec(a=x, b=w), dgrad=GemmSpec(a=g, b=w), wgrad=GemmSpec(a=g, b=x))
+
+
+TIB2D = Recipe(
+    name="tib2d",
+    linear=_tib2d_linear("mxfp4"),
+    overrides=(
+        Override("lm_head"),
+        Override("*.lm_head"),
+        Override("*embed*"),
+        Override("*q_proj", _tib2d_linear("mxfp8")),
+        Override("*k_proj", _tib2d_linear("mxfp8")),
+    ),
+    description=(
+        "Transposition-invariant 2D blocks (paper 004): W and dY in 32x32 tiles, X in 1x32, "
+        "ceil scales, SR on gradients, q_proj/k_proj in MXFP8."
+    ),
+)
+
+PRESETS = (BF16, FP8_ROWWISE, MXFP4, NVFP4, HADAMARD_MXFP4, TIB2D)

@@ -1,0 +1,329 @@
+"""Recipes are data: what to do with each operand of each GEMM of a linear layer.
+
+A linear layer ``Y = X W^T`` runs three GEMMs, each written ``C = A B^T`` with both operands
+blocked along the inner dimension (METHODS.md section 3):
+
+=======  =====================  ==========  ===================  ===================
+GEMM     product                inner dim   operand ``a``        operand ``b``
+=======  =====================  ==========  ===================  ===================
+fprop    ``Y  = X W^T``         K (in)      X [M, K]             W [N, K]
+dgrad    ``dX = dY W``          N (out)     dY [M, N]            W^T [K, N]
+wgrad    ``dW = dY^T X``        M (tokens)  dY^T [N, M]          X^T [K, M]
+=======  =====================  ==========  ===================  ===================
+
+So a :class:`LinearSpec` holds three :class:`GemmSpec` s, each with two :class:`QuantSpec` s
+(six operands) and an optional inner-dimension :class:`TransformSpec` shared by both
+operands. A :class:`Recipe` adds a name, per-module overrides by name pattern and the
+backend. Everything is a frozen dataclass and round-trips through ``to_dict``/``from_dict``
+(and JSON/TOML, where ``None`` is written by omission).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..formats.quantize import FORMATS, ROUNDINGS
+from ..transforms.hadamard import _check_block as _check_hadamard_block
+
+#: The format name for "not quantized": the operand stays in the layer's compute dtype.
+HIGH_PRECISION = "bf16"
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How one GEMM operand is quantized (``format="bf16"``: it is not)."""
+
+    format: str = HIGH_PRECISION
+    block: int | tuple[int, int] | None = None  # None: the format's default; (b, b): 2D tiles
+    scale: str = "floor"  # MX scale rule: "floor" | "ceil"
+    rounding: str = "nearest"  # "nearest" | "stochastic"
+    four_over_six: bool = False  # NVFP4 only
+
+    def __post_init__(self):
+        if isinstance(self.block, list):
+            object.__setattr__(self, "block", tuple(self.block))
+        if self.format != HIGH_PRECISION and self.format not in FORMATS:
+            raise ValueError(f"unknown operand format {self.format!r}; choose {HIGH_PRECISION!r} or one of {sorted(FORMATS)}")
+        if self.rounding not in ROUNDINGS:
+            raise ValueError(f"unknown rounding {self.rounding!r}; choose one of {ROUNDINGS}")
+        if self.scale not in ("floor", "ceil"):
+            raise ValueError(f"unknown scale rule {self.scale!r}; choose 'floor' or 'ceil'")
+        if self.scale == "ceil" and self.format in ("nvfp4", "fp8"):
+            raise ValueError(f"scale='ceil' is for MX formats (power-of-two scales), not {self.format}")
+        if self.four_over_six and self.format != "nvfp4":
+            raise ValueError("four_over_six is an NVFP4 option")
+        b = self.block
+        if isinstance(b, tuple):
+            if len(b) != 2 or b[0] != b[1] or b[0] < 2 or b[0] % 2:
+                raise ValueError(f"2D blocks must be square with an even side, like (32, 32); got {b}")
+            if self.format == "fp8":
+                raise ValueError("fp8 is scaled per row; it has no 2D tiles")
+        elif b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 2 or b % 2):
+            raise ValueError(f"block must be an even int >= 2, (b, b) or None; got {b!r}")
+
+    @property
+    def quantized(self) -> bool:
+        return self.format != HIGH_PRECISION
+
+    @property
+    def is_2d(self) -> bool:
+        return isinstance(self.block, tuple)
+
+    @property
+    def block_size(self) -> int | None:
+        """Side of the block along the inner dimension (None: the whole row or unquantized)."""
+        if not self.quantized:
+            return None
+        if self.block is None:
+            return FORMATS[self.format].default_block
+        return self.block[0] if self.is_2d else self.block
+
+    @property
+    def stochastic(self) -> bool:
+        return self.quantized and self.rounding == "stochastic"
+
+    def quantize_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for :func:`fp4train.quantize` (besides axis and seed)."""
+        kw: dict[str, Any] = dict(block=self.block, scale=self.scale, rounding=self.rounding)
+        if self.four_over_six:
+            kw["four_over_six"] = True
+        return kw
+
+
+@dataclass(frozen=True)
+class TransformSpec:
+    """An inner-dimension transform applied to both operands of a GEMM before quantization."""
+
+    kind: str = "hadamard"
+    block: int = 32
+    random_signs: bool = False  # randomized Hadamard (RHT): seeded +-1 signs, fresh per step
+
+    def __post_init__(self):
+        if self.kind != "hadamard":
+            raise ValueError(f"unknown transform {self.kind!r}; the only one is 'hadamard'")
+        _check_hadamard_block(self.block)
+
+
+@dataclass(frozen=True)
+class GemmSpec:
+    """One GEMM ``C = A B^T``: how to prepare ``a`` and ``b`` (both along the inner dim)."""
+
+    a: QuantSpec = field(default_factory=QuantSpec)
+    b: QuantSpec = field(default_factory=QuantSpec)
+    transform: TransformSpec | None = None
+
+    @property
+    def quantized(self) -> bool:
+        return self.a.quantized or self.b.quantized or self.transform is not None
+
+    @property
+    def inner_multiple(self) -> int:
+        """What the inner dimension must be a multiple of (blocks and transform)."""
+        m = 1
+        for q in (self.a, self.b):
+            if q.block_size is not None:
+                m = _lcm(m, q.block_size)
+        if self.transform is not None:
+            m = _lcm(m, self.transform.block)
+        return m
+
+
+@dataclass(frozen=True)
+class LinearSpec:
+    """The three GEMMs of one linear layer (see the module docstring for the operands)."""
+
+    fprop: GemmSpec = field(default_factory=GemmSpec)
+    dgrad: GemmSpec = field(default_factory=GemmSpec)
+    wgrad: GemmSpec = field(default_factory=GemmSpec)
+
+    @property
+    def quantized(self) -> bool:
+        return self.fprop.quantized or self.dgrad.quantized or self.wgrad.quantized
+
+    @property
+    def needs_seed(self) -> bool:
+        """Does any operand round stochastically or any transform draw random signs?"""
+        for g in (self.fprop, self.dgrad, self.wgrad):
+            if g.a.stochastic or g.b.stochastic or (g.transform is not None and g.transform.random_signs):
+                return True
+        return False
+
+    def shape_problems(self, in_features: int, out_features: int) -> list[str]:
+        """Why this spec cannot run a ``in_features -> out_features`` layer ([] if it can).
+
+        Feature dimensions must hold whole blocks, 2D tiles and transform blocks (the token
+        dimension M is padded inside the layer instead).
+        """
+        problems = []
+        checks = [
+            ("fprop", "in_features (K)", in_features, self.fprop.inner_multiple),
+            ("dgrad", "out_features (N)", out_features, self.dgrad.inner_multiple),
+        ]
+        # 2D tiles of W cover both of its dims; 2D tiles of X / dY cover K / N in wgrad
+        for gname, g, ops in (("fprop", self.fprop, "ab"), ("dgrad", self.dgrad, "ab"), ("wgrad", self.wgrad, "ab")):
+            for o in ops:
+                q: QuantSpec = getattr(g, o)
+                if not q.is_2d:
+                    continue
+                other = {
+                    ("fprop", "a"): (None, 0),  # X tiles over M (padded) and K
+                    ("fprop", "b"): ("out_features (N)", out_features),
+                    ("dgrad", "a"): (None, 0),  # dY tiles over M and N
+                    ("dgrad", "b"): ("in_features (K)", in_features),
+                    ("wgrad", "a"): ("out_features (N)", out_features),
+                    ("wgrad", "b"): ("in_features (K)", in_features),
+                }[(gname, o)]
+                if other[0] is not None:
+                    checks.append((gname, other[0], other[1], q.block_size))
+        for gname, what, n, mult in checks:
+            if n % mult:
+                problems.append(f"{what}={n} is not a multiple of {mult} (block/transform size of {gname})")
+        return sorted(set(problems))
+
+
+@dataclass(frozen=True)
+class Override:
+    """Modules whose qualified name matches ``pattern`` (fnmatch) use ``linear`` instead.
+
+    ``linear=None`` keeps them as plain ``nn.Linear`` (high precision).
+    """
+
+    pattern: str
+    linear: LinearSpec | None = None
+
+
+#: Embeddings are never nn.Linear; the output head stays high precision by default.
+DEFAULT_OVERRIDES = (Override("lm_head"), Override("*.lm_head"), Override("*embed*"))
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A named training recipe: the default :class:`LinearSpec`, overrides, backend.
+
+    ``keep_last_blocks``: fraction of the transformer blocks, counted from the output end,
+    whose linears stay high precision (NVIDIA's NVFP4 recipe keeps ~15%). A module's block
+    index is the first ``.<int>.`` in its name (``layers.11.mlp.up_proj`` -> 11).
+    """
+
+    name: str
+    linear: LinearSpec = field(default_factory=LinearSpec)
+    description: str = ""
+    overrides: tuple[Override, ...] = DEFAULT_OVERRIDES
+    keep_last_blocks: float = 0.0
+    backend: str = "emulated"
+
+    def __post_init__(self):
+        if isinstance(self.overrides, list):
+            object.__setattr__(self, "overrides", tuple(self.overrides))
+        if not 0.0 <= self.keep_last_blocks <= 1.0:
+            raise ValueError(f"keep_last_blocks is a fraction in [0, 1], got {self.keep_last_blocks}")
+
+    def spec_for(self, name: str, block_index: int | None = None, num_blocks: int | None = None) -> LinearSpec | None:
+        """The spec for the module called ``name`` (``None``: keep it high precision)."""
+        for o in self.overrides:
+            if fnmatch.fnmatchcase(name, o.pattern):
+                return o.linear
+        if self.keep_last_blocks > 0 and block_index is not None and num_blocks:
+            n_keep = round(self.keep_last_blocks * num_blocks)
+            if block_index >= num_blocks - n_keep:
+                return None
+        return self.linear
+
+    def replace(self, **changes) -> Recipe:
+        return dataclasses.replace(self, **changes)
+
+    # ---- serialization ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Recipe:
+        d = dict(d)
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown recipe field(s) {sorted(unknown)}")
+        if "linear" in d:
+            d["linear"] = _linear_from_dict(d["linear"])
+        if "overrides" in d:
+            d["overrides"] = tuple(
+                Override(o["pattern"], _linear_from_dict(o["linear"]) if o.get("linear") is not None else None)
+                for o in d["overrides"]
+            )
+        return cls(**d)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_json(cls, s: str) -> Recipe:
+        return cls.from_dict(json.loads(s))
+
+    def to_toml(self) -> str:
+        import tomli_w
+
+        return tomli_w.dumps(self.to_dict())
+
+    @classmethod
+    def from_toml(cls, s: str) -> Recipe:
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10
+            import tomli as tomllib
+        return cls.from_dict(tomllib.loads(s))
+
+    def save(self, path: str | Path) -> None:
+        """Write as JSON or TOML, by the file's suffix."""
+        path = Path(path)
+        text = self.to_toml() if path.suffix == ".toml" else self.to_json()
+        path.write_text(text)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Recipe:
+        path = Path(path)
+        if path.suffix not in (".json", ".toml"):
+            raise ValueError(f"recipe files are .json or .toml, got {path}")
+        text = path.read_text()
+        return cls.from_toml(text) if path.suffix == ".toml" else cls.from_json(text)
+
+
+def _lcm(a: int, b: int) -> int:
+    from math import gcd
+
+    return a * b // gcd(a, b)
+
+
+def _to_plain(obj) -> Any:
+    """Dataclasses -> dicts, tuples -> lists, ``None`` fields dropped (TOML has no null)."""
+    if dataclasses.is_dataclass(obj):
+        out = {}
+        for f in dataclasses.fields(obj):
+            v = getattr(obj, f.name)
+            if v is not None:
+                out[f.name] = _to_plain(v)
+        return out
+    if isinstance(obj, (tuple, list)):
+        return [_to_plain(v) for v in obj]
+    return obj
+
+
+def _quant_from_dict(d) -> QuantSpec:
+    return QuantSpec(**d)
+
+
+def _gemm_from_dict(d) -> GemmSpec:
+    d = dict(d)
+    return GemmSpec(
+        a=_quant_from_dict(d.pop("a", {})),
+        b=_quant_from_dict(d.pop("b", {})),
+        transform=TransformSpec(**d.pop("transform")) if d.get("transform") is not None else None,
+        **{k: v for k, v in d.items() if k != "transform"},
+    )
+
+
+def _linear_from_dict(d) -> LinearSpec:
+    return LinearSpec(**{k: _gemm_from_dict(v) for k, v in d.items()})
