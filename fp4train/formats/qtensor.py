@@ -118,7 +118,7 @@ class QuantizedTensor:
         x = self.layout.from_canonical(self._decode_canonical())
         if self.transposed:
             x = x.mT
-        if dtype != torch.float32 and dtype.is_floating_point:
+        if dtype.is_floating_point and torch.finfo(dtype).max < torch.finfo(torch.float32).max:
             fmax = torch.finfo(dtype).max
             x = x.clamp(-fmax, fmax)
         return x.to(dtype)

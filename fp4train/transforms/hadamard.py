@@ -73,10 +73,11 @@ def hadamard(
             f"hadamard: dimension {axis} has size {n}, not a multiple of block={block}; "
             f"pad it or pick a block that divides it"
         )
-    y = x.to(torch.float32).movedim(axis, -1)
+    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    y = x.to(work).movedim(axis, -1)
     lead = y.shape[:-1]
     y = y.reshape(*lead, n // block, block)
-    d = signs(seed, block, device=x.device) if seed is not None else None
+    d = signs(seed, block, device=x.device).to(work) if seed is not None else None
     if d is not None and not inverse:
         y = y * d
     y = _fwht(y) * (1.0 / math.sqrt(block))

@@ -1,0 +1,37 @@
+"""E4M3 codec used by MXFP8, FP8 rowwise and NVFP4's block scales."""
+
+import torch
+
+from fp4train.formats import e4m3
+
+
+def test_every_finite_code_roundtrips():
+    codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
+    v = e4m3.decode(codes)
+    assert torch.equal(e4m3.encode(v), codes)
+
+
+def test_largest_and_smallest():
+    assert e4m3.decode(torch.tensor([0x7E], dtype=torch.uint8)).item() == 448.0
+    assert e4m3.decode(torch.tensor([0x01], dtype=torch.uint8)).item() == 2.0**-9
+
+
+def test_ties_to_even_and_saturation():
+    v = torch.tensor([17.0, 19.0, 2.0**-10, 3 * 2.0**-10, 460.0, 1e6, -1e6])
+    assert e4m3.round_to_e4m3(v).tolist() == [16.0, 20.0, 0.0, 2.0**-8, 448.0, 448.0, -448.0]
+
+
+def test_nan_and_inf_become_nan_not_448():
+    c = e4m3.encode(torch.tensor([float("nan"), float("inf"), -float("inf")]))
+    assert torch.isnan(e4m3.decode(c)).all()
+    c = e4m3.encode_stochastic(torch.tensor([float("nan"), float("inf")]), torch.zeros(2))
+    assert torch.isnan(e4m3.decode(c)).all()
+
+
+def test_stochastic_rounds_between_neighbours_unbiased():
+    v = torch.full((200_000,), 17.5)  # neighbours 16 and 18
+    u = torch.rand(v.shape, generator=torch.Generator().manual_seed(0))
+    q = e4m3.decode(e4m3.encode_stochastic(v, u))
+    assert set(q.unique().tolist()) == {16.0, 18.0}
+    # P(18) = 0.75; std of the mean = 2 * sqrt(.75 * .25 / n)
+    assert abs(q.mean().item() - 17.5) < 5 * 2 * (0.1875 / v.numel()) ** 0.5
