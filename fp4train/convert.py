@@ -57,7 +57,7 @@ def convert(
         if filter is not None and not filter(name, mod):
             continue
         spec = recipe.spec_for(name, indices[name], num_blocks)
-        if spec is None or not spec.quantized:
+        if spec is None:
             if isinstance(mod, QuantizedLinear):  # a previous convert(): back to high precision
                 plan.append((name, mod, None))
             continue

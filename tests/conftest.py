@@ -4,7 +4,7 @@ import torch
 
 def sqnr_db(ref: torch.Tensor, approx: torch.Tensor) -> float:
     """Signal-to-quantization-noise ratio in dB: 10 log10(|ref|^2 / |ref - approx|^2)."""
-    ref, approx = ref.double(), approx.double()
+    ref, approx = ref.detach().double(), approx.detach().double()
     noise = (ref - approx).pow(2).sum()
     if noise == 0:
         return float("inf")
