@@ -310,3 +310,16 @@ def test_property_shape_finite_and_bounded_error(fmt, rows, cols, two_d, rule, l
     # every element within 50% of its block's amax (FP4 worst case: clip 8X->6X = 25%, rounding)
     assert ((d - x).abs() <= 0.5 * x.abs().max() + 1e-30).all()
     assert (d.abs().max() <= x.abs().max() * 1.34 + 1e-30)
+
+
+def test_scale_divisions_are_rounded_once():
+    """s_enc = 2688 / amax and the FP8 row scale amax / 448 are single IEEE divisions
+    (not reciprocal-then-multiply), so a kernel writing ``a / c`` matches bit for bit."""
+    from fp4train.formats import nvfp4
+
+    g = torch.Generator().manual_seed(9)
+    for _ in range(200):
+        x = torch.randn(1, 64, generator=g) * float(torch.rand(1, generator=g)) * 100
+        amax = x.abs().max().double().item()
+        assert nvfp4.tensor_scale(x).item() == torch.tensor(2688.0 / amax, dtype=torch.float32).item()
+        assert quantize(x, "fp8").scales.item() == torch.tensor(amax / 448.0, dtype=torch.float32).item()

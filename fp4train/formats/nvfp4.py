@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from . import e2m1, e4m3
+from .ieee import div, rdiv
 
 _FP32_MAX = torch.finfo(torch.float32).max
 
@@ -35,12 +36,12 @@ def tensor_scale(x: torch.Tensor, *, four_over_six: bool = False) -> torch.Tenso
         return torch.ones((), device=x.device)
     amax = torch.where(torch.isfinite(xf), xf.abs(), torch.zeros_like(xf)).amax()
     top = 448.0 * (4.0 if four_over_six else 6.0)
-    s = (top / amax).clamp(max=_FP32_MAX)
+    s = rdiv(top, amax).clamp(max=_FP32_MAX)
     return torch.where(amax == 0, torch.ones_like(s), s)
 
 
 def _encode_with(xb, amax_b, s_enc, target: float, u):
-    sb_codes = e4m3.encode((amax_b / target) * s_enc)
+    sb_codes = e4m3.encode(div(amax_b, target) * s_enc)
     sb = e4m3.decode(sb_codes).unsqueeze(-1)
     v = (xb * s_enc) / sb
     v = torch.where(sb == 0, torch.zeros_like(v), v)
