@@ -1,0 +1,48 @@
+"""The benchmark scripts run (small sizes) and measure what they claim."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_sqnr_script_small(tmp_path, capsys):
+    mod = _load("sqnr_formats")
+    mod.main(["--rows", "64", "--cols", "256", "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert out.count("\n| ") == 2 * len(mod.VARIANTS)
+    res = {(r["variant"], r["rounding"]): r for r in json.loads((tmp_path / "r.json").read_text())["results"]}
+    # physics the table must show: Hadamard rescues MXFP4 on outlier channels, FP8 >> FP4,
+    # stochastic rounding costs SQNR
+    plain, had = res[("mxfp4 1x32 floor", "nearest")], res[("mxfp4 1x32 floor + H32", "nearest")]
+    assert had["outlier_channels"] > plain["outlier_channels"] + 1
+    assert res[("fp8 rowwise", "nearest")]["gaussian"] > plain["gaussian"] + 8
+    assert res[("mxfp4 1x32 floor", "stochastic")]["gaussian"] < plain["gaussian"] - 1
+
+
+def test_docs_table_is_from_the_script():
+    doc = (ROOT / "docs/formats.md").read_text()
+    assert "Produced by `python bench/sqnr_formats.py --update-docs`" in doc
+    committed = json.loads((ROOT / "bench/results/sqnr_formats.json").read_text())
+    for r in committed["results"]:
+        line = f"| {r['variant']} | {r['rounding']} | {r['gaussian']:.2f} | {r['student_t']:.2f} | {r['outlier_channels']:.2f} |"
+        assert line in doc
+
+
+def test_readme_table_is_from_the_script():
+    readme = (ROOT / "README.md").read_text()
+    committed = json.loads((ROOT / "bench/results/sqnr_formats.json").read_text())
+    nearest = {r["variant"]: r for r in committed["results"] if r["rounding"] == "nearest"}
+    rows = [ln for ln in readme.splitlines() if ln.startswith("| ") and ln.split("|")[1].strip() in nearest]
+    assert len(rows) >= 5
+    for ln in rows:
+        r = nearest[ln.split("|")[1].strip()]
+        assert ln == f"| {r['variant']} | {r['gaussian']:.2f} | {r['student_t']:.2f} | {r['outlier_channels']:.2f} |"

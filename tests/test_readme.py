@@ -1,0 +1,27 @@
+"""The README's Python examples run as written."""
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _blocks():
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_readme_examples_run():
+    blocks = _blocks()
+    assert len(blocks) >= 2
+    ns: dict = {}
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), ns)
+    assert ns["mine"].name == "mine"
+    import fp4train
+
+    assert isinstance(ns["model"][0], fp4train.QuantizedLinear)
+
+
+def test_readme_example_is_about_ten_lines():
+    first = [ln for ln in _blocks()[0].splitlines() if ln.strip()]
+    assert len(first) <= 11
