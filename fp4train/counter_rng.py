@@ -69,12 +69,21 @@ def random_signs(seed: int, n: int, device=None) -> torch.Tensor:
     return 1.0 - 2.0 * bit.to(torch.float32)
 
 
+def _lowbias32_int(x: int) -> int:
+    """:func:`lowbias32` on one Python int (host-side seed mixing, no tensors)."""
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _MASK32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
 def derive_seed(seed: int, *salt: int) -> int:
-    """A new 62-bit seed from ``seed`` and integer salts (e.g. a GEMM/operand id)."""
+    """A new 62-bit seed from ``seed`` and integer salts (e.g. a GEMM and operand id)."""
     s = int(seed) & ((1 << 62) - 1)
     for v in salt:
-        t = torch.tensor([(s ^ (v * 0x632BE5AB)) & _MASK32, ((s >> 32) + v) & _MASK32])
-        a, b = lowbias32(t).tolist()
+        a = _lowbias32_int((s ^ (v * 0x632BE5AB)) & _MASK32)
+        b = _lowbias32_int(((s >> 32) + v) & _MASK32)
         s = ((a << 30) ^ b) & ((1 << 62) - 1)
     return s
 

@@ -46,3 +46,11 @@ def test_readme_table_is_from_the_script():
     for ln in rows:
         r = nearest[ln.split("|")[1].strip()]
         assert ln == f"| {r['variant']} | {r['gaussian']:.2f} | {r['student_t']:.2f} | {r['outlier_channels']:.2f} |"
+
+
+def test_sqnr_linear_script_small(tmp_path):
+    mod = _load("sqnr_linear")
+    mod.main(["--tokens", "64", "--in", "64", "--out", "64", "--seeds", "0", "--json", str(tmp_path / "l.json")])
+    rows = {r["recipe"]: r for r in json.loads((tmp_path / "l.json").read_text())["results"]}
+    assert rows["fp8_rowwise"]["Y"] > rows["mxfp4"]["Y"] + 8  # FP8 keeps ~2 more bits
+    assert all(10 < r["Y"] < 40 for r in rows.values())

@@ -10,7 +10,8 @@ from fp4train.linear.operands import DGRAD, FPROP, OP_A, OP_B, WGRAD
 from fp4train.transforms import hadamard
 
 # SQNR floors (dB) against a float64 nn.Linear, for (Y, dX, dW) on 512x256 -> 384 with a
-# few 8x outlier input channels (see _run). Measured values sit 1.3-1.8 dB above these.
+# few 8x outlier input channels (the problem of bench/sqnr_linear.py, whose measured values
+# sit 1.3-1.8 dB above these floors).
 SQNR_FLOORS = {
     "fp8_rowwise": (27.5, 27.0, 27.0),
     "hadamard_mxfp4": (14.5, 12.5, 12.5),

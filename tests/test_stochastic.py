@@ -122,3 +122,10 @@ def test_mul32_matches_python_integers():
     x = torch.randint(0, 2**32, (1000,), dtype=torch.int64)
     got = counter_rng._mul32(x, 0x846CA68B)
     assert got.tolist() == [(v * 0x846CA68B) % 2**32 for v in x.tolist()]
+
+
+def test_host_seed_mixing_matches_the_tensor_hash():
+    x = torch.randint(0, 2**32, (200,), dtype=torch.int64)
+    assert counter_rng.lowbias32(x).tolist() == [counter_rng._lowbias32_int(v) for v in x.tolist()]
+    seeds = {counter_rng.derive_seed(7, g, o) for g in range(3) for o in range(3)}
+    assert len(seeds) == 9 and all(0 <= s < 2**62 for s in seeds)

@@ -87,10 +87,6 @@ class QuantizedTensor:
     def is_fp4(self) -> bool:
         return self.fmt in ("mxfp4", "nvfp4")
 
-    def element_codes(self) -> torch.Tensor:
-        """Unpacked element codes (uint8) in the canonical layout."""
-        return e2m1.unpack(self.codes) if self.is_fp4 else self.codes
-
     def _decode_canonical(self) -> torch.Tensor:
         """Dequantized float32 values in the canonical (padded) layout."""
         lay = self.layout

@@ -78,7 +78,7 @@ class QuantizedLinearFunction(torch.autograd.Function):
         ctx.save_for_backward(weight, *x_tensors, *w_tensors)
         ctx.n_x, ctx.x_meta, ctx.w_meta, ctx.reuse_w = len(x_tensors), x_meta, w_meta, w_saved is not None
         ctx.spec, ctx.backend, ctx.seed, ctx.cdt = spec, backend, seed, cdt
-        ctx.x_shape, ctx.x_dtype, ctx.has_bias, ctx.M = x.shape, x.dtype, bias is not None, x2.shape[0]
+        ctx.x_shape, ctx.x_dtype, ctx.has_bias = x.shape, x.dtype, bias is not None
         return y.reshape(*x.shape[:-1], N)
 
     @staticmethod

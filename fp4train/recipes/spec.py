@@ -311,17 +311,14 @@ def _to_plain(obj) -> Any:
     return obj
 
 
-def _quant_from_dict(d) -> QuantSpec:
-    return QuantSpec(**d)
-
-
 def _gemm_from_dict(d) -> GemmSpec:
     d = dict(d)
+    t = d.pop("transform", None)
     return GemmSpec(
-        a=_quant_from_dict(d.pop("a", {})),
-        b=_quant_from_dict(d.pop("b", {})),
-        transform=TransformSpec(**d.pop("transform")) if d.get("transform") is not None else None,
-        **{k: v for k, v in d.items() if k != "transform"},
+        a=QuantSpec(**d.pop("a", {})),
+        b=QuantSpec(**d.pop("b", {})),
+        transform=TransformSpec(**t) if t is not None else None,
+        **d,  # anything left is an unknown field: GemmSpec raises a TypeError naming it
     )
 
 
