@@ -192,3 +192,17 @@ def test_backend_refuses_operands_blocked_along_the_wrong_axis():
     a = quantize(torch.randn(32, 64), "mxfp4", axis=0)
     with pytest.raises(ValueError, match="inner"):
         get("emulated").gemm(a, torch.randn(8, 64), torch.float32)
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "tib2d", "nvfp4"])
+def test_inference_path_equals_training_forward_and_saves_nothing(name):
+    lin, x, _ = _problem(M=64, K=64, N=64)
+    q = _converted(lin, fp4train.recipes.get(name).replace(keep_last_blocks=0.0))
+    y_train = q(x.clone().requires_grad_())
+    with torch.no_grad():
+        y_eval = q(x)
+    assert torch.equal(y_train.detach(), y_eval)
+    lin.weight.requires_grad_(False)
+    lin.bias.requires_grad_(False)
+    # frozen layer: no X kept for a wgrad that never runs (only a shared 2D-tiled W, if any)
+    assert _saved_bytes(q, 256, 64, torch.float32) == _saved_bytes(q, 64, 64, torch.float32)

@@ -19,6 +19,21 @@ from .operands import (
 )
 
 
+def fprop(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: torch.dtype):
+    """GEMM 1, fprop: ``Y[M,N] = X[M,K] @ W[N,K]^T (+ b)``, both operands along K.
+
+    Returns Y and the two prepared operands (the caller may keep them for backward). Also the
+    whole forward of the layer when no gradient is needed (inference, evaluation).
+    """
+    g = spec.fprop
+    xa = prepare(x2, g.a, axis=1, transform=g.transform, seed=seed, gemm=FPROP, operand=OP_A, compute_dtype=out_dtype)
+    wb = prepare(weight, g.b, axis=1, transform=g.transform, seed=seed, gemm=FPROP, operand=OP_B, compute_dtype=out_dtype)
+    y = backend.gemm(xa, wb, out_dtype)
+    if bias is not None:
+        y = y + bias.to(out_dtype)
+    return y, xa, wb
+
+
 class QuantizedLinearFunction(torch.autograd.Function):
     """``Y = X W^T + b`` with every GEMM operand prepared as a :class:`LinearSpec` says.
 
@@ -50,42 +65,35 @@ class QuantizedLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: torch.dtype):
-        K = x.shape[-1]
-        N = weight.shape[0]
-        x2 = x.reshape(-1, K)
+        x2 = x.reshape(-1, x.shape[-1])
         cdt = out_dtype
         with torch.autocast(x.device.type, enabled=False):
-            # GEMM 1, fprop: Y[M,N] = X[M,K] @ W[N,K]^T, both along K
-            g = spec.fprop
-            xa = prepare(x2, g.a, axis=1, transform=g.transform, seed=seed, gemm=FPROP, operand=OP_A, compute_dtype=cdt)
-            wb = prepare(weight, g.b, axis=1, transform=g.transform, seed=seed, gemm=FPROP, operand=OP_B, compute_dtype=cdt)
-            y = backend.gemm(xa, wb, out_dtype)
-            if bias is not None:
-                y = y + bias.to(out_dtype)
+            y, xa, wb = fprop(x2, weight, bias, spec, backend, seed, out_dtype)
+            g, w3 = spec.fprop, spec.wgrad
+            x_saved = w_saved = None
+            if ctx.needs_input_grad[1]:
+                # X for GEMM 3 (wgrad, along M), prepared now and saved packed
+                if shares_quantization(g.a, g.transform, w3.b, w3.transform):
+                    x_saved = xa
+                else:
+                    xm = pad_rows(x2, w3.transform.block) if w3.transform is not None else x2
+                    x_saved = prepare(xm, w3.b, axis=0, transform=w3.transform, seed=seed, gemm=WGRAD, operand=OP_B, compute_dtype=cdt)
+            if ctx.needs_input_grad[0] and shares_quantization(g.b, g.transform, spec.dgrad.b, spec.dgrad.transform):
+                w_saved = wb  # one 2D tiling of W serves GEMM 2 (dgrad) as well
 
-            # X for GEMM 3 (wgrad, along M), prepared now and saved packed
-            w3 = spec.wgrad
-            if shares_quantization(g.a, g.transform, w3.b, w3.transform):
-                x_saved = xa
-            else:
-                xm = pad_rows(x2, w3.transform.block) if w3.transform is not None else x2
-                x_saved = prepare(xm, w3.b, axis=0, transform=w3.transform, seed=seed, gemm=WGRAD, operand=OP_B, compute_dtype=cdt)
-            # W for GEMM 2 (dgrad, along N): reuse fprop's when one 2D tiling serves both
-            w_saved = wb if shares_quantization(g.b, g.transform, spec.dgrad.b, spec.dgrad.transform) else None
-
-        x_tensors, x_meta = pack_operand(x_saved)
+        x_tensors, x_meta = pack_operand(x_saved) if x_saved is not None else ((), None)
         w_tensors, w_meta = pack_operand(w_saved) if w_saved is not None else ((), None)
         ctx.save_for_backward(weight, *x_tensors, *w_tensors)
         ctx.n_x, ctx.x_meta, ctx.w_meta, ctx.reuse_w = len(x_tensors), x_meta, w_meta, w_saved is not None
         ctx.spec, ctx.backend, ctx.seed, ctx.cdt = spec, backend, seed, cdt
         ctx.x_shape, ctx.x_dtype, ctx.has_bias = x.shape, x.dtype, bias is not None
-        return y.reshape(*x.shape[:-1], N)
+        return y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_out):
         spec, backend, seed, cdt = ctx.spec, ctx.backend, ctx.seed, ctx.cdt
         weight, *rest = ctx.saved_tensors
-        x_op = unpack_operand(tuple(rest[: ctx.n_x]), ctx.x_meta)
+        x_op = unpack_operand(tuple(rest[: ctx.n_x]), ctx.x_meta) if ctx.n_x else None
         w_q = unpack_operand(tuple(rest[ctx.n_x :]), ctx.w_meta) if ctx.reuse_w else None
         N = weight.shape[0]
         dy2 = grad_out.reshape(-1, N)

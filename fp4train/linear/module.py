@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from .. import backends
 from ..counter_rng import fresh_seed
 from ..recipes.spec import LinearSpec
-from .function import QuantizedLinearFunction
+from .function import QuantizedLinearFunction, fprop
 
 
 class QuantizedLinear(nn.Linear):
@@ -63,7 +63,12 @@ class QuantizedLinear(nn.Linear):
         dev = x.device.type
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         seed = fresh_seed() if self.spec.needs_seed else 0
-        return QuantizedLinearFunction.apply(x, self.weight, self.bias, self.spec, self.backend, seed, out_dtype)
+        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+            return QuantizedLinearFunction.apply(x, self.weight, self.bias, self.spec, self.backend, seed, out_dtype)
+        # no gradient will be asked for: GEMM 1 alone, nothing prepared or saved for backward
+        with torch.autocast(x.device.type, enabled=False):
+            y, _, _ = fprop(x.reshape(-1, x.shape[-1]), self.weight, self.bias, self.spec, self.backend, seed, out_dtype)
+        return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         r = f", recipe={self.recipe_name}" if self.recipe_name else ""
