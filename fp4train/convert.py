@@ -80,6 +80,7 @@ def convert(
             new = nn.Linear.__new__(nn.Linear)
             nn.Module.__init__(new)
             new.in_features, new.out_features, new.weight, new.bias = mod.in_features, mod.out_features, mod.weight, mod.bias
+            new.train(mod.training)
         else:
             new = QuantizedLinear.from_linear(mod, spec, backend=backend, recipe_name=recipe.name)
         _set_submodule(model, name, new)
