@@ -27,3 +27,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_token_cache(tmp_path_factory):
+    """Tokenized data goes to a per-session folder, never the user's ~/.cache."""
+    import os
+
+    old = os.environ.get("FP4TRAIN_CACHE")
+    os.environ["FP4TRAIN_CACHE"] = str(tmp_path_factory.mktemp("token_cache"))
+    yield
+    if old is None:
+        os.environ.pop("FP4TRAIN_CACHE", None)
+    else:
+        os.environ["FP4TRAIN_CACHE"] = old

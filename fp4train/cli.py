@@ -1,0 +1,150 @@
+"""The ``fp4train`` command: ``train``, ``compare``, ``recipes``.
+
+Every training option has a flag; ``--config file.toml`` sets many at once, and flags given on
+the command line override the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from . import recipes as _recipes
+from .train.config import TrainConfig
+
+HELP = {
+    "model": "model size preset: tiny, 20m, 60m, 125m, 350m, 1b, 3b",
+    "recipe": "recipe name (see `fp4train recipes`) or a recipe .json/.toml file",
+    "backend": "GEMM backend (default: the recipe's; 'emulated' runs anywhere)",
+    "data": "training text: a .txt/.jsonl/.jsonl.xz/.parquet file, a glob, a directory (train-*/val-* shards split themselves), "
+    "'shakespeare' or hf:NAME[:SPLIT]; several joined with commas. Default: the packaged tiny-shakespeare",
+    "val_data": "validation text, same forms as --data (default: hold out --val-fraction of the documents)",
+    "val_fraction": "fraction of documents held out for validation when --val-data is not given",
+    "tokenizer": "tokenizer: a tokenizer.json(.xz) path or a Hugging Face name (default: the packaged 32k enwiki BPE)",
+    "text_field": "JSON/parquet field that holds the text",
+    "cache_dir": "where tokenized data is cached (default: $FP4TRAIN_CACHE or ~/.cache/fp4train)",
+    "seq_len": "tokens per sequence",
+    "batch_size": "sequences per micro-batch",
+    "grad_accum": "micro-batches per optimizer step",
+    "max_steps": "optimizer steps to train",
+    "lr": "peak learning rate (AdamW)",
+    "min_lr_ratio": "the cosine schedule decays to lr * this",
+    "warmup_steps": "linear warmup steps",
+    "weight_decay": "AdamW weight decay (matrices only)",
+    "betas": "AdamW betas, e.g. 0.9,0.95",
+    "grad_clip": "clip the global gradient norm to this",
+    "eval_every": "evaluate the validation loss every N steps (and at the end); 0: only at the end",
+    "eval_batches": "validation batches per evaluation (the same ones every time)",
+    "ckpt_every": "write a checkpoint every N steps (and at the end); 0: only at the end",
+    "keep_checkpoints": "how many recent checkpoints to keep",
+    "log_every": "write a metrics record every N steps",
+    "out": "run directory (config, metrics.jsonl, TensorBoard logs, checkpoints, summary)",
+    "seed": "seed for init, data order and stochastic rounding",
+    "device": "auto (GPU if there is one), cpu, cuda or cuda:N",
+    "dtype": "autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32",
+    "compile": "torch.compile the model",
+    "progress": "show a progress bar",
+    "tensorboard": "write TensorBoard logs",
+}
+_SKIP = {"extra"}
+
+
+def _add_config_flags(p: argparse.ArgumentParser, *, skip=()) -> None:
+    p.add_argument("--config", metavar="TOML", help="read options from a TOML file (flags override it)")
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in _SKIP or f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else None
+        h = f"{HELP[f.name]} (default: {default})"
+        if f.type in ("bool", bool):
+            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=h)
+        elif f.name == "betas":
+            p.add_argument(flag, dest=f.name, type=lambda s: tuple(float(v) for v in s.split(",")), default=None, help=h)
+        else:
+            typ = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
+            p.add_argument(flag, dest=f.name, type=typ, default=None, metavar=f.name.upper(), help=h)
+
+
+def _config_from_args(args, *, drop=()) -> TrainConfig:
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
+                 if f.name not in _SKIP and f.name not in drop and getattr(args, f.name, None) is not None}
+    if getattr(args, "config", None):
+        return TrainConfig.from_toml(args.config, **overrides)
+    return TrainConfig(**overrides)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="fp4train", description="Train language models in FP4 (MXFP4, NVFP4) and compare recipes.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train a model under one recipe",
+                       description="Train a Llama-style model under one recipe. Writes config.json, metrics.jsonl, "
+                       "TensorBoard logs, checkpoints and summary.json to --out.")
+    _add_config_flags(t)
+    t.add_argument("--resume", nargs="?", const=True, default=False, metavar="CHECKPOINT",
+                   help="continue from the newest checkpoint in --out (or from the given checkpoint file)")
+    t.add_argument("--config-json", help=argparse.SUPPRESS)
+
+    c = sub.add_parser("compare", help="train several recipes on the same model, data, seed and budget",
+                       description="Train every recipe (BF16 is always included as the baseline) for every seed with "
+                       "otherwise identical settings, then write report.md, report.json and loss.png to --out.")
+    _add_config_flags(c, skip=("recipe",))
+    c.add_argument("--recipes", default="bf16,mxfp4,nvfp4", help="comma-separated recipe names (default: bf16,mxfp4,nvfp4)")
+    c.add_argument("--seeds", default=None, help="comma-separated seeds, e.g. 0,1 (default: --seed)")
+    c.add_argument("--gpus", default="auto", help="GPUs to spread runs over, one run per GPU at a time: auto, none, or e.g. 0,1")
+
+    r = sub.add_parser("recipes", help="list the recipes", description="List the registered recipes, or print one as TOML.")
+    r.add_argument("--show", metavar="NAME", help="print this recipe as TOML (a starting point for a custom recipe)")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "recipes":
+        if args.show:
+            print(_recipes.get(args.show).to_toml())
+        else:
+            print(_recipes.describe())
+        return 0
+
+    from .train import CheckpointError, TrainingDiverged
+    from .train.compare import compare
+    from .train.trainer import train
+
+    try:
+        if args.command == "train":
+            if args.config_json:
+                with open(args.config_json) as f:
+                    cfg = TrainConfig.from_dict(json.load(f))
+            else:
+                cfg = _config_from_args(args)
+            train(cfg, resume=args.resume)
+        else:
+            if args.out is None:
+                args.out = "runs/compare"
+            base = _config_from_args(args)
+            seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [base.seed]
+            gpus = _gpus(args.gpus)
+            compare(base, [r.strip() for r in args.recipes.split(",") if r.strip()], seeds, base.out, gpus=gpus)
+    except (TrainingDiverged, CheckpointError, ValueError, FileNotFoundError) as e:
+        print(f"fp4train: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _gpus(spec: str) -> list[int] | None:
+    if spec == "none":
+        return None
+    if spec == "auto":
+        import torch
+
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return list(range(n)) if n > 1 else None
+    return [int(g) for g in spec.split(",")]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""Compare recipes: the same model, data order, seed and token budget under each recipe.
+
+Runs every (recipe, seed) pair - one after another, or several at once, one per GPU, as
+subprocesses - then writes a report folder:
+
+* ``report.json``: every run's final validation loss, tokens/s and peak memory, and per recipe
+  the gap to BF16 in percent (per seed, at the same seed, and the mean), plus BF16's own
+  seed-to-seed spread, so a real difference can be told from noise;
+* ``report.md``: the same as tables;
+* ``loss.png``: validation-loss curves (mean over seeds) and the gap to BF16 over training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .config import TrainConfig
+from .trainer import train
+
+BASELINE = "bf16"
+
+
+def run_name(recipe: str, seed: int) -> str:
+    return f"{Path(recipe).stem}-seed{seed}"
+
+
+def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | Path, *, gpus: list[int] | None = None) -> dict:
+    """Train every recipe x seed from ``base`` and write the report to ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if BASELINE not in recipes:
+        recipes = [BASELINE] + list(recipes)
+    jobs = [(r, s) for s in seeds for r in recipes]
+    cfgs = {}
+    for r, s in jobs:
+        cfgs[(r, s)] = dataclasses.replace(base, recipe=r, seed=s, out=str(out / "runs" / run_name(r, s)))
+    (out / "compare.json").write_text(json.dumps({"base": base.to_dict(), "recipes": recipes, "seeds": seeds}, indent=1))
+    if gpus and len(gpus) > 1:
+        _run_parallel(cfgs, gpus, out)
+    else:
+        for (r, s), cfg in cfgs.items():
+            if (Path(cfg.out) / "summary.json").exists():
+                print(f"fp4train compare: {run_name(r, s)} already done, reusing it", file=sys.stderr)
+                continue
+            train(cfg)
+    return write_report(out, recipes, seeds)
+
+
+def _run_parallel(cfgs: dict, gpus: list[int], out: Path) -> None:
+    """One subprocess per GPU at a time, each training one (recipe, seed)."""
+    pending = [(k, c) for k, c in cfgs.items() if not (Path(c.out) / "summary.json").exists()]
+    running: dict[int, tuple] = {}
+    failed = []
+    while pending or running:
+        for g in gpus:
+            if g not in running and pending:
+                (r, s), cfg = pending.pop(0)
+                Path(cfg.out).mkdir(parents=True, exist_ok=True)
+                cfg_path = Path(cfg.out) / "train_config.json"
+                cfg_path.write_text(json.dumps(dataclasses.replace(cfg, device="cuda:0", progress=False).to_dict()))
+                env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(g))
+                log = open(Path(cfg.out) / "train.log", "w")
+                p = subprocess.Popen([sys.executable, "-m", "fp4train", "train", "--config-json", str(cfg_path)],
+                                     env=env, stdout=log, stderr=subprocess.STDOUT)
+                running[g] = (p, (r, s), log)
+                print(f"fp4train compare: {run_name(r, s)} on GPU {g}", file=sys.stderr)
+        time.sleep(1)
+        for g, (p, key, log) in list(running.items()):
+            if p.poll() is not None:
+                log.close()
+                del running[g]
+                if p.returncode != 0:
+                    failed.append(f"{run_name(*key)} (exit {p.returncode}, see {cfgs[key].out}/train.log)")
+    if failed:
+        raise RuntimeError("runs failed: " + ", ".join(failed))
+
+
+def _curve(run_dir: Path) -> list[tuple[int, float]]:
+    pts = []
+    for ln in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(ln)
+        if "val_loss" in rec:
+            pts.append((rec["step"], rec["val_loss"]))
+    return pts
+
+
+def write_report(out: str | Path, recipes: list[str], seeds: list[int]) -> dict:
+    out = Path(out)
+    runs = []
+    for r in recipes:
+        for s in seeds:
+            d = out / "runs" / run_name(r, s)
+            summ = json.loads((d / "summary.json").read_text())
+            runs.append({**summ, "recipe_arg": r, "run": d.name, "curve": _curve(d)})
+    by = {(x["recipe_arg"], x["seed"]): x for x in runs}
+    base_losses = [by[(BASELINE, s)]["final_val_loss"] for s in seeds]
+    spread = (max(base_losses) - min(base_losses)) / statistics.mean(base_losses) * 100 if len(seeds) > 1 else None
+    summary = {}
+    for r in recipes:
+        losses = [by[(r, s)]["final_val_loss"] for s in seeds]
+        gaps = [(by[(r, s)]["final_val_loss"] / by[(BASELINE, s)]["final_val_loss"] - 1) * 100 for s in seeds]
+        tps = [by[(r, s)]["tokens_per_s"] for s in seeds if by[(r, s)]["tokens_per_s"]]
+        mem = [by[(r, s)]["peak_mem_gib"] for s in seeds if by[(r, s)]["peak_mem_gib"]]
+        summary[r] = {
+            "val_loss_mean": statistics.mean(losses),
+            "val_loss_per_seed": dict(zip(map(str, seeds), losses)),
+            "gap_pct_per_seed": dict(zip(map(str, seeds), gaps)),
+            "gap_pct_mean": statistics.mean(gaps),
+            "tokens_per_s": statistics.mean(tps) if tps else None,
+            "peak_mem_gib": max(mem) if mem else None,
+        }
+    first = runs[0]
+    report = {
+        "model": first["model"], "tokens_per_run": first["tokens"], "steps": first["steps"], "seeds": seeds,
+        "device": first["device"], "gpu": first.get("gpu"), "date": time.strftime("%Y-%m-%d"),
+        "bf16_seed_spread_pct": spread, "recipes": summary,
+        "runs": [{k: v for k, v in x.items() if k != "curve"} for x in runs],
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    (out / "report.md").write_text(_markdown(report))
+    _plot(out / "loss.png", runs, recipes, seeds)
+    print((out / "report.md").read_text())
+    return report
+
+
+def _fmt(v, spec):
+    return "—" if v is None else format(v, spec)
+
+
+def _markdown(rep: dict) -> str:
+    hw = rep["gpu"] or rep["device"]
+    lines = [
+        f"# Recipe comparison: `{rep['model']}`, {rep['tokens_per_run']:,} tokens per run, seeds {rep['seeds']}",
+        "",
+        f"Hardware: {hw}. Date: {rep['date']}. Validation loss at the end of training; gap = loss / BF16 loss − 1 at "
+        f"the same seed. Tokens/s of the emulated backend measure the reference numerics, not fp4train's fast path.",
+        "",
+        "| recipe | val loss (mean) | gap to BF16 % (mean) | gap per seed % | tokens/s | peak mem GiB |",
+        "|---|---:|---:|---|---:|---:|",
+    ]
+    for r, x in rep["recipes"].items():
+        per = ", ".join(f"{g:+.2f}" for g in x["gap_pct_per_seed"].values())
+        lines.append(f"| {r} | {x['val_loss_mean']:.4f} | {x['gap_pct_mean']:+.2f} | {per} | {_fmt(x['tokens_per_s'], ',.0f')} | {_fmt(x['peak_mem_gib'], '.2f')} |")
+    if rep["bf16_seed_spread_pct"] is not None:
+        lines += ["", f"BF16 seed-to-seed spread: {rep['bf16_seed_spread_pct']:.2f}% (max − min of final val loss over seeds, / mean). "
+                  "A gap smaller than this is within noise."]
+    return "\n".join(lines) + "\n"
+
+
+def _plot(path: Path, runs: list[dict], recipes: list[str], seeds: list[int]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    by = {(x["recipe_arg"], x["seed"]): dict(x["curve"]) for x in runs}
+    for r in recipes:
+        steps = sorted(set.intersection(*(set(by[(r, s)]) for s in seeds)))
+        mean = [statistics.mean(by[(r, s)][t] for s in seeds) for t in steps]
+        ax1.plot(steps, mean, label=r, marker="." if len(steps) < 30 else None)
+        if r != BASELINE:
+            gap = [statistics.mean((by[(r, s)][t] / by[(BASELINE, s)][t] - 1) * 100 for s in seeds) for t in steps if all(t in by[(BASELINE, s)] for s in seeds)]
+            ax2.plot(steps[: len(gap)], gap, label=r)
+    ax1.set(xlabel="step", ylabel="validation loss", title="validation loss (mean over seeds)")
+    ax2.axhline(0, color="k", lw=0.8)
+    ax2.set(xlabel="step", ylabel="gap to BF16 (%)", title="validation-loss gap to BF16, same seed")
+    for a in (ax1, ax2):
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,129 @@
+"""The training loop and CLI: exact resume after SIGKILL, NaN stop, compare report, --help."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from fp4train.cli import HELP, build_parser, main
+from fp4train.train import Checkpoints, TrainConfig, Trainer, TrainingDiverged
+
+SMALL = ["--model", "tiny", "--seq-len", "32", "--batch-size", "2", "--eval-batches", "2", "--no-progress", "--no-tensorboard"]
+
+
+def _cli(args, **kw):
+    return subprocess.run([sys.executable, "-m", "fp4train", *args], capture_output=True, text=True, **kw)
+
+
+def _records(run):
+    keep = ("step", "loss", "grad_norm", "val_loss")
+    return [{k: r[k] for k in keep if k in r} for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+
+
+def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path):
+    args = ["train", *SMALL, "--recipe", "tib2d", "--max-steps", "30", "--ckpt-every", "3", "--eval-every", "10", "--log-every", "1"]
+    ref, killed = tmp_path / "ref", tmp_path / "killed"
+    r = _cli(args + ["--out", str(ref)])
+    assert r.returncode == 0, r.stderr
+
+    p = subprocess.Popen([sys.executable, "-m", "fp4train", *args, "--out", str(killed)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    manifest = killed / "checkpoints.json"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if manifest.exists() and json.loads(manifest.read_text())["checkpoints"][-1]["step"] >= 6:
+            break
+        time.sleep(0.005)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert p.returncode == -signal.SIGKILL, "the run ended before it could be killed mid-run"
+    last = json.loads(manifest.read_text())["checkpoints"][-1]["step"]
+    assert 6 <= last < 30 and not (killed / "summary.json").exists()
+
+    r = _cli(args + ["--out", str(killed), "--resume"])
+    assert r.returncode == 0, r.stderr
+    assert f"resumed {killed} at step {last}" in r.stderr
+    a = Checkpoints(ref).load()
+    b = Checkpoints(killed).load()
+    assert a["step"] == b["step"] == 30
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    for sa, sb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert _records(ref) == _records(killed)  # same loss at every step, before and after the kill
+
+
+def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    cfg = TrainConfig(model="tiny", recipe="mxfp4", seq_len=32, batch_size=2, max_steps=10, ckpt_every=3,
+                      eval_batches=1, out=str(tmp_path), progress=False, tensorboard=False)
+    t = Trainer(cfg)
+    real = t.forward
+
+    def poisoned(x, y):
+        loss = real(x, y)
+        return loss * float("nan") if t.step == 4 else loss  # the 5th step goes NaN
+
+    t.forward = poisoned
+    with pytest.raises(TrainingDiverged, match=r"diverged at step 5: loss is nan \(recipe mxfp4\); the last good checkpoint is .*step_000003.pt \(step 3\)"):
+        t.run()
+    assert Checkpoints(tmp_path).load()["step"] == 3
+
+
+def test_compare_writes_report(tmp_path):
+    out = tmp_path / "cmp"
+    rc = main(["compare", *SMALL, "--recipes", "mxfp4", "--seeds", "0,1", "--max-steps", "3", "--eval-every", "0", "--out", str(out)])
+    assert rc == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert set(rep["recipes"]) == {"bf16", "mxfp4"} and rep["seeds"] == [0, 1]
+    assert rep["recipes"]["bf16"]["gap_pct_mean"] == 0.0
+    m = rep["recipes"]["mxfp4"]
+    expect = [(m["val_loss_per_seed"][s] / rep["recipes"]["bf16"]["val_loss_per_seed"][s] - 1) * 100 for s in ("0", "1")]
+    assert list(m["gap_pct_per_seed"].values()) == pytest.approx(expect)
+    assert rep["bf16_seed_spread_pct"] is not None and rep["tokens_per_run"] == 3 * 64
+    md = (out / "report.md").read_text()
+    assert "| mxfp4 |" in md and "BF16 seed-to-seed spread" in md
+    assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_every_option_has_help():
+    ap = build_parser()
+    sub = ap._subparsers._group_actions[0].choices
+    for name in ("train", "compare"):
+        text = " ".join(sub[name].format_help().split())
+        for key, h in HELP.items():
+            if name == "compare" and key == "recipe":
+                continue
+            assert " ".join(h.split())[:40] in text, (name, key)
+    assert "--resume" in sub["train"].format_help() and "--seeds" in sub["compare"].format_help()
+
+
+def test_toml_config_with_flag_overrides(tmp_path):
+    (tmp_path / "c.toml").write_text('max_steps = 7\nlr = 0.01\nmodel = "tiny"\n')
+    from fp4train.cli import _config_from_args
+
+    args = build_parser().parse_args(["train", "--config", str(tmp_path / "c.toml"), "--max-steps", "5"])
+    cfg = _config_from_args(args)
+    assert cfg.max_steps == 5 and cfg.lr == 0.01
+    (tmp_path / "bad.toml").write_text("max_stepz = 7\n")
+    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['max_stepz'\]"):
+        TrainConfig.from_toml(tmp_path / "bad.toml")
+    with pytest.raises(ValueError, match="max_steps must be >= 1"):
+        TrainConfig(max_steps=0)
+
+
+def test_cli_errors_are_clean(tmp_path):
+    r = _cli(["train", "--recipe", "nope", "--out", str(tmp_path)])
+    assert r.returncode == 2 and "fp4train: error: unknown recipe 'nope'" in r.stderr and "Traceback" not in r.stderr
+    r = _cli(["train", "--resume", "--out", str(tmp_path / "empty"), *SMALL])
+    assert r.returncode == 2 and "no checkpoint to resume from" in r.stderr
+
+
+def test_recipes_subcommand():
+    r = _cli(["recipes"])
+    assert r.returncode == 0 and "tib2d" in r.stdout and "nvfp4" in r.stdout
+    r = _cli(["recipes", "--show", "mxfp4"])
+    assert 'name = "mxfp4"' in r.stdout
