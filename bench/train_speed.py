@@ -1,0 +1,109 @@
+"""Training-step throughput (tokens/s) and peak memory of a model under each recipe.
+
+Question: how fast does one optimizer step run under each recipe, against BF16 measured in
+the same run? Synthetic token ids (data loading excluded), AdamW, BF16 autocast on GPU.
+Timed with CUDA events (CPU: perf_counter), median over ``--steps`` after ``--warmup`` steps.
+
+    python bench/train_speed.py --model 60m --recipes bf16,mxfp4,tib2d --batch-size 16 --seq-len 1024 [--compile]
+
+Writes ``bench/results/train_speed-<model>-<gpu>.json`` (or ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+import fp4train
+from fp4train import models
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
+    except Exception:
+        return "unknown"
+
+
+def measure(model_name: str, recipe: str, batch: int, seq: int, steps: int, warmup: int, compile_: bool, device) -> dict:
+    torch.manual_seed(0)
+    model = models.build(model_name, max_seq_len=max(seq, 512)).to(device)
+    fp4train.convert(model, recipe)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    fwd = torch.compile(model) if compile_ else model
+    idx = torch.randint(0, model.config.vocab_size, (batch, seq + 1), device=device)
+    x, y = idx[:, :-1], idx[:, 1:]
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    t_first = time.perf_counter()
+    for i in range(warmup + steps):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        else:
+            t0 = time.perf_counter()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+            loss = fwd(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if cuda:
+            end.record()
+            end.synchronize()
+            dt = start.elapsed_time(end) / 1e3
+        else:
+            dt = time.perf_counter() - t0
+        if i == warmup - 1:
+            warm_s = time.perf_counter() - t_first
+        if i >= warmup:
+            times.append(dt)
+    med = statistics.median(times)
+    return {
+        "recipe": recipe, "tokens_per_s": batch * seq / med, "step_ms": med * 1e3,
+        "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
+        "warmup_s": warm_s, "loss": loss.item(),
+    }
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--recipes", default="bf16,mxfp4")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    rows = []
+    for r in args.recipes.split(","):
+        res = measure(args.model, r, args.batch_size, args.seq_len, args.steps, args.warmup, args.compile, device)
+        rows.append(res)
+        base = rows[0]["tokens_per_s"] if rows[0]["recipe"] == "bf16" else None
+        rel = f" ({res['tokens_per_s'] / base:.2f}x bf16)" if base else ""
+        mem = f", peak {res['peak_mem_gib']:.2f} GiB" if res["peak_mem_gib"] else ""
+        print(f"{args.model} {r:>15}: {res['tokens_per_s']:>12,.0f} tokens/s{rel}, step {res['step_ms']:.1f} ms{mem}, warmup {res['warmup_s']:.1f}s", flush=True)
+    out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": _commit(), "torch": torch.__version__,
+           "model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len, "compile": args.compile,
+           "backend": "emulated", "results": rows}
+    path = args.json or ROOT / "bench/results" / f"train_speed-{args.model}-{gpu.replace(' ', '_')}{'-compile' if args.compile else ''}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
