@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(c, skip=("recipe",))
     c.add_argument("--recipes", default="bf16,mxfp4,nvfp4", help="comma-separated recipe names (default: bf16,mxfp4,nvfp4)")
     c.add_argument("--seeds", default=None, help="comma-separated seeds, e.g. 0,1 (default: --seed)")
-    c.add_argument("--gpus", default="auto", help="GPUs to spread runs over, one run per GPU at a time: auto, none, or e.g. 0,1")
+    c.add_argument("--gpus", default="auto", help="GPUs to spread runs over, one run per listed id at a time: auto (every GPU "
+                   "when there are several), none (in this process), or e.g. 0,1 or 0,0,1,1 (two runs per GPU)")
 
     r = sub.add_parser("recipes", help="list the recipes", description="List the registered recipes, or print one as TOML.")
     r.add_argument("--show", metavar="NAME", help="print this recipe as TOML (a starting point for a custom recipe)")

@@ -32,7 +32,10 @@ def run_name(recipe: str, seed: int) -> str:
 
 
 def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | Path, *, gpus: list[int] | None = None) -> dict:
-    """Train every recipe x seed from ``base`` and write the report to ``out``."""
+    """Train every recipe x seed from ``base`` and write the report to ``out``.
+
+    ``gpus``: ``None`` trains in this process, one run after another; a list of GPU ids runs
+    subprocesses, one per entry at a time (repeat an id to share a GPU between runs)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if BASELINE not in recipes:
@@ -42,8 +45,8 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
     for r, s in jobs:
         cfgs[(r, s)] = dataclasses.replace(base, recipe=r, seed=s, out=str(out / "runs" / run_name(r, s)))
     (out / "compare.json").write_text(json.dumps({"base": base.to_dict(), "recipes": recipes, "seeds": seeds}, indent=1))
-    if gpus and len(gpus) > 1:
-        _run_parallel(cfgs, gpus, out)
+    if gpus:
+        run_parallel(cfgs, gpus)
     else:
         for (r, s), cfg in cfgs.items():
             if (Path(cfg.out) / "summary.json").exists():
@@ -53,15 +56,16 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
     return write_report(out, recipes, seeds)
 
 
-def _run_parallel(cfgs: dict, gpus: list[int], out: Path) -> None:
-    """One subprocess per GPU at a time, each training one (recipe, seed)."""
+def run_parallel(cfgs: dict, slots: list[int]) -> None:
+    """Train each config in a subprocess; ``slots`` lists GPU ids, one concurrent run per entry
+    (``[0, 0, 1, 1]``: two runs at a time on each of two GPUs). Finished runs are skipped."""
     pending = [(k, c) for k, c in cfgs.items() if not (Path(c.out) / "summary.json").exists()]
     running: dict[int, tuple] = {}
     failed = []
     while pending or running:
-        for g in gpus:
-            if g not in running and pending:
-                (r, s), cfg = pending.pop(0)
+        for slot, g in enumerate(slots):
+            if slot not in running and pending:
+                key, cfg = pending.pop(0)
                 Path(cfg.out).mkdir(parents=True, exist_ok=True)
                 cfg_path = Path(cfg.out) / "train_config.json"
                 cfg_path.write_text(json.dumps(dataclasses.replace(cfg, device="cuda:0", progress=False).to_dict()))
@@ -69,15 +73,17 @@ def _run_parallel(cfgs: dict, gpus: list[int], out: Path) -> None:
                 log = open(Path(cfg.out) / "train.log", "w")
                 p = subprocess.Popen([sys.executable, "-m", "fp4train", "train", "--config-json", str(cfg_path)],
                                      env=env, stdout=log, stderr=subprocess.STDOUT)
-                running[g] = (p, (r, s), log)
-                print(f"fp4train compare: {run_name(r, s)} on GPU {g}", file=sys.stderr)
+                running[slot] = (p, key, log, cfg.out)
+                print(f"fp4train: started {Path(cfg.out).name} on GPU {g}", file=sys.stderr, flush=True)
         time.sleep(1)
-        for g, (p, key, log) in list(running.items()):
+        for slot, (p, key, log, run_out) in list(running.items()):
             if p.poll() is not None:
                 log.close()
-                del running[g]
+                del running[slot]
                 if p.returncode != 0:
-                    failed.append(f"{run_name(*key)} (exit {p.returncode}, see {cfgs[key].out}/train.log)")
+                    failed.append(f"{Path(run_out).name} (exit {p.returncode}, see {run_out}/train.log)")
+                else:
+                    print(f"fp4train: finished {Path(run_out).name}", file=sys.stderr, flush=True)
     if failed:
         raise RuntimeError("runs failed: " + ", ".join(failed))
 
