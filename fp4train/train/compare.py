@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from .config import TrainConfig
 from .trainer import train
 
@@ -68,7 +70,8 @@ def run_parallel(cfgs: dict, slots: list[int]) -> None:
                 key, cfg = pending.pop(0)
                 Path(cfg.out).mkdir(parents=True, exist_ok=True)
                 cfg_path = Path(cfg.out) / "train_config.json"
-                cfg_path.write_text(json.dumps(dataclasses.replace(cfg, device="cuda:0", progress=False).to_dict()))
+                dev = "cuda:0" if torch.cuda.is_available() else cfg.device  # the one GPU the subprocess sees
+                cfg_path.write_text(json.dumps(dataclasses.replace(cfg, device=dev, progress=False).to_dict()))
                 env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(g))
                 log = open(Path(cfg.out) / "train.log", "w")
                 p = subprocess.Popen([sys.executable, "-m", "fp4train", "train", "--config-json", str(cfg_path)],
