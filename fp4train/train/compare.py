@@ -171,13 +171,14 @@ def _plot(path: Path, runs: list[dict], recipes: list[str], seeds: list[int]) ->
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     by = {(x["recipe_arg"], x["seed"]): dict(x["curve"]) for x in runs}
-    for r in recipes:
+    for i, r in enumerate(recipes):
+        color = f"C{i % 10}"  # the same colour for a recipe in both panels
         steps = sorted(set.intersection(*(set(by[(r, s)]) for s in seeds)))
         mean = [statistics.mean(by[(r, s)][t] for s in seeds) for t in steps]
-        ax1.plot(steps, mean, label=r, marker="." if len(steps) < 30 else None)
+        ax1.plot(steps, mean, label=r, color=color, marker="." if len(steps) < 30 else None)
         if r != BASELINE:
             gap = [statistics.mean((by[(r, s)][t] / by[(BASELINE, s)][t] - 1) * 100 for s in seeds) for t in steps if all(t in by[(BASELINE, s)] for s in seeds)]
-            ax2.plot(steps[: len(gap)], gap, label=r)
+            ax2.plot(steps[: len(gap)], gap, label=r, color=color)
     ax1.set(xlabel="step", ylabel="validation loss", title="validation loss (mean over seeds)")
     ax2.axhline(0, color="k", lw=0.8)
     ax2.set(xlabel="step", ylabel="gap to BF16 (%)", title="validation-loss gap to BF16, same seed")
