@@ -28,6 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _commit() -> str:
+    """The git commit measured: $FP4TRAIN_COMMIT (set it where the tree has no .git), else git."""
+    import os
+
+    if os.environ.get("FP4TRAIN_COMMIT"):
+        return os.environ["FP4TRAIN_COMMIT"]
     try:
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
     except Exception:

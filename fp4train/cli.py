@@ -69,10 +69,19 @@ def _add_config_flags(p: argparse.ArgumentParser, *, skip=()) -> None:
 
 
 def _config_from_args(args, *, drop=()) -> TrainConfig:
+    """Defaults < the run's own config.json (on --resume) < --config TOML < flags given."""
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
                  if f.name not in _SKIP and f.name not in drop and getattr(args, f.name, None) is not None}
     if getattr(args, "config", None):
         return TrainConfig.from_toml(args.config, **overrides)
+    if getattr(args, "resume", False):
+        from pathlib import Path
+
+        saved = Path(overrides.get("out", TrainConfig.out)) / "config.json"
+        if saved.exists():
+            base = json.loads(saved.read_text())["train"]
+            base.update(overrides)
+            return TrainConfig.from_dict(base)
     return TrainConfig(**overrides)
 
 
@@ -85,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "TensorBoard logs, checkpoints and summary.json to --out.")
     _add_config_flags(t)
     t.add_argument("--resume", nargs="?", const=True, default=False, metavar="CHECKPOINT",
-                   help="continue from the newest checkpoint in --out (or from the given checkpoint file)")
+                   help="continue from the newest checkpoint in --out (or from the given checkpoint file); the run's "
+                   "saved config.json supplies every option not given on the command line")
     t.add_argument("--config-json", help=argparse.SUPPRESS)
 
     c = sub.add_parser("compare", help="train several recipes on the same model, data, seed and budget",

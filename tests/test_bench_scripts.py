@@ -54,3 +54,17 @@ def test_sqnr_linear_script_small(tmp_path):
     rows = {r["recipe"]: r for r in json.loads((tmp_path / "l.json").read_text())["results"]}
     assert rows["fp8_rowwise"]["Y"] > rows["mxfp4"]["Y"] + 8  # FP8 keeps ~2 more bits
     assert all(10 < r["Y"] < 40 for r in rows.values())
+
+
+def test_readme_results_are_the_committed_ones():
+    readme = (ROOT / "README.md").read_text()
+    quick = (ROOT / "bench/results/quickstart-cpu/report.md").read_text()
+    for row in (ln for ln in quick.splitlines() if ln.startswith("| ")):
+        assert row in readme, row
+    sweep = json.loads((ROOT / "bench/results/lr_sweep-60m-enwiki/lr_sweep.json").read_text())
+    for r in sweep["results"]:
+        v = r["val_loss_per_seed"]
+        assert f"| {r['lr']:g} | {v[0]:.4f} | {v[1]:.4f} | {r['val_loss_mean']:.4f} | {r['seed_spread_pct']:.2f}% |" in readme
+    speed = {r["recipe"]: r["tokens_per_s"] for r in json.loads((ROOT / "bench/results/train_speed-60m-H200-eager.json").read_text())["results"]}
+    for name, k in (("bf16", 412), ("mxfp4", 22), ("tib2d", 20), ("nvfp4", 14), ("hadamard_mxfp4", 11)):
+        assert round(speed[name] / 1000) == k and f"{name} {k}k" in readme.replace("BF16 412k", "bf16 412k")

@@ -127,3 +127,14 @@ def test_recipes_subcommand():
     assert r.returncode == 0 and "tib2d" in r.stdout and "nvfp4" in r.stdout
     r = _cli(["recipes", "--show", "mxfp4"])
     assert 'name = "mxfp4"' in r.stdout
+
+
+def test_resume_reuses_the_saved_config_and_refuses_changed_settings(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", *SMALL, "--recipe", "mxfp4", "--max-steps", "2", "--eval-every", "0", "--out", str(out)]) == 0
+    # plain --resume with a longer budget: every other option comes from the run's config.json
+    assert main(["train", "--out", str(out), "--resume", "--max-steps", "4", "--no-progress"]) == 0
+    assert Checkpoints(out).load()["step"] == 4 and json.loads((out / "summary.json").read_text())["recipe"] == "mxfp4"
+    rc = main(["train", "--out", str(out), "--resume", "--recipe", "tib2d", "--max-steps", "6"])
+    assert rc == 2
+    assert "cannot resume: the run's settings changed (recipe: checkpoint 'mxfp4' vs now 'tib2d')" in capsys.readouterr().err

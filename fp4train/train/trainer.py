@@ -117,6 +117,13 @@ class Trainer:
         }
 
     def load_state_dict(self, st: dict) -> None:
+        saved = st["config"]
+        changed = [k for k in ("model", "recipe", "data", "val_data", "tokenizer", "seq_len", "batch_size", "seed")
+                   if saved.get(k) != getattr(self.cfg, k)]
+        if changed:
+            diffs = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {getattr(self.cfg, k)!r}" for k in changed)
+            raise ValueError(f"cannot resume: the run's settings changed ({diffs}); resume with the same settings "
+                             f"(plain `fp4train train --out DIR --resume` reuses them) or start a new --out")
         self.model.load_state_dict(st["model"])
         self.opt.load_state_dict(st["optimizer"])
         self.sched.load_state_dict(st["scheduler"])
