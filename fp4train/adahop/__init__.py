@@ -1,0 +1,12 @@
+"""AdaHOP: outlier-pattern-aware choice between inner Hadamard and outlier extraction per GEMM."""
+
+from .foid import foid
+from .outlier_gemm import Extraction, oe_gemm, split
+from .patterns import DEFAULT_DOMINANCE, DEFAULT_THRESHOLD, GEMM_OPERANDS, Pattern, Relative, classify, gemm_pair, outlier_ratios, relative
+from .strategy import DEFAULT_K, DEFAULT_RULES, Strategy, choose, derive_rules, relative_error, strategy_gemm
+
+__all__ = [
+    "DEFAULT_DOMINANCE", "DEFAULT_K", "DEFAULT_RULES", "DEFAULT_THRESHOLD", "Extraction", "GEMM_OPERANDS", "Pattern", "Relative", "Strategy",
+    "choose", "classify", "derive_rules", "foid", "gemm_pair", "oe_gemm", "outlier_ratios", "relative", "relative_error",
+    "split", "strategy_gemm",
+]

@@ -1,0 +1,67 @@
+"""Outlier Extraction (OE): a GEMM whose outlier rows/channels run in high precision.
+
+For ``C = A B^T`` (A ``[m, K]``, B ``[n, K]``, inner dim K) take out
+
+* ``a_rows``: outlier rows of A (outer pattern of A) -> output rows,
+* ``b_rows``: outlier rows of B (outer pattern of B) -> output columns,
+* ``inner``: outlier inner channels (inner pattern of A or B),
+
+zero them in the residuals ``A_r``, ``B_r``, and compute, exactly in the decomposition
+
+    C = Q(A_r) Q(B_r)^T                          # residual: inner Hadamard + MXFP4 (any prepare)
+      + A[:, S] B[:, S]^T                        # rank-|S| update over the inner channels S
+    C[a_rows, :] = A[a_rows, :] B_hp^T           # scatter: exact rows
+    C[:, b_rows] = A_hp B[b_rows, :]^T           # scatter: exact columns
+
+The high-precision slices (``A[a_rows]``, ``A[:, S]``, ...) are copied as they are (no
+rounding), the products are FP32. For entries outside the extracted rows/columns the
+residual and the rank-|S| update add up to the full product because ``A_r`` and ``B_r`` are
+zero on S (cross terms vanish).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass
+class Extraction:
+    """Which rows and inner channels a GEMM takes out of quantization."""
+
+    a_rows: torch.Tensor | None = None
+    b_rows: torch.Tensor | None = None
+    inner: torch.Tensor | None = None
+
+
+def split(t: torch.Tensor, rows: torch.Tensor | None, inner: torch.Tensor | None):
+    """(residual with ``rows`` and ``inner`` columns zeroed, row slice, column slice) - slices exact."""
+    res = t.clone()
+    row_slice = t[rows] if rows is not None else None
+    col_slice = t[:, inner] if inner is not None else None
+    if rows is not None:
+        res[rows] = 0
+    if inner is not None:
+        res[:, inner] = 0
+    return res, row_slice, col_slice
+
+
+def oe_gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    ext: Extraction,
+    residual_gemm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """``A B^T`` with the extracted parts in high precision; ``residual_gemm(A_r, B_r)`` does the rest (FP32 out)."""
+    a_res, a_row, a_col = split(a, ext.a_rows, ext.inner)
+    b_res, b_row, b_col = split(b, ext.b_rows, ext.inner)
+    c = residual_gemm(a_res, b_res).float()
+    if ext.inner is not None:
+        c = c + a_col.float() @ b_col.float().T  # rank-|S| update
+    if ext.a_rows is not None:
+        c[ext.a_rows] = a_row.float() @ b.float().T
+    if ext.b_rows is not None:
+        c[:, ext.b_rows] = a.float() @ b_row.float().T
+    return c

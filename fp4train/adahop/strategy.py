@@ -1,0 +1,108 @@
+"""AdaHOP's per-GEMM strategies and the rule table that picks one from a pattern pair.
+
+* ``plain``: MXFP4 (1x32 along the inner dim, floor scales, RTNE) on both operands.
+* ``iht``: block-32 Walsh-Hadamard along the inner dim of both operands, then MXFP4.
+* ``oe``: outlier extraction (FOID picks the top-k outlier rows / inner channels, they run in
+  high precision, see :mod:`.outlier_gemm`), the residual goes through ``iht``.
+
+The rule table maps the pair of operand patterns *relative to the GEMM* (inner / outer /
+none, see :mod:`.patterns`) to a strategy. The paper's table is not in our copy, so the
+default below is derived from measurement: ``bench/adahop_pattern_pairs.py`` measures the
+relative GEMM error of every strategy for every pair (our Figure 3) and picks the lowest;
+its results are in ``bench/results/adahop_pattern_pairs.json`` and ``docs/adahop.md``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from ..formats.quantize import quantize
+from ..transforms.hadamard import hadamard
+from .foid import foid
+from .outlier_gemm import Extraction, oe_gemm
+from .patterns import Relative
+
+DEFAULT_K = 16  # outlier rows/channels taken out per operand
+HADAMARD_BLOCK = 32
+
+
+class Strategy(str, enum.Enum):
+    PLAIN = "plain"
+    IHT = "iht"
+    OE = "oe"
+
+
+def _q(t: torch.Tensor) -> torch.Tensor:
+    return quantize(t, "mxfp4", axis=-1).dequantize(torch.float32)
+
+
+def plain_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return _q(a) @ _q(b).T
+
+
+def iht_gemm(a: torch.Tensor, b: torch.Tensor, block: int = HADAMARD_BLOCK) -> torch.Tensor:
+    return _q(hadamard(a.float(), block)) @ _q(hadamard(b.float(), block)).T
+
+
+def extraction_for(a: torch.Tensor, b: torch.Tensor, rel_a: Relative, rel_b: Relative, k: int = DEFAULT_K) -> Extraction:
+    """FOID on whichever operand has a pattern: outer -> its rows, inner -> inner channels."""
+    inner = []
+    if Relative(rel_a) is Relative.INNER:
+        inner.append(foid(a, k, axis=1))
+    if Relative(rel_b) is Relative.INNER:
+        inner.append(foid(b, k, axis=1))
+    return Extraction(
+        a_rows=foid(a, k, axis=0) if Relative(rel_a) is Relative.OUTER else None,
+        b_rows=foid(b, k, axis=0) if Relative(rel_b) is Relative.OUTER else None,
+        inner=torch.cat(inner).unique() if inner else None,
+    )
+
+
+def strategy_gemm(a, b, strategy: Strategy, rel_a: Relative = Relative.NONE, rel_b: Relative = Relative.NONE, k: int = DEFAULT_K):
+    """``A B^T`` (FP32) computed with ``strategy`` (the emulated reference of each path)."""
+    s = Strategy(strategy)
+    if s is Strategy.PLAIN:
+        return plain_gemm(a, b)
+    if s is Strategy.IHT:
+        return iht_gemm(a, b)
+    return oe_gemm(a, b, extraction_for(a, b, rel_a, rel_b, k), iht_gemm)
+
+
+def relative_error(a, b, strategy: Strategy, rel_a=Relative.NONE, rel_b=Relative.NONE, k: int = DEFAULT_K) -> float:
+    """``||C - A B^T||_F / ||A B^T||_F`` with the reference in float64."""
+    ref = a.double() @ b.double().T
+    c = strategy_gemm(a, b, strategy, rel_a, rel_b, k).double()
+    return float((c - ref).norm() / ref.norm())
+
+
+#: Cost order: plain < iht (one extra pass per operand) < oe (FOID + a high-precision slice GEMM).
+COST_ORDER = (Strategy.PLAIN, Strategy.IHT, Strategy.OE)
+RULE_TOLERANCE = 0.10
+
+
+def derive_rules(rows: list[dict], tolerance: float = RULE_TOLERANCE) -> dict[tuple[Relative, Relative], Strategy]:
+    """The rule table from a measured pattern-pair table: per pair, the cheapest strategy whose
+    mean relative error is within ``(1 + tolerance)`` of the best strategy's."""
+    rules = {}
+    for r in rows:
+        best = min(r[f"err_{s.value}"] for s in Strategy)
+        pick = next(s for s in COST_ORDER if r[f"err_{s.value}"] <= best * (1 + tolerance))
+        rules[(Relative(r["a"]), Relative(r["b"]))] = pick
+    return rules
+
+
+_N, _I, _O = Relative.NONE, Relative.INNER, Relative.OUTER
+#: Derived with derive_rules() from bench/results/adahop_pattern_pairs.json (planted patterns,
+#: CPU; tests/test_adahop.py checks it still matches that file). Provisional: the real-tensor
+#: table of `fp4train analyze` on a trained model replaces it when it disagrees.
+DEFAULT_RULES: dict[tuple[Relative, Relative], Strategy] = {
+    (_N, _N): Strategy.PLAIN,
+    **{(a, b): Strategy.OE for a in (_N, _I, _O) for b in (_N, _I, _O) if (a, b) != (_N, _N)},
+}
+
+
+def choose(rel_a: Relative, rel_b: Relative, rules: dict | None = None) -> Strategy:
+    rules = rules if rules is not None else DEFAULT_RULES
+    return rules.get((Relative(rel_a), Relative(rel_b)), Strategy.PLAIN)
