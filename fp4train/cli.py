@@ -18,6 +18,7 @@ HELP = {
     "model": "model size preset: tiny, 20m, 60m, 125m, 350m, 1b, 3b",
     "recipe": "recipe name (see `fp4train recipes`) or a recipe .json/.toml file",
     "backend": "GEMM backend (default: the recipe's; 'emulated' runs anywhere)",
+    "calibration": "AdaHOP recipes: reuse this adahop_calibration.json (from an earlier run) instead of calibrating",
     "data": "training text: a .txt/.jsonl/.jsonl.xz/.parquet file, a glob, a directory (train-*/val-* shards split themselves), "
     "'shakespeare' or hf:NAME[:SPLIT]; several joined with commas. Default: the packaged tiny-shakespeare",
     "val_data": "validation text, same forms as --data (default: hold out --val-fraction of the documents)",

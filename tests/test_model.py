@@ -39,7 +39,10 @@ def test_every_recipe_converts_and_trains_the_model():
     for name in fp4train.recipes.names():
         torch.manual_seed(0)
         m = fp4train.convert(models.build("tiny", vocab_size=128), name)
-        n_q = sum(isinstance(x, QuantizedLinear) for x in m.modules())
+        n_q = sum(isinstance(x, QuantizedLinear) and x.spec.quantized for x in m.modules())
+        if fp4train.recipes.get(name).calibrate or name == "bf16":
+            assert n_q == 0  # BF16 until calibrated (AdaHOP) / never quantized
+            continue
         assert n_q == 14 or (name == "nvfp4" and n_q == 7), (name, n_q)  # nvfp4 keeps the last block (of 2) BF16
         assert type(m.lm_head) is torch.nn.Linear
         idx = torch.randint(0, 128, (2, 32))

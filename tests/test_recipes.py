@@ -5,7 +5,7 @@ import pytest
 import fp4train
 from fp4train.recipes import GemmSpec, LinearSpec, Override, QuantSpec, Recipe, TransformSpec
 
-PRESETS = ["bf16", "fp8_rowwise", "hadamard_mxfp4", "mxfp4", "nvfp4", "tib2d"]
+PRESETS = ["adahop", "adahop_measured", "bf16", "fp8_rowwise", "hadamard_mxfp4", "mxfp4", "nvfp4", "tib2d"]
 
 
 def test_names_and_get():

@@ -11,6 +11,7 @@ from .operands import (
     OP_A,
     OP_B,
     WGRAD,
+    gemm_with_outliers,
     pack_operand,
     pad_rows,
     prepare,
@@ -26,6 +27,9 @@ def fprop(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: tor
     whole forward of the layer when no gradient is needed (inference, evaluation).
     """
     g = spec.fprop
+    if g.outliers is not None:  # AdaHOP outlier extraction: nothing prepared to reuse
+        y = gemm_with_outliers(x2, weight, g, seed=seed, gemm=FPROP, compute_dtype=out_dtype, backend=backend, out_dtype=out_dtype)
+        return (y + bias.to(out_dtype) if bias is not None else y), None, None
     xa = prepare(x2, g.a, axis=1, transform=g.transform, seed=seed, gemm=FPROP, operand=OP_A, compute_dtype=out_dtype)
     wb = prepare(weight, g.b, axis=1, transform=g.transform, seed=seed, gemm=FPROP, operand=OP_B, compute_dtype=out_dtype)
     y = backend.gemm(xa, wb, out_dtype)
@@ -59,6 +63,11 @@ class QuantizedLinearFunction(torch.autograd.Function):
       when fprop and dgrad share one 2D-tiled quantization, which is then saved (packed).
     * dY is quantized once for both backward GEMMs when they share a 2D-tiled spec.
 
+    A GEMM with ``outliers`` (AdaHOP's outlier extraction) runs
+    :func:`~fp4train.linear.operands.gemm_with_outliers` on the high-precision operands instead:
+    FOID-picked rows/inner channels in high precision, the residual prepared as above. Its X
+    for wgrad is saved unpacked (the extraction picks rows of X and dY together in backward).
+
     The bias gradient is ``dY.sum(0)`` in FP32. ``seed`` drives stochastic rounding and
     random Hadamard signs of this call (see :func:`fp4train.linear.operands.prepare`).
     """
@@ -73,12 +82,16 @@ class QuantizedLinearFunction(torch.autograd.Function):
             x_saved = w_saved = None
             if ctx.needs_input_grad[1]:
                 # X for GEMM 3 (wgrad, along M), prepared now and saved packed
-                if shares_quantization(g.a, g.transform, w3.b, w3.transform):
+                if w3.outliers is not None:
+                    x_saved = x2  # outlier extraction in wgrad picks rows of X and dY together: X stays unpacked
+                elif xa is not None and shares_quantization(g.a, g.transform, w3.b, w3.transform):
                     x_saved = xa
                 else:
                     xm = pad_rows(x2, w3.transform.block) if w3.transform is not None else x2
                     x_saved = prepare(xm, w3.b, axis=0, transform=w3.transform, seed=seed, gemm=WGRAD, operand=OP_B, compute_dtype=cdt)
-            if ctx.needs_input_grad[0] and shares_quantization(g.b, g.transform, spec.dgrad.b, spec.dgrad.transform):
+            if ctx.needs_input_grad[0] and wb is not None and spec.dgrad.outliers is None and shares_quantization(
+                g.b, g.transform, spec.dgrad.b, spec.dgrad.transform
+            ):
                 w_saved = wb  # one 2D tiling of W serves GEMM 2 (dgrad) as well
 
         x_tensors, x_meta = pack_operand(x_saved) if x_saved is not None else ((), None)
@@ -98,18 +111,25 @@ class QuantizedLinearFunction(torch.autograd.Function):
         N = weight.shape[0]
         dy2 = grad_out.reshape(-1, N)
         g2, g3 = spec.dgrad, spec.wgrad
-        share_dy = shares_quantization(g2.a, g2.transform, g3.a, g3.transform)
+        share_dy = g2.outliers is None and g3.outliers is None and shares_quantization(g2.a, g2.transform, g3.a, g3.transform)
         dx = dw = db = None
         with torch.autocast(dy2.device.type, enabled=False):
             dy_dgrad = None
-            if ctx.needs_input_grad[0] or share_dy:
+            if (ctx.needs_input_grad[0] and g2.outliers is None) or share_dy:
                 dy_dgrad = prepare(dy2, g2.a, axis=1, transform=g2.transform, seed=seed, gemm=DGRAD, operand=OP_A, compute_dtype=cdt)
-            if ctx.needs_input_grad[0]:
+            if ctx.needs_input_grad[0] and g2.outliers is not None:
+                dx = gemm_with_outliers(dy2, weight.t(), g2, seed=seed, gemm=DGRAD, compute_dtype=cdt, backend=backend,
+                                        out_dtype=ctx.x_dtype).reshape(ctx.x_shape)
+            elif ctx.needs_input_grad[0]:
                 # GEMM 2, dgrad: dX[M,K] = dY[M,N] @ (W^T)[K,N]^T, both along N
                 if w_q is None:
                     w_q = prepare(weight, g2.b, axis=0, transform=g2.transform, seed=seed, gemm=DGRAD, operand=OP_B, compute_dtype=cdt)
                 dx = backend.gemm(dy_dgrad, w_q.t(), ctx.x_dtype).reshape(ctx.x_shape)
-            if ctx.needs_input_grad[1]:
+            if ctx.needs_input_grad[1] and g3.outliers is not None:
+                mult = g3.transform.block if g3.transform is not None else 1
+                dw = gemm_with_outliers(pad_rows(dy2, mult).t(), pad_rows(x_op, mult).t(), g3, seed=seed, gemm=WGRAD,
+                                        compute_dtype=cdt, backend=backend, out_dtype=weight.dtype)
+            elif ctx.needs_input_grad[1]:
                 # GEMM 3, wgrad: dW[N,K] = dY^T[N,M] @ (X^T)[K,M]^T, both along M
                 if share_dy:
                     dy_wgrad = dy_dgrad

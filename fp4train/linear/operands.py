@@ -53,6 +53,27 @@ def prepare(
     return quantize(x, q.format, axis=axis, seed=sr_seed, **q.quantize_kwargs())
 
 
+def gemm_with_outliers(a, b, g, *, seed: int, gemm: int, compute_dtype, backend, out_dtype) -> torch.Tensor:
+    """GEMM ``a @ b.T`` (both ``[outer, inner]``, high precision) with AdaHOP outlier extraction.
+
+    FOID picks the outliers ``g.outliers`` asks for; they stay in the operands' own precision
+    and are multiplied in FP32; the residuals (outliers zeroed) are prepared as ``g`` says
+    (transform + quantization along the inner dim) and multiplied by ``backend``.
+    """
+    from ..adahop.outlier_gemm import oe_gemm
+    from ..adahop.strategy import extraction_for
+
+    o = g.outliers
+    ext = extraction_for(a, b, o.a, o.b, o.k)
+
+    def residual(a_res, b_res):
+        qa = prepare(a_res, g.a, axis=1, transform=g.transform, seed=seed, gemm=gemm, operand=OP_A, compute_dtype=compute_dtype)
+        qb = prepare(b_res, g.b, axis=1, transform=g.transform, seed=seed, gemm=gemm, operand=OP_B, compute_dtype=compute_dtype)
+        return backend.gemm(qa, qb, torch.float32)
+
+    return oe_gemm(a, b, ext, residual).to(out_dtype)
+
+
 def shares_quantization(p: QuantSpec, tp: TransformSpec | None, q: QuantSpec, tq: TransformSpec | None) -> bool:
     """Can one quantization of a tensor serve two GEMMs that block it along different axes?
 

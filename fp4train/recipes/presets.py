@@ -87,4 +87,21 @@ TIB2D = Recipe(
     ),
 )
 
-PRESETS = (BF16, FP8_ROWWISE, MXFP4, NVFP4, HADAMARD_MXFP4, TIB2D)
+ADAHOP = Recipe(
+    name="adahop",
+    description=(
+        "AdaHOP (papers 000/001): 20 BF16 calibration steps record W/X/dY outlier patterns, then per layer "
+        "and GEMM plain MXFP4, inner Hadamard, or outlier extraction, by the measured rule table."
+    ),
+    calibrate="rules",
+    calibration_steps=20,
+)
+
+ADAHOP_MEASURED = Recipe(
+    name="adahop_measured",
+    description="AdaHOP with per-layer, per-GEMM strategies picked by the lowest output error on the calibration batches.",
+    calibrate="measured",
+    calibration_steps=20,
+)
+
+PRESETS = (BF16, FP8_ROWWISE, MXFP4, NVFP4, HADAMARD_MXFP4, TIB2D, ADAHOP, ADAHOP_MEASURED)

@@ -109,6 +109,31 @@ class TransformSpec:
         _check_hadamard_block(self.block)
 
 
+_OUTLIER_KINDS = ("none", "inner", "outer")
+
+
+@dataclass(frozen=True)
+class OutlierSpec:
+    """Outlier extraction (AdaHOP's OE) for one GEMM: what FOID takes out of each operand.
+
+    ``a``/``b``: ``"outer"`` extracts the operand's ``k`` outlier rows (as the GEMM sees it),
+    ``"inner"`` its ``k`` outlier inner channels (shared with the other operand, a rank-k
+    update), ``"none"`` nothing. The extracted parts run in high precision; the residual is
+    prepared as the GemmSpec says (see :mod:`fp4train.adahop.outlier_gemm`).
+    """
+
+    a: str = "none"
+    b: str = "none"
+    k: int = 16
+
+    def __post_init__(self):
+        for v in (self.a, self.b):
+            if v not in _OUTLIER_KINDS:
+                raise ValueError(f"outlier extraction kind must be one of {_OUTLIER_KINDS}, got {v!r}")
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise ValueError(f"outlier count k must be a positive int, got {self.k!r}")
+
+
 @dataclass(frozen=True)
 class GemmSpec:
     """One GEMM ``C = A B^T``: how to prepare ``a`` and ``b`` (both along the inner dim)."""
@@ -116,6 +141,7 @@ class GemmSpec:
     a: QuantSpec = field(default_factory=QuantSpec)
     b: QuantSpec = field(default_factory=QuantSpec)
     transform: TransformSpec | None = None
+    outliers: OutlierSpec | None = None
 
     @property
     def quantized(self) -> bool:
@@ -216,8 +242,17 @@ class Recipe:
     overrides: tuple[Override, ...] = DEFAULT_OVERRIDES
     keep_last_blocks: float = 0.0
     backend: str = "emulated"
+    #: AdaHOP: "rules" or "measured" makes the trainer run ``calibration_steps`` steps with
+    #: ``linear`` (BF16) while recording outlier patterns, then replace this recipe by the
+    #: calibrated one (fp4train.adahop.calibration). None: no calibration.
+    calibrate: str | None = None
+    calibration_steps: int = 0
+    calibration_k: int = 16
+    calibration_threshold: float = 4.0
 
     def __post_init__(self):
+        if self.calibrate not in (None, "rules", "measured"):
+            raise ValueError(f"calibrate must be None, 'rules' or 'measured', got {self.calibrate!r}")
         if isinstance(self.overrides, list):
             object.__setattr__(self, "overrides", tuple(self.overrides))
         if not 0.0 <= self.keep_last_blocks <= 1.0:
@@ -314,10 +349,12 @@ def _to_plain(obj) -> Any:
 def _gemm_from_dict(d) -> GemmSpec:
     d = dict(d)
     t = d.pop("transform", None)
+    o = d.pop("outliers", None)
     return GemmSpec(
         a=QuantSpec(**d.pop("a", {})),
         b=QuantSpec(**d.pop("b", {})),
         transform=TransformSpec(**t) if t is not None else None,
+        outliers=OutlierSpec(**o) if o is not None else None,
         **d,  # anything left is an unknown field: GemmSpec raises a TypeError naming it
     )
 

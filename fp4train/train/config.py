@@ -13,6 +13,7 @@ class TrainConfig:
     model: str = "tiny"
     recipe: str = "bf16"
     backend: str | None = None  # GEMM backend; default: the recipe's
+    calibration: str | None = None  # AdaHOP: use this calibration JSON instead of calibrating
     # data
     data: str | None = None  # file/glob/dir/hf:NAME; None: the packaged tiny-shakespeare
     val_data: str | None = None

@@ -25,6 +25,7 @@ import torch
 
 from .. import models
 from .. import recipes as _recipes
+from ..adahop.calibration import Calibration, PatternRecorder
 from ..convert import convert
 from ..data import PackedBatches, eval_batches, load_splits, load_tokenizer
 from .checkpoint import Checkpoints
@@ -101,6 +102,27 @@ class Trainer:
         self.ckpts = Checkpoints(self.out, keep=cfg.keep_checkpoints)
         self.step = 0
         self.forward = torch.compile(self.model) if cfg.compile else self.model
+        # AdaHOP: calibrate during the first steps (in BF16), or reuse a saved calibration
+        self.calibration: Calibration | None = None
+        self.recorder: PatternRecorder | None = None
+        if self.recipe.calibrate:
+            if cfg.calibration:
+                self.apply_calibration(Calibration.load(cfg.calibration))
+            else:
+                targets = {n: m for n, m in self.model.named_modules()
+                           if isinstance(m, torch.nn.Linear) and self.recipe.spec_for(n) is not None}
+                self.recorder = PatternRecorder(targets, mode=self.recipe.calibrate, k=self.recipe.calibration_k,
+                                                threshold=self.recipe.calibration_threshold).attach()
+
+    def apply_calibration(self, cal: Calibration) -> None:
+        """Swap every calibrated layer to its AdaHOP strategies (parameters are kept)."""
+        if self.recorder is not None:
+            self.recorder.detach()
+            self.recorder = None
+        self.calibration = cal
+        convert(self.model, cal.recipe(self.recipe.name, base=self.recipe), backend=self.cfg.backend)
+        if self.cfg.compile:
+            self.forward = torch.compile(self.model)
 
     # ---- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -114,6 +136,10 @@ class Trainer:
             "config": self.cfg.to_dict(),
             "recipe": self.recipe.to_dict(),
             "model_config": self.model.config.to_dict(),
+            "adahop_calibration": self.calibration.to_dict() if self.calibration else None,
+            "adahop_recorder": {"patterns": self.recorder.patterns, "steps": self.recorder.steps,
+                                "err_sum": json.loads(json.dumps(self.recorder.err_sum)),
+                                "err_n": json.loads(json.dumps(self.recorder.err_n))} if self.recorder else None,
         }
 
     def load_state_dict(self, st: dict) -> None:
@@ -124,6 +150,16 @@ class Trainer:
             diffs = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {getattr(self.cfg, k)!r}" for k in changed)
             raise ValueError(f"cannot resume: the run's settings changed ({diffs}); resume with the same settings "
                              f"(plain `fp4train train --out DIR --resume` reuses them) or start a new --out")
+        if st.get("adahop_calibration"):
+            self.apply_calibration(Calibration.from_dict(st["adahop_calibration"]))
+        elif st.get("adahop_recorder") and self.recorder is not None:
+            rec = st["adahop_recorder"]
+            self.recorder.patterns, self.recorder.steps = rec["patterns"], rec["steps"]
+            for layer, gemms in rec["err_sum"].items():
+                for gemm, errs in gemms.items():
+                    self.recorder.err_sum[layer][gemm].update(errs)
+            for layer, gemms in rec["err_n"].items():
+                self.recorder.err_n[layer].update(gemms)
         self.model.load_state_dict(st["model"])
         self.opt.load_state_dict(st["optimizer"])
         self.sched.load_state_dict(st["scheduler"])
@@ -169,6 +205,17 @@ class Trainer:
         self.step += 1
         return loss_val, gnorm
 
+    def _finish_calibration(self) -> None:
+        cal = self.recorder.result()
+        self.apply_calibration(cal)
+        cal.save(self.out / "adahop_calibration.json")
+        counts = {}
+        for layer in cal.strategies.values():
+            for s in layer.values():
+                counts[s] = counts.get(s, 0) + 1
+        self.log(f"fp4train: AdaHOP calibrated over {cal.steps} steps ({cal.mode}): GEMM strategies {counts}; "
+                 f"table in {self.out / 'adahop_calibration.json'}")
+
     def _diverged_msg(self, what: str) -> str:
         last = self.ckpts.entries()
         keep = f"; the last good checkpoint is {self.out / last[-1]['file']} (step {last[-1]['step']})" if last else "; no checkpoint was written yet"
@@ -202,6 +249,10 @@ class Trainer:
                 while self.step < cfg.max_steps:
                     loss, gnorm = self.train_step()
                     tok_last += cfg.tokens_per_step
+                    if self.recorder is not None:
+                        self.recorder.steps += 1
+                        if self.step >= self.recipe.calibration_steps:
+                            self._finish_calibration()
                     rec = None
                     if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
                         if self.device.type == "cuda":

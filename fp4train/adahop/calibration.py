@@ -1,0 +1,195 @@
+"""AdaHOP calibration: record outlier patterns over the first steps, freeze a strategy table.
+
+During calibration the model trains in BF16 while :class:`PatternRecorder` hooks every
+quantizable linear and classifies, on every step, its weight W, its input X (flattened to
+``[tokens, in]``) and its output gradient dY (``[tokens, out]``). Afterwards each tensor's
+pattern is the majority over the steps, its *stability* the fraction of steps that agree,
+and each GEMM's strategy comes from the pair of relative patterns:
+
+* ``mode="rules"``: the rule table (:data:`fp4train.adahop.strategy.DEFAULT_RULES`);
+* ``mode="measured"``: per layer and GEMM, the strategy with the lowest relative output error,
+  measured on the calibration batches themselves (plain, IHT and OE on the real operands).
+
+The result, a :class:`Calibration`, is saved as JSON (``adahop_calibration.json`` beside the
+checkpoints) and turns into a per-layer :class:`~fp4train.recipes.Recipe` with
+:meth:`Calibration.recipe`. Reload it for a resumed run or another run (``--calibration FILE``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from ..recipes.spec import GemmSpec, LinearSpec, OutlierSpec, Override, QuantSpec, Recipe, TransformSpec
+from .patterns import GEMM_OPERANDS, Pattern, Relative, classify, relative
+from .strategy import DEFAULT_RULES, Strategy, choose, relative_error
+
+GEMMS = ("fprop", "dgrad", "wgrad")
+MX = QuantSpec("mxfp4")
+IHT = TransformSpec(block=32)
+
+
+def gemm_spec(strategy: Strategy, rel_a: Relative, rel_b: Relative, k: int) -> GemmSpec:
+    """The GemmSpec of one AdaHOP strategy (MXFP4 1x32, floor scales, RTNE)."""
+    s = Strategy(strategy)
+    if s is Strategy.PLAIN:
+        return GemmSpec(MX, MX)
+    if s is Strategy.OE and (Relative(rel_a), Relative(rel_b)) != (Relative.NONE, Relative.NONE):
+        return GemmSpec(MX, MX, IHT, OutlierSpec(a=Relative(rel_a).value, b=Relative(rel_b).value, k=k))
+    return GemmSpec(MX, MX, IHT)  # IHT, or OE with nothing to extract
+
+
+def layer_spec(strategies: dict[str, str], relatives: dict[str, tuple[str, str]], k: int) -> LinearSpec:
+    return LinearSpec(**{g: gemm_spec(Strategy(strategies[g]), *relatives[g], k) for g in GEMMS})
+
+
+@dataclass
+class Calibration:
+    """What calibration found, per layer: patterns per step, majority, stability, strategies."""
+
+    steps: int
+    mode: str
+    k: int
+    threshold: float
+    patterns: dict[str, dict[str, list[str]]]  # layer -> tensor -> pattern per step
+    strategies: dict[str, dict[str, str]] = field(default_factory=dict)  # layer -> gemm -> strategy
+    relatives: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # layer -> gemm -> [rel_a, rel_b]
+    errors: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # measured: layer -> gemm -> strategy -> err
+
+    def majority(self, layer: str) -> dict[str, Pattern]:
+        return {t: Pattern(Counter(p).most_common(1)[0][0]) for t, p in self.patterns[layer].items()}
+
+    def stability(self, layer: str) -> dict[str, float]:
+        """Per tensor, the fraction of calibration steps that agree with its majority pattern."""
+        out = {}
+        for t, p in self.patterns[layer].items():
+            out[t] = Counter(p).most_common(1)[0][1] / len(p)
+        return out
+
+    def recipe(self, name: str = "adahop", base: Recipe | None = None) -> Recipe:
+        """A recipe with one override per calibrated layer (exact names); others stay BF16."""
+        overrides = tuple(Override(layer, layer_spec(self.strategies[layer], {g: tuple(v) for g, v in self.relatives[layer].items()}, self.k))
+                          for layer in sorted(self.strategies))
+        keep = base.overrides if base is not None else ()
+        return Recipe(name=name, linear=LinearSpec(), description=f"AdaHOP, calibrated over {self.steps} steps ({self.mode})",
+                      overrides=keep + overrides, backend=base.backend if base is not None else "emulated")
+
+    def table(self) -> list[dict]:
+        rows = []
+        for layer in sorted(self.strategies):
+            maj, stab = self.majority(layer), self.stability(layer)
+            rows.append({"layer": layer, **{f"{t}": maj[t].value for t in ("W", "X", "dY")},
+                         **{f"stab_{t}": stab[t] for t in ("W", "X", "dY")}, **{g: self.strategies[layer][g] for g in GEMMS}})
+        return rows
+
+    # ---- persistence --------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"format": "fp4train-adahop-calibration/1", "steps": self.steps, "mode": self.mode, "k": self.k,
+                "threshold": self.threshold, "patterns": self.patterns, "strategies": self.strategies,
+                "relatives": self.relatives, "errors": self.errors}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Calibration:
+        if d.get("format") != "fp4train-adahop-calibration/1":
+            raise ValueError("not an fp4train AdaHOP calibration file (missing format 'fp4train-adahop-calibration/1')")
+        return cls(d["steps"], d["mode"], d["k"], d["threshold"], d["patterns"], d["strategies"], d["relatives"], d.get("errors", {}))
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Calibration:
+        p = Path(path)
+        if not p.is_file():
+            raise FileNotFoundError(f"calibration file {str(path)!r} does not exist")
+        return cls.from_dict(json.loads(p.read_text()))
+
+
+class PatternRecorder:
+    """Hooks the given linears and records W / X / dY patterns (and, measured mode, GEMM errors)."""
+
+    def __init__(self, modules: dict[str, nn.Linear], *, mode: str = "rules", k: int = 16, threshold: float = 4.0,
+                 rules=None):
+        if mode not in ("rules", "measured"):
+            raise ValueError(f"calibration mode must be 'rules' or 'measured', got {mode!r}")
+        self.modules, self.mode, self.k, self.threshold = modules, mode, k, threshold
+        self.rules = rules if rules is not None else DEFAULT_RULES
+        self.patterns: dict[str, dict[str, list[str]]] = {n: {"W": [], "X": [], "dY": []} for n in modules}
+        self.err_sum: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
+        self.err_n: dict = defaultdict(lambda: defaultdict(int))
+        self.steps = 0
+        self._handles = []
+
+    def attach(self) -> PatternRecorder:
+        for name, mod in self.modules.items():
+            self._handles.append(mod.register_forward_hook(self._forward_hook(name)))
+        return self
+
+    def detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _forward_hook(self, name):
+        def hook(mod, inputs, output):
+            if not torch.is_grad_enabled():
+                return  # evaluation: not a training step
+            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1])
+            w = mod.weight.detach()
+            rec = self.patterns[name]
+            rec["W"].append(classify(w, self.threshold).value)
+            rec["X"].append(classify(x, self.threshold).value)
+
+            def grad_hook(g):
+                dy = g.detach().reshape(-1, g.shape[-1])
+                rec["dY"].append(classify(dy, self.threshold).value)
+                if self.mode == "measured":
+                    self._measure(name, x, w, dy)
+
+            if output.requires_grad:
+                output.register_hook(grad_hook)
+
+        return hook
+
+    def _measure(self, name, x, w, dy):
+        pats = {"X": Pattern(self.patterns[name]["X"][-1]), "W": Pattern(self.patterns[name]["W"][-1]),
+                "dY": Pattern(self.patterns[name]["dY"][-1])}
+        tensors = {"X": x.float(), "W": w.float(), "dY": dy.float()}
+        for gemm, ((ta, tra), (tb, trb)) in GEMM_OPERANDS.items():
+            a = tensors[ta].T if tra else tensors[ta]
+            b = tensors[tb].T if trb else tensors[tb]
+            ra, rb = relative(pats[ta], tra), relative(pats[tb], trb)
+            if a.shape[1] % 32:  # the IHT needs whole blocks (token counts are padded in the layer)
+                pad = -a.shape[1] % 32
+                a, b = torch.nn.functional.pad(a, (0, pad)), torch.nn.functional.pad(b, (0, pad))
+            for s in Strategy:
+                self.err_sum[name][gemm][s.value] += relative_error(a, b, s, ra, rb, self.k)
+            self.err_n[name][gemm] += 1
+
+    def result(self) -> Calibration:
+        cal = Calibration(self.steps, self.mode, self.k, self.threshold, self.patterns)
+        for name in self.modules:
+            if not self.patterns[name]["dY"]:
+                raise RuntimeError(f"no gradient was recorded for {name}; calibration needs training steps with backward")
+            maj = cal.majority(name)
+            cal.relatives[name] = {}
+            cal.strategies[name] = {}
+            for gemm, ((ta, tra), (tb, trb)) in GEMM_OPERANDS.items():
+                ra, rb = relative(maj[ta], tra), relative(maj[tb], trb)
+                cal.relatives[name][gemm] = [ra.value, rb.value]
+                if self.mode == "measured":
+                    n = self.err_n[name][gemm]
+                    errs = {s: v / n for s, v in self.err_sum[name][gemm].items()}
+                    cal.errors.setdefault(name, {})[gemm] = errs
+                    cal.strategies[name][gemm] = min(errs, key=errs.get)
+                else:
+                    cal.strategies[name][gemm] = choose(ra, rb, self.rules).value
+        return cal

@@ -1,0 +1,147 @@
+"""AdaHOP in the layer and the trainer: OE path, calibration, save/reload, exact resume."""
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fp4train
+from fp4train import QuantizedLinear, counter_rng, quantize
+from fp4train.adahop import Pattern, Relative, Strategy
+from fp4train.adahop.calibration import Calibration, PatternRecorder, gemm_spec, layer_spec
+from fp4train.adahop.outlier_gemm import oe_gemm
+from fp4train.adahop.strategy import extraction_for
+from fp4train.recipes import LinearSpec
+from fp4train.train import Checkpoints, TrainConfig, Trainer
+from fp4train.transforms import hadamard
+
+
+def _x_with_outlier_channels(m=64, k=128, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g)
+    x[:, [3, 50, 77]] *= 40
+    return x
+
+
+def test_oe_layer_forward_equals_the_written_out_decomposition():
+    torch.manual_seed(0)
+    lin = nn.Linear(128, 64, bias=False)
+    g = gemm_spec(Strategy.OE, Relative.INNER, Relative.NONE, k=4)
+    spec = LinearSpec(fprop=g, dgrad=gemm_spec(Strategy.IHT, "none", "none", 4), wgrad=gemm_spec(Strategy.PLAIN, "none", "none", 4))
+    q = QuantizedLinear.from_linear(lin, spec)
+    x = _x_with_outlier_channels()
+    y = q(x.clone().requires_grad_())
+
+    def residual(a, b):
+        qa = quantize(hadamard(a, 32), "mxfp4").dequantize(torch.float32)
+        qb = quantize(hadamard(b, 32), "mxfp4").dequantize(torch.float32)
+        return qa @ qb.T
+
+    ext = extraction_for(x, lin.weight.detach(), Relative.INNER, Relative.NONE, 4)
+    assert set(ext.inner.tolist()) >= {3, 50, 77}
+    assert torch.equal(y.detach(), oe_gemm(x, lin.weight.detach(), ext, residual))
+    ref = x.double() @ lin.weight.detach().double().T
+    plain = QuantizedLinear.from_linear(lin, layer_spec({g: "plain" for g in ("fprop", "dgrad", "wgrad")},
+                                                        {g: ("none", "none") for g in ("fprop", "dgrad", "wgrad")}, 4))
+    err = lambda t: float((t.detach().double() - ref).norm() / ref.norm())  # noqa: E731
+    assert err(y) < 0.5 * err(plain(x))
+
+
+def test_oe_in_all_three_gemms_trains():
+    torch.manual_seed(1)
+    lin = nn.Linear(128, 96)
+    oe = gemm_spec(Strategy.OE, Relative.INNER, Relative.OUTER, k=4)
+    q = QuantizedLinear.from_linear(lin, LinearSpec(oe, gemm_spec(Strategy.OE, "outer", "inner", 4), gemm_spec(Strategy.OE, "inner", "inner", 4)))
+    x = _x_with_outlier_channels(m=40).requires_grad_()  # 40 tokens: wgrad pads M to 64 for the IHT
+    dy = torch.randn(40, 96)
+    q(x).backward(dy)
+    ref_dw = dy.double().T @ x.detach().double()
+    rel = float((lin.weight.grad.double() - ref_dw).norm() / ref_dw.norm())
+    assert torch.isfinite(x.grad).all() and rel < 0.2
+
+
+def _all_plain_calibration(model_names):
+    plain = {g: "plain" for g in ("fprop", "dgrad", "wgrad")}
+    none = {g: ["none", "none"] for g in ("fprop", "dgrad", "wgrad")}
+    return Calibration(1, "rules", 16, 4.0, {n: {"W": ["none"], "X": ["none"], "dY": ["none"]} for n in model_names},
+                       {n: dict(plain) for n in model_names}, {n: dict(none) for n in model_names})
+
+
+def test_all_plain_adahop_equals_mxfp4_bit_for_bit():
+    torch.manual_seed(0)
+    a = fp4train.models.build("tiny", vocab_size=128)
+    b = fp4train.models.build("tiny", vocab_size=128)
+    b.load_state_dict(a.state_dict())
+    names = [n for n, m in a.named_modules() if isinstance(m, nn.Linear) and n != "lm_head"]
+    fp4train.convert(a, _all_plain_calibration(names).recipe("adahop"))
+    fp4train.convert(b, "mxfp4")
+    idx = torch.randint(0, 128, (2, 32))
+    la, lb = a(idx, idx), b(idx, idx)
+    la.backward()
+    lb.backward()
+    assert torch.equal(la, lb)
+    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.equal(p.grad, q.grad), n
+
+
+def test_recorder_finds_planted_patterns_and_picks_strategies(tmp_path):
+    torch.manual_seed(0)
+    lin = nn.Linear(128, 64)
+    model = nn.Sequential(lin)
+    rec = PatternRecorder({"0": lin}).attach()
+    for s in range(3):
+        x = _x_with_outlier_channels(seed=s).requires_grad_()
+        model(x).pow(2).mean().backward()
+        rec.steps += 1
+    rec.detach()
+    cal = rec.result()
+    assert cal.majority("0")["X"] is Pattern.COLUMN and cal.stability("0")["X"] == 1.0
+    assert cal.relatives["0"]["fprop"] == ["inner", "none"]  # X's outlier channels lie along fprop's inner dim
+    assert cal.relatives["0"]["wgrad"][1] == "outer"  # ... and are rows of X^T in wgrad
+    assert cal.strategies["0"]["fprop"] == fp4train.adahop.DEFAULT_RULES[(Relative.INNER, Relative.NONE)].value
+    cal.save(tmp_path / "cal.json")
+    again = Calibration.load(tmp_path / "cal.json")
+    assert again.strategies == cal.strategies and again.recipe("a") == cal.recipe("a")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        Calibration.load(tmp_path / "nope.json")
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="not an fp4train AdaHOP calibration file"):
+        Calibration.load(tmp_path / "bad.json")
+
+
+def _cfg(out, **kw):
+    base = dict(model="tiny", recipe="adahop", max_steps=24, seq_len=32, batch_size=2, eval_every=0, eval_batches=1,
+                ckpt_every=8, out=str(out), progress=False, tensorboard=False)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_trainer_calibrates_saves_and_resumes_exactly(tmp_path, monkeypatch):
+    Trainer(_cfg(tmp_path / "ref")).run()
+    cal_ref = json.loads((tmp_path / "ref" / "adahop_calibration.json").read_text())
+    assert cal_ref["steps"] == 20 and set(cal_ref["strategies"]) and "lm_head" not in cal_ref["strategies"]
+
+    # interrupted at step 17 (inside calibration; last checkpoint at 16), then resumed
+    t = Trainer(_cfg(tmp_path / "cut"))
+    real = t.train_step
+
+    def dying():
+        if t.step == 17:
+            raise KeyboardInterrupt
+        return real()
+
+    t.train_step = dying
+    with pytest.raises(KeyboardInterrupt):
+        t.run()
+    Trainer(_cfg(tmp_path / "cut"), resume=True).run()
+    assert json.loads((tmp_path / "cut" / "adahop_calibration.json").read_text()) == cal_ref
+    a, b = Checkpoints(tmp_path / "ref").load(), Checkpoints(tmp_path / "cut").load()
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+
+    # another run reuses the saved table from step 0
+    t2 = Trainer(_cfg(tmp_path / "reuse", calibration=str(tmp_path / "ref" / "adahop_calibration.json")))
+    assert t2.recorder is None
+    layer = t2.model.get_submodule("layers.0.mlp.up_proj")
+    assert layer.spec.quantized and layer.spec == Calibration.from_dict(cal_ref).recipe("adahop").spec_for("layers.0.mlp.up_proj")
