@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 import fp4train
-from fp4train import QuantizedLinear, counter_rng, quantize
+from fp4train import QuantizedLinear, quantize
 from fp4train.adahop import Pattern, Relative, Strategy
 from fp4train.adahop.calibration import Calibration, PatternRecorder, gemm_spec, layer_spec
 from fp4train.adahop.outlier_gemm import oe_gemm

@@ -98,7 +98,9 @@ def test_a_custom_recipe_in_a_few_lines():
 
 def test_recipes_are_frozen_and_hashable():
     r = fp4train.recipes.get("tib2d")
-    with pytest.raises(Exception):
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
         r.name = "x"
     assert hash(r.linear) == hash(fp4train.recipes.get("tib2d").linear)
 

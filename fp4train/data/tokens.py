@@ -146,22 +146,21 @@ def _build(cache, key, train_files, val_files, tok: TextTokenizer, val_fraction,
     writers = {s: _SplitWriter(cache, key, s, dtype) for s in ("train", "val")}
     jobs = [(f, None) for f in train_files] + [(f, "val") for f in (val_files or [])]
     t0 = time.time()
+    def flush(batch: list[tuple[str, str]], forced: str | None) -> None:
+        for (doc_id, _), ids in zip(batch, tok.encode_batch([t for _, t in batch])):
+            split = forced or ("val" if val_files is None and _in_val(doc_id, val_fraction) else "train")
+            writers[split].add(doc_id, ids + [tok.eot_id])
+        batch.clear()
+
     for src, forced in jobs:
         if verbose:
             print(f"fp4train: tokenizing {src} ...", file=sys.stderr, flush=True)
         batch: list[tuple[str, str]] = []
-
-        def flush():
-            for (doc_id, _), ids in zip(batch, tok.encode_batch([t for _, t in batch])):
-                split = forced or ("val" if val_files is None and _in_val(doc_id, val_fraction) else "train")
-                writers[split].add(doc_id, ids + [tok.eot_id])
-            batch.clear()
-
         for doc in iter_documents(src, text_field):
             batch.append(doc)
             if len(batch) >= 512:
-                flush()
-        flush()
+                flush(batch, forced)
+        flush(batch, forced)
     for w in writers.values():
         w.close()
     if verbose:

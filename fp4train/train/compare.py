@@ -79,7 +79,7 @@ def run_parallel(cfgs: dict, slots: list[int]) -> None:
                 running[slot] = (p, key, log, cfg.out)
                 print(f"fp4train: started {Path(cfg.out).name} on GPU {g}", file=sys.stderr, flush=True)
         time.sleep(1)
-        for slot, (p, key, log, run_out) in list(running.items()):
+        for slot, (p, _key, log, run_out) in list(running.items()):
             if p.poll() is not None:
                 log.close()
                 del running[slot]
