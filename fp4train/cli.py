@@ -108,6 +108,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--gpus", default="auto", help="GPUs to spread runs over, one run per listed id at a time: auto (every GPU "
                    "when there are several), none (in this process), or e.g. 0,1 or 0,0,1,1 (two runs per GPU)")
 
+    a = sub.add_parser("analyze", help="outlier-pattern maps and per-GEMM error of every recipe on a real model",
+                       description="Train the model in BF16 for --steps steps on real text, classify W, X and dY of every "
+                       "linear on every step, and on capture steps measure each GEMM's error under plain MXFP4, inner "
+                       "Hadamard, outlier extraction and every preset recipe. Writes analysis.json, analysis.md, "
+                       "patterns.png and recipe_errors.png to --out.")
+    _add_config_flags(a, skip=("recipe", "max_steps", "calibration"))
+    a.add_argument("--steps", type=int, default=200, help="BF16 training steps to observe (default: 200)")
+    a.add_argument("--capture-every", type=int, default=50, help="measure GEMM errors every N steps and at the end (default: 50)")
+    a.add_argument("--threshold", type=float, default=4.0, help="outlier-pattern threshold (default: 4.0)")
+    a.add_argument("--k", type=int, default=16, help="outlier rows/channels extracted per operand (default: 16)")
+
     r = sub.add_parser("recipes", help="list the recipes", description="List the registered recipes, or print one as TOML.")
     r.add_argument("--show", metavar="NAME", help="print this recipe as TOML (a starting point for a custom recipe)")
     return ap
@@ -127,6 +138,14 @@ def main(argv=None) -> int:
     from .train.trainer import train
 
     try:
+        if args.command == "analyze":
+            from .analysis import analyze
+
+            if args.out is None:
+                args.out = "runs/analysis"
+            cfg = _config_from_args(args, drop=("recipe", "max_steps", "calibration"))
+            analyze(cfg, steps=args.steps, capture_every=args.capture_every, out=cfg.out, threshold=args.threshold, k=args.k)
+            return 0
         if args.command == "train":
             if args.config_json:
                 with open(args.config_json) as f:

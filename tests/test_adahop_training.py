@@ -145,3 +145,30 @@ def test_trainer_calibrates_saves_and_resumes_exactly(tmp_path, monkeypatch):
     assert t2.recorder is None
     layer = t2.model.get_submodule("layers.0.mlp.up_proj")
     assert layer.spec.quantized and layer.spec == Calibration.from_dict(cal_ref).recipe("adahop").spec_for("layers.0.mlp.up_proj")
+
+
+def test_analyze_writes_maps_tables_and_errors(tmp_path):
+    from fp4train.cli import main
+
+    out = tmp_path / "an"
+    rc = main(["analyze", "--model", "tiny", "--seq-len", "64", "--batch-size", "4", "--steps", "4", "--capture-every", "2",
+               "--no-progress", "--no-tensorboard", "--out", str(out)])
+    assert rc == 0
+    r = json.loads((out / "analysis.json").read_text())
+    assert r["capture_steps"] == [2, 4] and len(r["patterns"]) == 14
+    assert all(len(v["X"]) == 4 and len(v["dY"]) == 4 for v in r["patterns"].values())
+    errs = r["mean_relative_error"]
+    assert set(errs) >= {"mxfp4", "nvfp4", "hadamard_mxfp4", "tib2d", "fp8_rowwise", "adahop", "adahop_measured"}
+    assert errs["fp8_rowwise"] < errs["mxfp4"] and errs["adahop_measured"] <= min(
+        statistics_min(r, s) for s in ("plain", "iht", "oe")) + 1e-12
+    assert sum(p["n"] for p in r["pattern_pairs"]) == 14 * 3 * 2
+    md = (out / "analysis.md").read_text()
+    assert "AdaHOP Figure 3" in md and "| mxfp4 |" in md
+    for png in ("patterns.png", "recipe_errors.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def statistics_min(r, strategy):
+    """Mean over layers/GEMMs of one fixed strategy (adahop_measured picks the best per GEMM, so it is <=)."""
+    vals = [g[f"strategy:{strategy}"] for layer in r["gemm_errors"].values() for g in layer.values()]
+    return sum(vals) / len(vals)
