@@ -68,3 +68,20 @@ def test_readme_results_are_the_committed_ones():
     speed = {r["recipe"]: r["tokens_per_s"] for r in json.loads((ROOT / "bench/results/train_speed-60m-H200-eager.json").read_text())["results"]}
     for name, k in (("bf16", 412), ("mxfp4", 22), ("tib2d", 20), ("nvfp4", 14), ("hadamard_mxfp4", 11)):
         assert round(speed[name] / 1000) == k and f"{name} {k}k" in readme.replace("BF16 412k", "bf16 412k")
+
+
+def test_adahop_numbers_in_docs_are_the_committed_analysis():
+    d = ROOT / "bench/results/analyze-60m-enwiki"
+    an = json.loads((d / "analysis.json").read_text())
+    rs = json.loads((d / "rescored.json").read_text())
+    readme, doc = (ROOT / "README.md").read_text(), (ROOT / "docs/adahop.md").read_text()
+    for m in ("fp8_rowwise", "nvfp4", "adahop_measured", "mxfp4", "hadamard_mxfp4", "tib2d"):
+        assert f"{m} {an['mean_relative_error'][m]:.4f}" in readme
+        assert f"| {an['mean_relative_error'][m]:.4f} | {an['mean_sqnr_db'][m]:.2f} |" in doc
+    assert f"adahop {rs['mean_relative_error']['adahop (current rules)']:.4f}" in readme
+    for p in an["pattern_pairs"]:
+        assert (f"| {p['a']} | {p['b']} | {p['n']} | {p['err_plain']:.4f} | {p['err_iht']:.4f} | {p['err_oe']:.4f} | "
+                f"{p['iht_improvement_pct']:+.1f}% | {p['oe_improvement_pct']:+.1f}% |") in doc
+    # the analysis's must-show: AdaHOP below naive MXFP4 and uniform Hadamard
+    err = rs["mean_relative_error"]
+    assert err["adahop (current rules)"] < err["mxfp4"] and err["adahop (current rules)"] < err["hadamard_mxfp4"]

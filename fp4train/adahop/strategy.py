@@ -93,13 +93,32 @@ def derive_rules(rows: list[dict], tolerance: float = RULE_TOLERANCE) -> dict[tu
     return rules
 
 
+MIN_REAL_GEMMS = 10  # a real-tensor pair needs this many measured GEMMs to set its rule
+
+
+def merge_rules(real_rows: list[dict], synthetic_rows: list[dict], tolerance: float = RULE_TOLERANCE,
+                min_gemms: int = MIN_REAL_GEMMS) -> dict[tuple[Relative, Relative], Strategy]:
+    """Rules from real tensors where a pair was seen often enough, planted patterns elsewhere."""
+    rules = derive_rules(synthetic_rows, tolerance)
+    rules.update(derive_rules([r for r in real_rows if r.get("n", 0) >= min_gemms], tolerance))
+    return rules
+
+
 _N, _I, _O = Relative.NONE, Relative.INNER, Relative.OUTER
-#: Derived with derive_rules() from bench/results/adahop_pattern_pairs.json (planted patterns,
-#: CPU; tests/test_adahop.py checks it still matches that file). Provisional: the real-tensor
-#: table of `fp4train analyze` on a trained model replaces it when it disagrees.
+#: merge_rules() of the real-tensor pattern pairs of `fp4train analyze` on `60m` trained on enwiki
+#: (2x200 steps, H200: bench/results/analyze-60m-enwiki/analysis.json) and, for pairs seen in
+#: fewer than 10 GEMMs there, the planted-pattern table (bench/results/adahop_pattern_pairs.json).
+#: tests/test_adahop.py checks that this literal still equals merge_rules() of those files.
 DEFAULT_RULES: dict[tuple[Relative, Relative], Strategy] = {
     (_N, _N): Strategy.PLAIN,
-    **{(a, b): Strategy.OE for a in (_N, _I, _O) for b in (_N, _I, _O) if (a, b) != (_N, _N)},
+    (_I, _N): Strategy.IHT,  # real: IHT within 10% of OE, cheaper
+    (_O, _N): Strategy.IHT,  # real
+    (_N, _O): Strategy.OE,  # real
+    (_I, _O): Strategy.OE,  # real
+    (_O, _O): Strategy.OE,  # real
+    (_N, _I): Strategy.OE,  # not seen on real tensors: planted table
+    (_I, _I): Strategy.OE,  # 2 real GEMMs only: planted table
+    (_O, _I): Strategy.OE,  # not seen on real tensors: planted table
 }
 
 
