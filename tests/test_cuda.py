@@ -73,3 +73,28 @@ def test_gpu_autocast_bf16():
     assert y.dtype == torch.bfloat16
     y.float().sum().backward()
     assert m[0].weight.grad.dtype == torch.float32 and torch.isfinite(m[0].weight.grad).all()
+
+
+def test_gpu_adahop_outlier_extraction_layer_matches_cpu():
+    from fp4train.adahop.calibration import gemm_spec
+    from fp4train.adahop.strategy import Strategy
+    from fp4train.recipes import LinearSpec
+
+    torch.manual_seed(0)
+    lin = nn.Linear(256, 128)
+    spec = LinearSpec(gemm_spec(Strategy.OE, "inner", "none", 8), gemm_spec(Strategy.OE, "outer", "none", 8),
+                      gemm_spec(Strategy.OE, "outer", "outer", 8))
+    x = torch.randn(96, 256)
+    x[:, [5, 77, 200]] *= 50  # unambiguous outlier channels: FOID picks the same ones on both devices
+    dy = torch.randn(96, 128)
+    dy[[3, 40]] *= 50
+    outs = []
+    for dev in ("cpu", "cuda"):
+        layer = fp4train.QuantizedLinear.from_linear(nn.Linear(256, 128).to(dev), spec)
+        layer.load_state_dict(lin.state_dict())
+        xa = x.detach().to(dev).requires_grad_()
+        y = layer(xa)
+        y.backward(dy.to(dev))
+        outs.append([t.detach().cpu() for t in (y, xa.grad, layer.weight.grad)])
+    for c, g in zip(*outs):
+        torch.testing.assert_close(g, c, rtol=1e-4, atol=1e-4 * c.abs().max().item())
