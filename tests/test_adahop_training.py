@@ -111,8 +111,9 @@ def test_recorder_finds_planted_patterns_and_picks_strategies(tmp_path):
 
 
 def _cfg(out, **kw):
+    # CPU: bit-exact resume is a CPU guarantee (GPU kernels such as embedding backward use atomics)
     base = dict(model="tiny", recipe="adahop", max_steps=24, seq_len=32, batch_size=2, eval_every=0, eval_batches=1,
-                ckpt_every=8, out=str(out), progress=False, tensorboard=False)
+                ckpt_every=8, out=str(out), progress=False, tensorboard=False, device="cpu")
     base.update(kw)
     return TrainConfig(**base)
 

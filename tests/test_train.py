@@ -12,7 +12,9 @@ import torch
 from fp4train.cli import HELP, build_parser, main
 from fp4train.train import Checkpoints, TrainConfig, Trainer, TrainingDiverged
 
-SMALL = ["--model", "tiny", "--seq-len", "32", "--batch-size", "2", "--eval-batches", "2", "--no-progress", "--no-tensorboard"]
+# --device cpu: the bit-exact resume claims are CPU claims (GPU kernels such as embedding backward use atomics)
+SMALL = ["--model", "tiny", "--seq-len", "32", "--batch-size", "2", "--eval-batches", "2", "--no-progress", "--no-tensorboard",
+         "--device", "cpu"]
 
 
 def _cli(args, **kw):
@@ -59,7 +61,7 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path):
 
 def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
     cfg = TrainConfig(model="tiny", recipe="mxfp4", seq_len=32, batch_size=2, max_steps=10, ckpt_every=3,
-                      eval_batches=1, out=str(tmp_path), progress=False, tensorboard=False)
+                      eval_batches=1, out=str(tmp_path), progress=False, tensorboard=False, device="cpu")
     t = Trainer(cfg)
     real = t.forward
 
