@@ -48,7 +48,7 @@ def convert(
         raise TypeError("convert() swaps submodules in place; wrap a bare nn.Linear, e.g. nn.Sequential(linear)")
 
     linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    indices = {n: _block_index(n) for n, _ in linears}
+    indices = {n: block_index(n) for n, _ in linears}
     known = [i for i in indices.values() if i is not None]
     num_blocks = max(known) + 1 if known else None
 
@@ -87,7 +87,8 @@ def convert(
     return model
 
 
-def _block_index(name: str) -> int | None:
+def block_index(name: str) -> int | None:
+    """The transformer-block index of a module name (first ".<int>."), or None."""
     m = BLOCK_INDEX.search(name + ".")
     return int(m.group(1)) if m else None
 

@@ -27,10 +27,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import recipes as _recipes
-from ..adahop.calibration import Calibration, layer_spec
+from ..adahop.calibration import Calibration
 from ..adahop.patterns import GEMM_OPERANDS, Pattern, classify, outlier_ratios, relative
 from ..adahop.strategy import DEFAULT_K, Strategy, choose, derive_rules, relative_error
 from ..backends import get as get_backend
+from ..convert import block_index
 from ..linear.operands import OP_A, OP_B, gemm_with_outliers, prepare
 from ..train.config import TrainConfig
 from ..train.trainer import Trainer
@@ -132,7 +133,7 @@ def analyze(cfg: TrainConfig, *, steps: int, capture_every: int, out: str | Path
                 x, w, dy = ten["X"][:max_tokens], ten["W"], ten["dY"][:max_tokens]
                 pats = {"X": classify(x, threshold), "W": classify(w, threshold), "dY": classify(dy, threshold)}
                 operands = {"X": x, "W": w, "dY": dy}
-                bi = _block_index(name)
+                bi = block_index(name)
                 for gemm, ((ta, tra), (tb, trb)) in GEMM_OPERANDS.items():
                     a = operands[ta].T.contiguous() if tra else operands[ta]
                     b = operands[tb].T.contiguous() if trb else operands[tb]
@@ -193,12 +194,6 @@ def analyze(cfg: TrainConfig, *, steps: int, capture_every: int, out: str | Path
     _plot_errors(out / "recipe_errors.png", per_layer, methods)
     log(f"fp4train analyze: wrote {out / 'analysis.md'}")
     return result
-
-
-def _block_index(name: str) -> int | None:
-    from ..convert import _block_index as bi
-
-    return bi(name)
 
 
 def _markdown(r: dict, methods: list[str]) -> str:
