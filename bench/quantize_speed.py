@@ -1,0 +1,80 @@
+"""Quantization throughput: GB/s of the reference and the Triton kernel against the GPU's copy bandwidth.
+
+Question: how close to memory bandwidth does one MXFP4 quantization pass run? Input a
+16384 x 8192 BF16 tensor (256 MiB); bytes moved = input read + codes and scales written. Timed
+with CUDA events, median of ``--repeats`` after warm-up; the copy baseline (``y.copy_(x)``,
+read + write) is measured in the same run. Writes ``bench/results/quantize_speed-<gpu>.json``.
+
+    python bench/quantize_speed.py [--rows 16384 --cols 8192 --repeats 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+from pathlib import Path
+
+import torch
+
+import fp4train
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _time(fn, repeats: int) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(repeats):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        out.append(s.elapsed_time(e) / 1e3)
+    return statistics.median(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", type=int, default=16384)
+    ap.add_argument("--cols", type=int, default=8192)
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("quantize_speed needs a CUDA GPU")
+    from fp4train.kernels import quantize_mxfp4
+
+    x = torch.randn(args.rows, args.cols, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    n = x.numel()
+    moved = {"copy": 2 * 2 * n, "mxfp4": 2 * n + n // 2 + n // 32}
+    results = {}
+    t = _time(lambda: y.copy_(x), args.repeats)
+    results["copy"] = {"ms": t * 1e3, "GBps": moved["copy"] / t / 1e9}
+    for name, fn in {
+        "reference mxfp4 nearest": lambda: fp4train.quantize(x, "mxfp4"),
+        "triton mxfp4 nearest": lambda: quantize_mxfp4(x),
+        "triton mxfp4 stochastic": lambda: quantize_mxfp4(x, rounding="stochastic", seed=1),
+        "triton mxfp4 ceil": lambda: quantize_mxfp4(x, scale="ceil"),
+    }.items():
+        t = _time(fn, args.repeats)
+        gbps = moved["mxfp4"] / t / 1e9
+        results[name] = {"ms": t * 1e3, "GBps": gbps, "fraction_of_copy": gbps / results["copy"]["GBps"]}
+    for k, v in results.items():
+        frac = f" ({v['fraction_of_copy']:.0%} of copy)" if "fraction_of_copy" in v else ""
+        print(f"{k:>26}: {v['ms']:8.3f} ms  {v['GBps']:8.1f} GB/s{frac}")
+    gpu = torch.cuda.get_device_name()
+    out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": os.environ.get("FP4TRAIN_COMMIT", "unknown"),
+           "torch": torch.__version__, "shape": [args.rows, args.cols], "dtype": "bfloat16", "results": results}
+    path = args.json or ROOT / "bench/results" / f"quantize_speed-{gpu.replace(' ', '_')}.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,9 @@
+"""Triton kernels with the same signatures and results as the reference numerics.
+
+Importing this package needs Triton; the reference (``fp4train.formats``) never does. On a CPU
+the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``, small shapes: tests only).
+"""
+
+from .mx_quantize import quantize_mxfp4
+
+__all__ = ["quantize_mxfp4"]
