@@ -53,3 +53,27 @@ def test_mxfp4_kernel_rejects_bad_input():
         quantize_mxfp4(torch.randn(4, 48, device=DEV))
     with pytest.raises(TypeError, match="float32/bfloat16/float16"):
         quantize_mxfp4(torch.ones(4, 32, dtype=torch.int32, device=DEV))
+
+
+@pytest.mark.parametrize("shape", [(32, 32), (64, 160)])
+@pytest.mark.parametrize("scale", [("floor", "ceil"), ("ceil", "floor")])
+@pytest.mark.parametrize("rounding", [("nearest", "stochastic"), ("stochastic", "nearest")])
+def test_mxfp4_dual_kernel_equals_both_reference_layouts(shape, scale, rounding):
+    from fp4train.kernels import quantize_mxfp4_dual
+
+    x = _special(*shape, seed=7)
+    seeds = (5, 2**40 + 1)
+    rows, cols = quantize_mxfp4_dual(x.to(DEV), scale=scale, rounding=rounding, seed=seeds)
+    ref_r = fp4train.quantize(x, "mxfp4", axis=-1, scale=scale[0], rounding=rounding[0], seed=seeds[0])
+    ref_c = fp4train.quantize(x, "mxfp4", axis=0, scale=scale[1], rounding=rounding[1], seed=seeds[1])
+    for got, ref in ((rows, ref_r), (cols, ref_c)):
+        assert torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
+        torch.testing.assert_close(got.dequantize().cpu(), ref.dequantize(), rtol=0, atol=0, equal_nan=True)
+    assert cols.block_axis == 0 and cols.t().block_axis == 1  # ready as the wgrad operand X^T
+
+
+def test_mxfp4_dual_kernel_rejects_bad_shapes():
+    from fp4train.kernels import quantize_mxfp4_dual
+
+    with pytest.raises(ValueError, match="both dims multiples of 32"):
+        quantize_mxfp4_dual(torch.randn(40, 64, device=DEV))

@@ -61,7 +61,7 @@ def encode_stochastic(v: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     use the ``ceil`` scale rule so nothing exceeds 6).
     """
     grid = _grid(v.device)
-    a = v.abs().clamp(max=E2M1_MAX)
+    a = v.abs().clamp(max=E2M1_MAX).contiguous()
     # lower neighbour index: number of grid points <= a, minus one
     lo = (torch.bucketize(a, grid, right=True) - 1).clamp(0, 6)
     g_lo = grid[lo]

@@ -4,6 +4,6 @@ Importing this package needs Triton; the reference (``fp4train.formats``) never 
 the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``, small shapes: tests only).
 """
 
-from .mx_quantize import quantize_mxfp4
+from .mx_quantize import quantize_mxfp4, quantize_mxfp4_dual
 
-__all__ = ["quantize_mxfp4"]
+__all__ = ["quantize_mxfp4", "quantize_mxfp4_dual"]

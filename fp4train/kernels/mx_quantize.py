@@ -37,6 +37,44 @@ def _lowbias32(x):
     return x
 
 
+@triton.jit
+def _scale_exponent(amax, CEIL: tl.constexpr):
+    """E8M0 exponent from the bits of a finite amax: floor(log2 amax) - 2 (+1 for ceil when the
+    mantissa exceeds 1.5); zero/subnormal amax and the clamp as in formats/scales.py."""
+    bits = amax.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 127 - 2
+    if CEIL:
+        e = e + ((bits & 0x7FFFFF) > 0x400000).to(tl.int32)
+    e = tl.where(bits < 0x00800000, -127, e)
+    return tl.minimum(tl.maximum(e, -127), 125)
+
+
+@triton.jit
+def _e2m1_codes(v, u, SR: tl.constexpr):
+    """E2M1 codes (int32, sign in bit 3) of scaled values: RTNE thresholds, or SR with uniforms u."""
+    av = tl.abs(v)
+    if SR:
+        ac = tl.minimum(av, 6.0)
+        lo = ((ac >= 0.5).to(tl.int32) + (ac >= 1.0).to(tl.int32) + (ac >= 1.5).to(tl.int32) + (ac >= 2.0).to(tl.int32)
+              + (ac >= 3.0).to(tl.int32) + (ac >= 4.0).to(tl.int32) + (ac >= 6.0).to(tl.int32))
+        lo = tl.minimum(lo, 6)
+        g_lo = tl.where(lo < 4, lo.to(tl.float32) * 0.5, tl.where(lo == 4, 2.0, tl.where(lo == 5, 3.0, 4.0)))
+        step = tl.where(lo < 4, 0.5, tl.where(lo < 6, 1.0, 2.0))  # grid gaps: 0.5 up to 2, 1 up to 4, then 2
+        idx4 = lo + (u < (ac - g_lo) / step).to(tl.int32)
+    else:
+        idx4 = ((av > 0.25).to(tl.int32) + (av >= 0.75).to(tl.int32) + (av > 1.25).to(tl.int32) + (av >= 1.75).to(tl.int32)
+                + (av > 2.5).to(tl.int32) + (av >= 3.5).to(tl.int32) + (av > 5.0).to(tl.int32))
+    sign = (v.to(tl.int32, bitcast=True) < 0).to(tl.int32)  # the sign bit, -0.0 included
+    return idx4 | (sign << 3)
+
+
+@triton.jit
+def _uniforms(idx, key, key2):
+    """counter_rng.uniform for flat blocked indices ``idx``."""
+    h = _lowbias32(_lowbias32(idx.to(tl.uint32) ^ key.to(tl.uint32)) ^ key2.to(tl.uint32))
+    return (h >> 8).to(tl.float32) * (1.0 / 16777216.0)
+
+
 @triton.jit(do_not_specialize=["key", "key2"])
 def _mxfp4_kernel(
     x_ptr, codes_ptr, scales_ptr,
@@ -58,34 +96,13 @@ def _mxfp4_kernel(
     nan_block = tl.max(tl.where(finite, 0, 1), axis=1) > 0
     amax = tl.max(tl.where(finite, a, 0.0), axis=1)
 
-    # E8M0 exponent: floor(log2 amax) - 2 from the float's bits; subnormal/zero amax clamps to -127
-    bits = amax.to(tl.int32, bitcast=True)
-    e = ((bits >> 23) & 0xFF) - 127 - 2
-    if CEIL:
-        e = e + ((bits & 0x7FFFFF) > 0x400000).to(tl.int32)  # mantissa > 1.5: amax > 6 * 2**e
-    e = tl.where(bits < 0x00800000, -127, e)
-    e = tl.minimum(tl.maximum(e, -127), 125)
+    e = _scale_exponent(amax, CEIL)
     inv = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2**-e, always a normal float here
     v = x * inv[:, None]
-    av = tl.abs(v)
-
+    u = v  # unused unless SR
     if SR:
-        idx = ((row * n_blocks_row + blk)[:, None] * 32 + j[None, :]).to(tl.uint32)
-        h = _lowbias32(_lowbias32(idx ^ key.to(tl.uint32)) ^ key2.to(tl.uint32))
-        u = (h >> 8).to(tl.float32) * (1.0 / 16777216.0)
-        ac = tl.minimum(av, 6.0)
-        lo = ((ac >= 0.5).to(tl.int32) + (ac >= 1.0).to(tl.int32) + (ac >= 1.5).to(tl.int32) + (ac >= 2.0).to(tl.int32)
-              + (ac >= 3.0).to(tl.int32) + (ac >= 4.0).to(tl.int32) + (ac >= 6.0).to(tl.int32))
-        lo = tl.minimum(lo, 6)
-        g_lo = tl.where(lo < 4, lo.to(tl.float32) * 0.5, tl.where(lo == 4, 2.0, tl.where(lo == 5, 3.0, 4.0)))
-        step = tl.where(lo < 4, 0.5, tl.where(lo < 6, 1.0, 2.0))  # grid gaps: 0.5 up to 2, 1 up to 4, then 2
-        p = (ac - g_lo) / step
-        idx4 = lo + (u < p).to(tl.int32)
-    else:
-        idx4 = ((av > 0.25).to(tl.int32) + (av >= 0.75).to(tl.int32) + (av > 1.25).to(tl.int32) + (av >= 1.75).to(tl.int32)
-                + (av > 2.5).to(tl.int32) + (av >= 3.5).to(tl.int32) + (av > 5.0).to(tl.int32))
-    sign = (v.to(tl.int32, bitcast=True) < 0).to(tl.int32)  # the sign bit, -0.0 included
-    code = idx4 | (sign << 3)
+        u = _uniforms((row * n_blocks_row + blk)[:, None] * 32 + j[None, :], key, key2)
+    code = _e2m1_codes(v, u, SR)
     code = tl.where(nan_block[:, None], 0, code)
 
     pairs = tl.reshape(code, [BLOCKS, 16, 2])
@@ -123,3 +140,99 @@ def quantize_mxfp4(x: torch.Tensor, *, scale: str = "floor", rounding: str = "ne
                             CEIL=scale == "ceil", SR=sr, BLOCKS=blocks_per_program)
     layout = BlockLayout(tuple(x.shape), (32,), 1)
     return QuantizedTensor("mxfp4", codes, scales, None, layout, x.dtype)
+
+
+@triton.jit(do_not_specialize=["key_r", "key2_r", "key_c", "key2_c"])
+def _mxfp4_dual_kernel(
+    x_ptr, rc_ptr, rs_ptr, cc_ptr, cs_ptr,
+    M, K, stride_x, stride_rc, stride_rs, stride_cc, stride_cs,
+    key_r, key2_r, key_c, key2_c,
+    CEIL_R: tl.constexpr, SR_R: tl.constexpr, CEIL_C: tl.constexpr, SR_C: tl.constexpr, NB: tl.constexpr,
+):
+    """One read of a [32, 32*NB] tile -> MXFP4 along K (rows) and along M (columns)."""
+    pm = tl.program_id(0)
+    pk = tl.program_id(1)
+    BK: tl.constexpr = 32 * NB
+    i = tl.arange(0, 32)
+    kk = pk * BK + tl.arange(0, BK)
+    m = pm * 32 + i
+    kmask = kk < K
+    x = tl.load(x_ptr + m[:, None] * stride_x + kk[None, :], mask=kmask[None, :], other=0.0).to(tl.float32)
+    a = tl.abs(x)
+    finite = a < float("inf")
+    af = tl.where(finite, a, 0.0)
+    bad = tl.where(finite, 0, 1)
+
+    # ---- along K: 1x32 blocks of each row (the fprop layout) ----
+    af3 = tl.reshape(af, [32, NB, 32])
+    amax_r = tl.max(af3, axis=2)
+    nan_r = tl.max(tl.reshape(bad, [32, NB, 32]), axis=2) > 0
+    e_r = _scale_exponent(amax_r, CEIL_R)
+    inv_r = ((127 - e_r) << 23).to(tl.float32, bitcast=True)
+    v_r = tl.reshape(tl.reshape(x, [32, NB, 32]) * inv_r[:, :, None], [32, BK])
+    u_r = v_r
+    if SR_R:
+        u_r = _uniforms(m[:, None] * K + kk[None, :], key_r, key2_r)  # blocked index of axis=-1: m*K + k
+    code_r = _e2m1_codes(v_r, u_r, SR_R)
+    nan_r_el = tl.reshape(tl.broadcast_to(nan_r[:, :, None], [32, NB, 32]), [32, BK])
+    code_r = tl.where(nan_r_el, 0, code_r)
+    lo_r, hi_r = tl.split(tl.reshape(code_r, [32, BK // 2, 2]))
+    pk_r = pk * (BK // 2) + tl.arange(0, BK // 2)
+    tl.store(rc_ptr + m[:, None] * stride_rc + pk_r[None, :], (lo_r | (hi_r << 4)).to(tl.uint8), mask=(pk_r < K // 2)[None, :])
+    kb = pk * NB + tl.arange(0, NB)
+    tl.store(rs_ptr + m[:, None] * stride_rs + kb[None, :], tl.where(nan_r, 255, e_r + 127).to(tl.uint8), mask=(kb < K // 32)[None, :])
+
+    # ---- along M: 32x1 blocks of each column (the wgrad layout, stored as X^T [K, M]) ----
+    amax_c = tl.max(af, axis=0)
+    nan_c = tl.max(bad, axis=0) > 0
+    e_c = _scale_exponent(amax_c, CEIL_C)
+    inv_c = ((127 - e_c) << 23).to(tl.float32, bitcast=True)
+    v_c = tl.trans(x * inv_c[None, :])  # [BK, 32]
+    u_c = v_c
+    if SR_C:
+        u_c = _uniforms(kk[:, None] * M + m[None, :], key_c, key2_c)  # blocked index of axis=0: k*M + m
+    code_c = _e2m1_codes(v_c, u_c, SR_C)
+    code_c = tl.where(nan_c[:, None], 0, code_c)
+    lo_c, hi_c = tl.split(tl.reshape(code_c, [BK, 16, 2]))
+    pm_c = pm * 16 + tl.arange(0, 16)
+    tl.store(cc_ptr + kk[:, None] * stride_cc + pm_c[None, :], (lo_c | (hi_c << 4)).to(tl.uint8), mask=kmask[:, None])
+    tl.store(cs_ptr + kk * stride_cs + pm, tl.where(nan_c, 255, e_c + 127).to(tl.uint8), mask=kmask)
+
+
+def _keys(rounding: str, seed: int | None) -> tuple[bool, int, int]:
+    sr = rounding == "stochastic"
+    if sr and seed is None:
+        seed = counter_rng.fresh_seed()
+    s = int(seed or 0)
+    return sr, (s * _GOLDEN) & _MASK32, ((s >> 32) ^ 0x85EBCA6B) & _MASK32
+
+
+def quantize_mxfp4_dual(
+    x: torch.Tensor, *, scale: tuple[str, str] = ("floor", "floor"), rounding: tuple[str, str] = ("nearest", "nearest"),
+    seed: tuple[int | None, int | None] = (None, None), blocks_per_program: int = 4,
+) -> tuple[QuantizedTensor, QuantizedTensor]:
+    """Both layouts a linear needs of X ``[M, K]`` from one read: along K (fprop) and along M (wgrad).
+
+    Equal bit for bit to ``quantize(x, "mxfp4", axis=-1, ...)`` and ``quantize(x, "mxfp4", axis=0, ...)``;
+    ``scale``/``rounding``/``seed`` are (along K, along M) pairs. M and K must be multiples of 32.
+    """
+    if x.ndim != 2 or x.shape[0] % 32 or x.shape[1] % 32:
+        raise ValueError(f"quantize_mxfp4_dual needs a 2D tensor with both dims multiples of 32, got {tuple(x.shape)}")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"quantize_mxfp4_dual takes float32/bfloat16/float16, got {x.dtype}")
+    x = x.contiguous()
+    M, K = x.shape
+    rc = torch.empty(M, K // 2, dtype=torch.uint8, device=x.device)
+    rs = torch.empty(M, K // 32, dtype=torch.uint8, device=x.device)
+    cc = torch.empty(K, M // 2, dtype=torch.uint8, device=x.device)
+    cs = torch.empty(K, M // 32, dtype=torch.uint8, device=x.device)
+    sr_r, k_r, k2_r = _keys(rounding[0], seed[0])
+    sr_c, k_c, k2_c = _keys(rounding[1], seed[1])
+    grid = (M // 32, triton.cdiv(K, 32 * blocks_per_program))
+    if M and K:
+        _mxfp4_dual_kernel[grid](x, rc, rs, cc, cs, M, K, x.stride(0), rc.stride(0), rs.stride(0), cc.stride(0), cs.stride(0),
+                                 k_r, k2_r, k_c, k2_c, CEIL_R=scale[0] == "ceil", SR_R=sr_r, CEIL_C=scale[1] == "ceil",
+                                 SR_C=sr_c, NB=blocks_per_program)
+    rows = QuantizedTensor("mxfp4", rc, rs, None, BlockLayout((M, K), (32,), 1), x.dtype)
+    cols = QuantizedTensor("mxfp4", cc, cs, None, BlockLayout((M, K), (32,), 0), x.dtype)
+    return rows, cols
