@@ -46,6 +46,7 @@ HELP = {
     "device": "auto (GPU if there is one), cpu, cuda or cuda:N",
     "dtype": "autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32",
     "compile": "torch.compile the model",
+    "compile_numerics": "torch.compile the quantize/dequantize numerics (fused kernels, same bits; speeds up FP4 recipes on GPU)",
     "progress": "show a progress bar",
     "tensorboard": "write TensorBoard logs",
 }

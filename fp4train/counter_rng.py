@@ -40,12 +40,31 @@ def lowbias32(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def seed_keys(seed: int) -> tuple[int, int]:
+    """The two 32-bit keys the hash mixes in for ``seed`` (kernels take these)."""
+    return (int(seed) * _GOLDEN) & _MASK32, ((int(seed) >> 32) ^ 0x85EBCA6B) & _MASK32
+
+
 def hash32(seed: int, index: torch.Tensor) -> torch.Tensor:
     """32 random bits per element of ``index`` (int64, taken mod 2**32) for ``seed``."""
-    key = (int(seed) * _GOLDEN) & _MASK32
-    key2 = ((int(seed) >> 32) ^ 0x85EBCA6B) & _MASK32
+    key, key2 = seed_keys(seed)
+    return _hash_keys(index, key, key2)
+
+
+def _hash_keys(index, key, key2):
     h = lowbias32((index & _MASK32) ^ key)
     return lowbias32(h ^ key2)
+
+
+def uniform_keys(keys: torch.Tensor, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
+    """:func:`uniform` with the seed given as its two keys in an int64 tensor (compile-friendly:
+    a new seed is new data, not a new constant)."""
+    n = 1
+    for s in shape:
+        n *= s
+    idx = torch.arange(n, device=keys.device, dtype=torch.int64)
+    bits = _hash_keys(idx, keys[0], keys[1]) >> 8
+    return (bits.to(torch.float32) * (2.0**-24)).reshape(tuple(shape))
 
 
 def uniform(seed: int, shape: tuple[int, ...] | torch.Size, device=None) -> torch.Tensor:
@@ -54,12 +73,7 @@ def uniform(seed: int, shape: tuple[int, ...] | torch.Size, device=None) -> torc
     Element ``i`` (its flat row-major index) gets ``(hash32(seed, i) >> 8) * 2**-24``: 24 bits,
     exact in float32, never equal to 1.
     """
-    n = 1
-    for s in shape:
-        n *= int(s)
-    idx = torch.arange(n, device=device, dtype=torch.int64)
-    bits = hash32(seed, idx) >> 8
-    return (bits.to(torch.float32) * (2.0**-24)).reshape(tuple(shape))
+    return uniform_keys(torch.tensor(seed_keys(seed), dtype=torch.int64, device=device), tuple(int(s) for s in shape))
 
 
 def random_signs(seed: int, n: int, device=None) -> torch.Tensor:

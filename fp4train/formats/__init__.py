@@ -5,6 +5,15 @@ from .qtensor import QuantizedTensor
 from .quantize import FORMATS, ROUNDINGS, FormatInfo, dequantize, fake_quantize, quantize
 from .scales import ScaleRule
 
+
+def set_compiled(enabled: bool = True) -> None:
+    """Run quantize/dequantize numerics through ``torch.compile``: fused kernels, same bits."""
+    from .qtensor import set_compiled as _decode_compiled
+    from .quantize import set_compiled as _encode_compiled
+
+    _encode_compiled(enabled)
+    _decode_compiled(enabled)
+
 __all__ = [
     "BlockLayout",
     "FORMATS",
@@ -15,4 +24,5 @@ __all__ = [
     "dequantize",
     "fake_quantize",
     "quantize",
+    "set_compiled",
 ]

@@ -89,6 +89,9 @@ class QuantizedTensor:
 
     def _decode_canonical(self) -> torch.Tensor:
         """Dequantized float32 values in the canonical (padded) layout."""
+        return _DECODE(self.fmt, self.codes, self.scales, self.tensor_scale, self.layout)
+
+    def _decode_canonical_eager(self) -> torch.Tensor:
         lay = self.layout
         if self.is_fp4:
             v = e2m1.decode(e2m1.unpack(self.codes))
@@ -139,3 +142,18 @@ class QuantizedTensor:
             f"QuantizedTensor(fmt={self.fmt!r}, shape={tuple(self.shape)}, {geom}, "
             f"dtype={self.dtype}, nbytes={self.nbytes}{', transposed' if self.transposed else ''})"
         )
+
+
+def decode_canonical(fmt, codes, scales, tensor_scale, layout) -> torch.Tensor:
+    """Dequantized float32 values in the canonical layout (a function of tensors, compile-friendly)."""
+    q = QuantizedTensor(fmt, codes, scales, tensor_scale, layout, torch.float32)
+    return q._decode_canonical_eager()
+
+
+_DECODE = decode_canonical
+
+
+def set_compiled(enabled: bool = True) -> None:
+    """Dequantize through ``torch.compile`` (see :func:`fp4train.formats.quantize.set_compiled`)."""
+    global _DECODE
+    _DECODE = torch.compile(decode_canonical, dynamic=True) if enabled else decode_canonical

@@ -45,6 +45,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     compile: bool = False
+    compile_numerics: bool = False  # torch.compile the quantize/dequantize numerics (same bits, fused)
     progress: bool = True
     tensorboard: bool = True
     extra: dict = field(default_factory=dict)  # free-form notes carried into the run's config.json

@@ -80,6 +80,10 @@ class Trainer:
 
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
+        if cfg.compile_numerics:
+            from ..formats import set_compiled
+
+            set_compiled(True)
         self.tokenizer = load_tokenizer(cfg.tokenizer)
         self.train_split, self.val_split = load_splits(
             cfg.data, cfg.val_data, self.tokenizer, val_fraction=cfg.val_fraction, cache_dir=cfg.cache_dir,
