@@ -156,4 +156,8 @@ _DECODE = decode_canonical
 def set_compiled(enabled: bool = True) -> None:
     """Dequantize through ``torch.compile`` (see :func:`fp4train.formats.quantize.set_compiled`)."""
     global _DECODE
+    if enabled:
+        from .quantize import _raise_recompile_limit
+
+        _raise_recompile_limit()
     _DECODE = torch.compile(decode_canonical, dynamic=True) if enabled else decode_canonical

@@ -93,7 +93,7 @@ def quantize(
         b = int(block) if block is not None else max(x.shape[ax], 1)
         layout = BlockLayout(tuple(x.shape), (b,), ax)
 
-    xc = layout.to_canonical(x.to(torch.float32))
+    xc = layout.to_canonical(x.detach().to(torch.float32))  # quantization is not differentiable
     xb = layout.blockify(xc)
     keys = None
     if rounding == "stochastic":
@@ -137,7 +137,18 @@ def set_compiled(enabled: bool = True) -> None:
     default; the trainer's ``--compile-numerics`` turns it on.
     """
     global _ENCODE
+    if enabled:
+        _raise_recompile_limit()
     _ENCODE = torch.compile(encode_blocks, dynamic=True) if enabled else encode_blocks
+
+
+def _raise_recompile_limit(n: int = 64) -> None:
+    """One compiled graph per (format, scale rule, rounding, dtype) combination in use: more than
+    dynamo's default limit of 8 in a model that mixes recipes' formats (AdaHOP, tib2d's MXFP8)."""
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), n))
 
 
 def dequantize(q: QuantizedTensor, dtype: torch.dtype | None = None) -> torch.Tensor:
