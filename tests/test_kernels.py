@@ -77,3 +77,34 @@ def test_mxfp4_dual_kernel_rejects_bad_shapes():
 
     with pytest.raises(ValueError, match="both dims multiples of 32"):
         quantize_mxfp4_dual(torch.randn(40, 64, device=DEV))
+
+
+def test_e4m3_integer_rounding_equals_the_reference_cast():
+    from fp4train.formats import e4m3
+    from fp4train.kernels.e4m3 import _roundtrip
+
+    rep = e4m3.decode(torch.arange(0, 127, dtype=torch.uint8))
+    mids = (rep[:-1] + rep[1:]) / 2
+    g = torch.Generator().manual_seed(0)
+    x = torch.cat([rep, mids, torch.nextafter(mids, torch.zeros_like(mids)), torch.nextafter(mids, torch.full_like(mids, 500.0)),
+                   torch.rand(4000, generator=g) * 448, torch.exp2(torch.rand(4000, generator=g) * 20 - 12).clamp(max=448)])
+    codes, vals = _roundtrip(x.contiguous().to(DEV))
+    ref = e4m3.encode(x)
+    assert torch.equal(codes.cpu().to(torch.uint8), ref) and torch.equal(vals.cpu(), e4m3.decode(ref))
+
+
+@pytest.mark.parametrize("shape", [(1, 16), (9, 160)])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_nvfp4_kernel_equals_reference(shape, rounding):
+    from fp4train.kernels import quantize_nvfp4
+
+    x = _special(*shape, seed=3)
+    for dtype in (torch.float32, torch.bfloat16):
+        xd = x.to(dtype)
+        ref = fp4train.quantize(xd, "nvfp4", rounding=rounding, seed=2**33 + 7)
+        got = quantize_nvfp4(xd.to(DEV), rounding=rounding, seed=2**33 + 7, blocks_per_program=4)
+        assert torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
+        assert torch.equal(got.tensor_scale.cpu(), ref.tensor_scale)
+        torch.testing.assert_close(got.dequantize().cpu(), ref.dequantize(), rtol=0, atol=0, equal_nan=True)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        quantize_nvfp4(torch.randn(2, 24, device=DEV))

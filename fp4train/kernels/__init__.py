@@ -5,5 +5,6 @@ the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``, small shapes
 """
 
 from .mx_quantize import quantize_mxfp4, quantize_mxfp4_dual
+from .nvfp4_quantize import quantize_nvfp4
 
-__all__ = ["quantize_mxfp4", "quantize_mxfp4_dual"]
+__all__ = ["quantize_mxfp4", "quantize_mxfp4_dual", "quantize_nvfp4"]

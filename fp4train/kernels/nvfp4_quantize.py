@@ -1,0 +1,77 @@
+"""Fused NVFP4 quantization in Triton (16-element blocks, E4M3 block scales, FP32 tensor scale).
+
+Bit-identical to ``fp4train.quantize(x, "nvfp4", ...)`` along the last dim of a 2D tensor whose
+last dim is a multiple of 16. The tensor scale ``s_enc`` comes from the reference
+(``formats.nvfp4.tensor_scale``: one amax reduction, left on the device - no host sync); the
+kernel then does the per-block work in the reference's float order::
+
+    sb = e4m3((amax_b / 6) * s_enc)      q = e2m1((x * s_enc) / sb)
+
+with IEEE divisions (``div_rn``) and E4M3 rounding in integer arithmetic (:mod:`.e4m3`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..formats import nvfp4 as ref_nvfp4
+from ..formats.layout import BlockLayout
+from ..formats.qtensor import QuantizedTensor
+from .e4m3 import e4m3_rtne
+from .mx_quantize import _e2m1_codes, _keys, _uniforms
+
+
+@triton.jit(do_not_specialize=["key", "key2"])
+def _nvfp4_kernel(
+    x_ptr, s_enc_ptr, codes_ptr, scales_ptr,
+    n_blocks_row, stride_x, stride_c, stride_s, key, key2,
+    SR: tl.constexpr, BLOCKS: tl.constexpr,
+):
+    row = tl.program_id(0)
+    blk = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
+    j = tl.arange(0, 16)
+    bmask = blk < n_blocks_row
+    offs = blk[:, None] * 16 + j[None, :]
+    x = tl.load(x_ptr + row * stride_x + offs, mask=bmask[:, None], other=0.0).to(tl.float32)
+    s_enc = tl.load(s_enc_ptr)
+    finite = tl.abs(x) < float("inf")
+    nan_block = tl.max(tl.where(finite, 0, 1), axis=1) > 0
+    x = tl.where(finite, x, 0.0)
+    amax = tl.max(tl.abs(x), axis=1)
+    sb_code, sb = e4m3_rtne(tl.minimum(tl.math.div_rn(amax, 6.0) * s_enc, 448.0))
+    v = tl.math.div_rn(x * s_enc, tl.where(sb == 0.0, 1.0, sb)[:, None])
+    v = tl.where((sb == 0.0)[:, None], 0.0, v)
+    u = v
+    if SR:
+        u = _uniforms((row * n_blocks_row + blk)[:, None] * 16 + j[None, :], key, key2)
+    code = _e2m1_codes(v, u, SR)
+    code = tl.where(nan_block[:, None], 0, code)
+    lo, hi = tl.split(tl.reshape(code, [BLOCKS, 8, 2]))
+    poffs = blk[:, None] * 8 + tl.arange(0, 8)[None, :]
+    tl.store(codes_ptr + row * stride_c + poffs, (lo | (hi << 4)).to(tl.uint8), mask=bmask[:, None])
+    tl.store(scales_ptr + row * stride_s + blk, tl.where(nan_block, 0x7F, sb_code).to(tl.uint8), mask=bmask)
+
+
+def quantize_nvfp4(x: torch.Tensor, *, rounding: str = "nearest", seed: int | None = None,
+                   blocks_per_program: int = 8) -> QuantizedTensor:
+    """NVFP4 along the last dim of a 2D tensor (last dim a multiple of 16), fused; see the module docstring."""
+    if x.ndim != 2 or x.shape[1] % 16:
+        raise ValueError(f"quantize_nvfp4 needs a 2D tensor whose last dim is a multiple of 16, got {tuple(x.shape)}")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"quantize_nvfp4 takes float32/bfloat16/float16, got {x.dtype}")
+    if rounding not in ("nearest", "stochastic"):
+        raise ValueError(f"bad rounding {rounding!r}")
+    x = x.contiguous()
+    rows, k = x.shape
+    nb = k // 16
+    s_enc = ref_nvfp4.tensor_scale(x).reshape(1).contiguous()
+    codes = torch.empty(rows, k // 2, dtype=torch.uint8, device=x.device)
+    scales = torch.empty(rows, nb, dtype=torch.uint8, device=x.device)
+    sr, key, key2 = _keys(rounding, seed)
+    if rows and nb:
+        grid = (rows, triton.cdiv(nb, blocks_per_program))
+        _nvfp4_kernel[grid](x, s_enc, codes, scales, nb, x.stride(0), codes.stride(0), scales.stride(0), key, key2,
+                            SR=sr, BLOCKS=blocks_per_program)
+    return QuantizedTensor("nvfp4", codes, scales, s_enc.reshape(()), BlockLayout(tuple(x.shape), (16,), 1), x.dtype)
