@@ -35,14 +35,15 @@ def main(argv=None):
     ap.add_argument("--eval-every", type=int, default=64)
     ap.add_argument("--eval-batches", type=int, default=16)
     ap.add_argument("--slots", default="0", help="GPU id per concurrent run, e.g. 0,0,1,1")
-    ap.add_argument("--compile-numerics", action="store_true", help="torch.compile the quantize/dequantize numerics")
+    ap.add_argument("--numerics", default="eager", choices=["eager", "compiled", "triton"],
+                    help="how quantization runs (same bits): eager, compiled or triton")
     ap.add_argument("--out", default="runs/lr_sweep")
     args = ap.parse_args(argv)
     out = Path(args.out)
     base = TrainConfig(model=args.model, recipe=args.recipe, data=args.data, max_steps=args.max_steps,
                        warmup_steps=args.warmup_steps, seq_len=args.seq_len, batch_size=args.batch_size,
                        eval_every=args.eval_every, eval_batches=args.eval_batches, ckpt_every=0, keep_checkpoints=1,
-                       compile_numerics=args.compile_numerics)
+                       numerics=args.numerics)
     load_splits(base.data, None, load_tokenizer(), verbose=True)  # tokenize once, before the runs share the cache
     lrs = [float(x) for x in args.lrs.split(",")]
     seeds = [int(x) for x in args.seeds.split(",")]

@@ -90,12 +90,12 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
-    ap.add_argument("--compile-numerics", action="store_true", help="torch.compile the quantize/dequantize numerics")
+    ap.add_argument("--numerics", default="eager", choices=["eager", "compiled", "triton"],
+                    help="how quantization runs (same bits): eager, compiled or triton")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if args.compile_numerics:
-        fp4train.formats.set_compiled(True)
+    fp4train.formats.set_numerics(args.numerics)
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     rows = []
     for r in args.recipes.split(","):
@@ -107,9 +107,9 @@ def main(argv=None):
         print(f"{args.model} {r:>15}: {res['tokens_per_s']:>12,.0f} tokens/s{rel}, step {res['step_ms']:.1f} ms{mem}, warmup {res['warmup_s']:.1f}s", flush=True)
     out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": _commit(), "torch": torch.__version__,
            "model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len, "compile": args.compile,
-           "compile_numerics": args.compile_numerics,
+           "numerics": args.numerics,
            "backend": "emulated", "results": rows}
-    path = args.json or ROOT / "bench/results" / f"train_speed-{args.model}-{gpu.replace(' ', '_')}{'-compile' if args.compile else ''}{'-cnum' if args.compile_numerics else ''}.json"
+    path = args.json or ROOT / "bench/results" / f"train_speed-{args.model}-{gpu.replace(' ', '_')}{'-compile' if args.compile else ''}{'' if args.numerics == 'eager' else '-' + args.numerics}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
 

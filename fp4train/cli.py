@@ -46,7 +46,8 @@ HELP = {
     "device": "auto (GPU if there is one), cpu, cuda or cuda:N",
     "dtype": "autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32",
     "compile": "torch.compile the model",
-    "compile_numerics": "torch.compile the quantize/dequantize numerics (fused kernels, same bits; speeds up FP4 recipes on GPU)",
+    "numerics": "how quantization runs, same bits in each: eager (reference ops), compiled (torch.compile'd "
+    "reference), triton (fp4train's kernels where they exist)",
     "progress": "show a progress bar",
     "tensorboard": "write TensorBoard logs",
 }

@@ -14,6 +14,25 @@ def set_compiled(enabled: bool = True) -> None:
     _encode_compiled(enabled)
     _decode_compiled(enabled)
 
+
+NUMERICS = ("eager", "compiled", "triton")
+
+
+def set_numerics(mode: str) -> None:
+    """How quantization runs - always with the same results bit for bit:
+
+    * ``"eager"``: the plain-PyTorch reference, op by op (the default);
+    * ``"compiled"``: the reference's numerical core through ``torch.compile`` (fused);
+    * ``"triton"``: fp4train's Triton kernels where one exists for the request (MXFP4 1x32 and
+      NVFP4 1x16 along either axis of a 2D tensor with whole blocks), the reference elsewhere.
+    """
+    from .quantize import set_kernels  # the module, not the quantize() function of the same name
+
+    if mode not in NUMERICS:
+        raise ValueError(f"unknown numerics {mode!r}; choose one of {NUMERICS}")
+    set_compiled(mode == "compiled")
+    set_kernels(mode == "triton")
+
 __all__ = [
     "BlockLayout",
     "FORMATS",
@@ -24,5 +43,7 @@ __all__ = [
     "dequantize",
     "fake_quantize",
     "quantize",
+    "NUMERICS",
     "set_compiled",
+    "set_numerics",
 ]

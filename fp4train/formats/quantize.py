@@ -93,6 +93,8 @@ def quantize(
         b = int(block) if block is not None else max(x.shape[ax], 1)
         layout = BlockLayout(tuple(x.shape), (b,), ax)
 
+    if _KERNELS and (q := _kernel_quantize(x, fmt, layout, scale, rounding, seed, four_over_six)) is not None:
+        return q
     xc = layout.to_canonical(x.detach().to(torch.float32))  # quantization is not differentiable
     xb = layout.blockify(xc)
     keys = None
@@ -127,6 +129,38 @@ def encode_blocks(xb, keys, fmt: str, element: str, scale: str, four_over_six: b
 
 
 _ENCODE = encode_blocks
+_KERNELS = False
+
+
+def set_kernels(enabled: bool = True) -> None:
+    """Route the requests a Triton kernel covers to it (see :func:`fp4train.formats.set_numerics`)."""
+    global _KERNELS
+    if enabled:
+        import fp4train.kernels  # noqa: F401 - fail here, clearly, if Triton is missing
+    _KERNELS = enabled
+
+
+def _kernel_quantize(x, fmt, layout, scale, rounding, seed, four_over_six):
+    """The Triton kernel's result for this request, or None when no kernel covers it.
+
+    A quantization along axis 0 is the kernel's along the last axis of ``x.T``: its canonical
+    layout and its stochastic-rounding indices (``k * M + m``) are the same.
+    """
+    b = {"mxfp4": 32, "nvfp4": 16}.get(fmt)
+    if b is None or x.ndim != 2 or layout.is_2d or layout.block != (b,) or four_over_six:
+        return None
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16) or x.shape[layout.axis] % b or 0 in x.shape:
+        return None
+    from .. import kernels
+
+    src = x.detach() if layout.axis == 1 else x.detach().t()
+    if fmt == "mxfp4":
+        q = kernels.quantize_mxfp4(src, scale=scale, rounding=rounding, seed=seed)
+    elif scale == "floor":
+        q = kernels.quantize_nvfp4(src, rounding=rounding, seed=seed)
+    else:
+        return None
+    return QuantizedTensor(fmt, q.codes, q.scales, q.tensor_scale, layout, x.dtype)
 
 
 def set_compiled(enabled: bool = True) -> None:
@@ -134,7 +168,7 @@ def set_compiled(enabled: bool = True) -> None:
 
     Same results bit for bit (tested against eager on the CPU; on the GPU by tests/test_cuda.py):
     the arithmetic is exact or IEEE-rounded in a fixed order, which the compiler preserves. Off by
-    default; the trainer's ``--compile-numerics`` turns it on.
+    default; the trainer's ``--numerics compiled`` turns it on.
     """
     global _ENCODE
     if enabled:

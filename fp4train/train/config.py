@@ -45,7 +45,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     compile: bool = False
-    compile_numerics: bool = False  # torch.compile the quantize/dequantize numerics (same bits, fused)
+    numerics: str = "eager"  # eager | compiled | triton: how quantization runs (same bits in each)
     progress: bool = True
     tensorboard: bool = True
     extra: dict = field(default_factory=dict)  # free-form notes carried into the run's config.json
@@ -62,6 +62,8 @@ class TrainConfig:
                 problems.append(f"{k} must be >= 0, got {getattr(self, k)}")
         if self.lr <= 0:
             problems.append(f"lr must be > 0, got {self.lr}")
+        if self.numerics not in ("eager", "compiled", "triton"):
+            problems.append(f"numerics must be eager, compiled or triton, got {self.numerics!r}")
         if self.dtype not in ("auto", "bf16", "fp32"):
             problems.append(f"dtype must be auto, bf16 or fp32, got {self.dtype!r}")
         if problems:

@@ -80,10 +80,9 @@ class Trainer:
 
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        if cfg.compile_numerics:
-            from ..formats import set_compiled
+        from ..formats import set_numerics
 
-            set_compiled(True)
+        set_numerics(cfg.numerics)
         self.tokenizer = load_tokenizer(cfg.tokenizer)
         self.train_split, self.val_split = load_splits(
             cfg.data, cfg.val_data, self.tokenizer, val_fraction=cfg.val_fraction, cache_dir=cfg.cache_dir,
