@@ -108,3 +108,15 @@ def test_nvfp4_kernel_equals_reference(shape, rounding):
         torch.testing.assert_close(got.dequantize().cpu(), ref.dequantize(), rtol=0, atol=0, equal_nan=True)
     with pytest.raises(ValueError, match="multiple of 16"):
         quantize_nvfp4(torch.randn(2, 24, device=DEV))
+
+
+@pytest.mark.parametrize("shape", [(64, 96), (33, 129)])
+@pytest.mark.parametrize("scale,rounding", [("floor", "nearest"), ("ceil", "stochastic")])
+def test_mxfp4_2d_tile_kernel_equals_reference(shape, scale, rounding):
+    from fp4train.kernels import quantize_mxfp4_2d
+
+    x = _special(*shape, seed=11)
+    ref = fp4train.quantize(x, "mxfp4", block=(32, 32), scale=scale, rounding=rounding, seed=2**35 + 1)
+    got = quantize_mxfp4_2d(x.to(DEV), scale=scale, rounding=rounding, seed=2**35 + 1)
+    assert torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
+    torch.testing.assert_close(got.t().dequantize().cpu(), ref.t().dequantize(), rtol=0, atol=0, equal_nan=True)

@@ -24,7 +24,8 @@ def set_numerics(mode: str) -> None:
     * ``"eager"``: the plain-PyTorch reference, op by op (the default);
     * ``"compiled"``: the reference's numerical core through ``torch.compile`` (fused);
     * ``"triton"``: fp4train's Triton kernels where one exists for the request (MXFP4 1x32 and
-      NVFP4 1x16 along either axis of a 2D tensor with whole blocks), the reference elsewhere.
+      NVFP4 1x16 along either axis of a 2D tensor with whole blocks, MXFP4 32x32 tiles), the
+      reference elsewhere.
     """
     from .quantize import set_kernels  # the module, not the quantize() function of the same name
 

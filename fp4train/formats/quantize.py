@@ -141,11 +141,16 @@ def set_kernels(enabled: bool = True) -> None:
 
 
 def _kernel_quantize(x, fmt, layout, scale, rounding, seed, four_over_six):
-    """The Triton kernel's result for this request, or None when no kernel covers it.
+    """The Triton kernel's result for this request, or None when no kernel covers it
+    (MXFP4 1x32 or 32x32, NVFP4 1x16; 2D tensors).
 
     A quantization along axis 0 is the kernel's along the last axis of ``x.T``: its canonical
     layout and its stochastic-rounding indices (``k * M + m``) are the same.
     """
+    if fmt == "mxfp4" and x.ndim == 2 and layout.block == (32, 32) and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        from .. import kernels
+
+        return kernels.quantize_mxfp4_2d(x.detach(), scale=scale, rounding=rounding, seed=seed)
     b = {"mxfp4": 32, "nvfp4": 16}.get(fmt)
     if b is None or x.ndim != 2 or layout.is_2d or layout.block != (b,) or four_over_six:
         return None

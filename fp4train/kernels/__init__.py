@@ -4,7 +4,7 @@ Importing this package needs Triton; the reference (``fp4train.formats``) never 
 the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``, small shapes: tests only).
 """
 
-from .mx_quantize import quantize_mxfp4, quantize_mxfp4_dual
+from .mx_quantize import quantize_mxfp4, quantize_mxfp4_2d, quantize_mxfp4_dual
 from .nvfp4_quantize import quantize_nvfp4
 
-__all__ = ["quantize_mxfp4", "quantize_mxfp4_dual", "quantize_nvfp4"]
+__all__ = ["quantize_mxfp4", "quantize_mxfp4_2d", "quantize_mxfp4_dual", "quantize_nvfp4"]

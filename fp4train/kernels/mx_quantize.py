@@ -236,3 +236,54 @@ def quantize_mxfp4_dual(
     rows = QuantizedTensor("mxfp4", rc, rs, None, BlockLayout((M, K), (32,), 1), x.dtype)
     cols = QuantizedTensor("mxfp4", cc, cs, None, BlockLayout((M, K), (32,), 0), x.dtype)
     return rows, cols
+
+
+@triton.jit(do_not_specialize=["key", "key2"])
+def _mxfp4_tile_kernel(
+    x_ptr, codes_ptr, scales_ptr, R, C, n_tc, stride_x, stride_c, stride_s, key, key2,
+    CEIL: tl.constexpr, SR: tl.constexpr,
+):
+    """One 32x32 tile -> one E8M0 scale and 1024 codes (packed along the columns)."""
+    tr = tl.program_id(0)
+    tc = tl.program_id(1)
+    r = tr * 32 + tl.arange(0, 32)
+    c = tc * 32 + tl.arange(0, 32)
+    m = (r < R)[:, None] & (c < C)[None, :]
+    x = tl.load(x_ptr + r[:, None] * stride_x + c[None, :], mask=m, other=0.0).to(tl.float32)
+    a = tl.abs(x)
+    finite = a < float("inf")
+    nan_tile = tl.max(tl.max(tl.where(finite, 0, 1), axis=1), axis=0) > 0
+    amax = tl.max(tl.max(tl.where(finite, a, 0.0), axis=1), axis=0)
+    e = _scale_exponent(amax, CEIL)
+    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
+    v = x * inv
+    u = v
+    if SR:
+        # the reference's blocked layout: tile (tr, tc) is block tr * n_tc + tc, element (i, j) at i * 32 + j
+        i = tl.arange(0, 32)
+        u = _uniforms((tr * n_tc + tc) * 1024 + i[:, None] * 32 + i[None, :], key, key2)
+    code = _e2m1_codes(v, u, SR)
+    code = tl.where(nan_tile, 0, code)
+    lo, hi = tl.split(tl.reshape(code, [32, 16, 2]))
+    pc = tc * 16 + tl.arange(0, 16)
+    tl.store(codes_ptr + r[:, None] * stride_c + pc[None, :], (lo | (hi << 4)).to(tl.uint8))
+    tl.store(scales_ptr + tr * stride_s + tc, tl.where(nan_tile, 255, e + 127).to(tl.uint8))
+
+
+def quantize_mxfp4_2d(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None) -> QuantizedTensor:
+    """MXFP4 with 32x32 tiles (transposition-invariant) of a 2D tensor, any shape (padded like the reference)."""
+    if x.ndim != 2:
+        raise ValueError(f"quantize_mxfp4_2d needs a 2D tensor, got {tuple(x.shape)}")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"quantize_mxfp4_2d takes float32/bfloat16/float16, got {x.dtype}")
+    x = x.contiguous()
+    R, C = x.shape
+    layout = BlockLayout((R, C), (32, 32), None)
+    rp, cp = layout.canonical_shape
+    codes = torch.empty(rp, cp // 2, dtype=torch.uint8, device=x.device)
+    scales = torch.empty(rp // 32, cp // 32, dtype=torch.uint8, device=x.device)
+    sr, key, key2 = _keys(rounding, seed)
+    if rp and cp:
+        _mxfp4_tile_kernel[(rp // 32, cp // 32)](x, codes, scales, R, C, cp // 32, x.stride(0), codes.stride(0), scales.stride(0),
+                                                key, key2, CEIL=scale == "ceil", SR=sr)
+    return QuantizedTensor("mxfp4", codes, scales, None, layout, x.dtype)
