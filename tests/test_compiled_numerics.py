@@ -47,6 +47,13 @@ def _check(device):
 
 def test_compiled_numerics_equal_eager_on_cpu(compiled):
     _check("cpu")
+    x = _x("cpu")
+    set_compiled(True)
+    h = [fp4train.hadamard(x, 32, seed=s, inverse=inv) for s in (None, 7) for inv in (False, True)]
+    set_compiled(False)
+    e = [fp4train.hadamard(x, 32, seed=s, inverse=inv) for s in (None, 7) for inv in (False, True)]
+    for a, b in zip(h, e):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.cuda

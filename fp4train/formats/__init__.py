@@ -7,12 +7,14 @@ from .scales import ScaleRule
 
 
 def set_compiled(enabled: bool = True) -> None:
-    """Run quantize/dequantize numerics through ``torch.compile``: fused kernels, same bits."""
+    """Run quantize/dequantize (and Hadamard) numerics through ``torch.compile``: fused, same bits."""
+    from ..transforms.hadamard import set_compiled as _transform_compiled
     from .qtensor import set_compiled as _decode_compiled
     from .quantize import set_compiled as _encode_compiled
 
     _encode_compiled(enabled)
     _decode_compiled(enabled)
+    _transform_compiled(enabled)
 
 
 NUMERICS = ("eager", "compiled", "triton")
@@ -22,7 +24,8 @@ def set_numerics(mode: str) -> None:
     """How quantization runs - always with the same results bit for bit:
 
     * ``"eager"``: the plain-PyTorch reference, op by op (the default);
-    * ``"compiled"``: the reference's numerical core through ``torch.compile`` (fused);
+    * ``"compiled"``: the reference's numerical cores (quantize, dequantize, Hadamard) through
+      ``torch.compile`` (fused);
     * ``"triton"``: fp4train's Triton kernels where one exists for the request (MXFP4 1x32 and
       NVFP4 1x16 along either axis of a 2D tensor with whole blocks, MXFP4 32x32 tiles), the
       reference elsewhere.

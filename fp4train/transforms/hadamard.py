@@ -78,12 +78,28 @@ def hadamard(
     lead = y.shape[:-1]
     y = y.reshape(*lead, n // block, block)
     d = signs(seed, block, device=x.device).to(work) if seed is not None else None
+    y = _TRANSFORM(y, d, inverse)
+    return y.reshape(*lead, n).movedim(-1, axis).to(x.dtype)
+
+
+def block_transform(y: torch.Tensor, d: torch.Tensor | None, inverse: bool) -> torch.Tensor:
+    """``y`` ``[..., b]`` -> ``(y * d) H_b`` (or its inverse ``(y H_b) * d``): the numerical core,
+    a function of tensors so :func:`set_compiled` can fuse it (same float order, same bits)."""
     if d is not None and not inverse:
         y = y * d
-    y = _fwht(y) * (1.0 / math.sqrt(block))
+    y = _fwht(y) * (1.0 / math.sqrt(y.shape[-1]))
     if d is not None and inverse:
         y = y * d
-    return y.reshape(*lead, n).movedim(-1, axis).to(x.dtype)
+    return y
+
+
+_TRANSFORM = block_transform
+
+
+def set_compiled(enabled: bool = True) -> None:
+    """Run the block transform through ``torch.compile`` (see fp4train.formats.set_numerics)."""
+    global _TRANSFORM
+    _TRANSFORM = torch.compile(block_transform, dynamic=True) if enabled else block_transform
 
 
 def _fwht(y: torch.Tensor) -> torch.Tensor:
