@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 
 from ..recipes.spec import GemmSpec, LinearSpec, OutlierSpec, Override, QuantSpec, Recipe, TransformSpec
-from .patterns import GEMM_OPERANDS, Pattern, Relative, classify, relative
+from .patterns import GEMM_OPERANDS, Pattern, Relative, classify, gemm_operands, relative
 from .strategy import DEFAULT_RULES, Strategy, choose, relative_error
 
 GEMMS = ("fprop", "dgrad", "wgrad")
@@ -70,6 +70,15 @@ class Calibration:
         for t, p in self.patterns[layer].items():
             out[t] = Counter(p).most_common(1)[0][1] / len(p)
         return out
+
+    def assign(self, layer: str, rules=None) -> None:
+        """Set ``layer``'s relative pattern pairs and rule-table strategies from its majority patterns."""
+        maj = self.majority(layer)
+        self.relatives[layer], self.strategies[layer] = {}, {}
+        for gemm, ((ta, tra), (tb, trb)) in GEMM_OPERANDS.items():
+            ra, rb = relative(maj[ta], tra), relative(maj[tb], trb)
+            self.relatives[layer][gemm] = [ra.value, rb.value]
+            self.strategies[layer][gemm] = choose(ra, rb, rules).value
 
     def recipe(self, name: str = "adahop", base: Recipe | None = None) -> Recipe:
         """A recipe with one override per calibrated layer (exact names); others stay BF16."""
@@ -163,13 +172,7 @@ class PatternRecorder:
         pats = {"X": Pattern(self.patterns[name]["X"][-1]), "W": Pattern(self.patterns[name]["W"][-1]),
                 "dY": Pattern(self.patterns[name]["dY"][-1])}
         tensors = {"X": x.float(), "W": w.float(), "dY": dy.float()}
-        for gemm, ((ta, tra), (tb, trb)) in GEMM_OPERANDS.items():
-            a = tensors[ta].T if tra else tensors[ta]
-            b = tensors[tb].T if trb else tensors[tb]
-            ra, rb = relative(pats[ta], tra), relative(pats[tb], trb)
-            if a.shape[1] % 32:  # the IHT needs whole blocks (token counts are padded in the layer)
-                pad = -a.shape[1] % 32
-                a, b = torch.nn.functional.pad(a, (0, pad)), torch.nn.functional.pad(b, (0, pad))
+        for gemm, a, b, ra, rb in gemm_operands(tensors, pats):
             for s in Strategy:
                 self.err_sum[name][gemm][s.value] += relative_error(a, b, s, ra, rb, self.k)
             self.err_n[name][gemm] += 1
@@ -179,17 +182,11 @@ class PatternRecorder:
         for name in self.modules:
             if not self.patterns[name]["dY"]:
                 raise RuntimeError(f"no gradient was recorded for {name}; calibration needs training steps with backward")
-            maj = cal.majority(name)
-            cal.relatives[name] = {}
-            cal.strategies[name] = {}
-            for gemm, ((ta, tra), (tb, trb)) in GEMM_OPERANDS.items():
-                ra, rb = relative(maj[ta], tra), relative(maj[tb], trb)
-                cal.relatives[name][gemm] = [ra.value, rb.value]
-                if self.mode == "measured":
+            cal.assign(name, self.rules)
+            if self.mode == "measured":
+                for gemm in GEMMS:
                     n = self.err_n[name][gemm]
                     errs = {s: v / n for s, v in self.err_sum[name][gemm].items()}
                     cal.errors.setdefault(name, {})[gemm] = errs
                     cal.strategies[name][gemm] = min(errs, key=errs.get)
-                else:
-                    cal.strategies[name][gemm] = choose(ra, rb, self.rules).value
         return cal

@@ -89,3 +89,19 @@ def gemm_pair(patterns: dict[str, Pattern], gemm: str) -> tuple[Relative, Relati
     """(a, b) relative patterns of ``gemm`` from the layer's tensor patterns ``{"W", "X", "dY"}``."""
     (ta, tra), (tb, trb) = GEMM_OPERANDS[gemm]
     return relative(patterns[ta], tra), relative(patterns[tb], trb)
+
+
+def gemm_operands(tensors: dict[str, torch.Tensor], patterns: dict[str, Pattern], pad_to: int = 32):
+    """For each GEMM of a layer: ``(gemm, a, b, rel_a, rel_b)``, operands as ``[outer, inner]``.
+
+    ``tensors`` and ``patterns`` are keyed ``"W"``, ``"X"``, ``"dY"``. The inner dimension is
+    zero-padded to a multiple of ``pad_to`` (the IHT needs whole blocks; the layer pads its
+    token dimension the same way, and zero padding leaves every product unchanged).
+    """
+    for gemm, ((ta, tra), (tb, trb)) in GEMM_OPERANDS.items():
+        a = tensors[ta].T if tra else tensors[ta]
+        b = tensors[tb].T if trb else tensors[tb]
+        pad = -a.shape[1] % pad_to
+        if pad:
+            a, b = torch.nn.functional.pad(a, (0, pad)), torch.nn.functional.pad(b, (0, pad))
+        yield gemm, a, b, relative(patterns[ta], tra), relative(patterns[tb], trb)

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 
 from .. import recipes as _recipes
 from ..adahop.calibration import Calibration
-from ..adahop.patterns import GEMM_OPERANDS, Pattern, classify, outlier_ratios, relative
-from ..adahop.strategy import DEFAULT_K, Strategy, choose, derive_rules, relative_error
+from ..adahop.patterns import Pattern, classify, gemm_operands, outlier_ratios
+from ..adahop.strategy import DEFAULT_K, Strategy, derive_rules, relative_error
 from ..backends import get as get_backend
 from ..convert import block_index
 from ..linear.operands import OP_A, OP_B, gemm_with_outliers, prepare
@@ -132,15 +132,8 @@ def analyze(cfg: TrainConfig, *, steps: int, capture_every: int, out: str | Path
             for name, ten in cap.captured.items():
                 x, w, dy = ten["X"][:max_tokens], ten["W"], ten["dY"][:max_tokens]
                 pats = {"X": classify(x, threshold), "W": classify(w, threshold), "dY": classify(dy, threshold)}
-                operands = {"X": x, "W": w, "dY": dy}
                 bi = block_index(name)
-                for gemm, ((ta, tra), (tb, trb)) in GEMM_OPERANDS.items():
-                    a = operands[ta].T.contiguous() if tra else operands[ta]
-                    b = operands[tb].T.contiguous() if trb else operands[tb]
-                    ra, rb = relative(pats[ta], tra), relative(pats[tb], trb)
-                    if a.shape[1] % 32:
-                        pad = -a.shape[1] % 32
-                        a, b = F.pad(a, (0, pad)), F.pad(b, (0, pad))
+                for gemm, a, b, ra, rb in gemm_operands({"X": x, "W": w, "dY": dy}, pats):
                     for s in Strategy:
                         e = relative_error(a, b, s, ra, rb, k)
                         pair_err[(ra.value, rb.value)][s.value].append(e)
@@ -162,12 +155,7 @@ def analyze(cfg: TrainConfig, *, steps: int, capture_every: int, out: str | Path
     real_rules = derive_rules(pair_rows)
     cal = Calibration(steps, "rules", k, threshold, cap.patterns)
     for name in targets:
-        maj = cal.majority(name)
-        cal.relatives[name], cal.strategies[name] = {}, {}
-        for gemm, ((ta, tra), (tb, trb)) in GEMM_OPERANDS.items():
-            ra, rb = relative(maj[ta], tra), relative(maj[tb], trb)
-            cal.relatives[name][gemm] = [ra.value, rb.value]
-            cal.strategies[name][gemm] = choose(ra, rb).value
+        cal.assign(name)
     # AdaHOP (rules from this calibration) and AdaHOP-measured (best strategy per layer and GEMM)
     for name in targets:
         for gemm in GEMMS:
