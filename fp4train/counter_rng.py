@@ -56,13 +56,14 @@ def _hash_keys(index, key, key2):
     return lowbias32(h ^ key2)
 
 
-def uniform_keys(keys: torch.Tensor, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
+def uniform_keys(keys: torch.Tensor, shape: tuple[int, ...] | torch.Size, device=None) -> torch.Tensor:
     """:func:`uniform` with the seed given as its two keys in an int64 tensor (compile-friendly:
-    a new seed is new data, not a new constant)."""
+    a new seed is new data, not a new constant). ``keys`` may stay on the CPU (two 0-d scalars
+    combine with device tensors without a host-to-device copy); the draws go to ``device``."""
     n = 1
     for s in shape:
         n *= s
-    idx = torch.arange(n, device=keys.device, dtype=torch.int64)
+    idx = torch.arange(n, device=device, dtype=torch.int64)
     bits = _hash_keys(idx, keys[0], keys[1]) >> 8
     return (bits.to(torch.float32) * (2.0**-24)).reshape(tuple(shape))
 
@@ -73,7 +74,7 @@ def uniform(seed: int, shape: tuple[int, ...] | torch.Size, device=None) -> torc
     Element ``i`` (its flat row-major index) gets ``(hash32(seed, i) >> 8) * 2**-24``: 24 bits,
     exact in float32, never equal to 1.
     """
-    return uniform_keys(torch.tensor(seed_keys(seed), dtype=torch.int64, device=device), tuple(int(s) for s in shape))
+    return uniform_keys(torch.tensor(seed_keys(seed), dtype=torch.int64), tuple(int(s) for s in shape), device)
 
 
 def random_signs(seed: int, n: int, device=None) -> torch.Tensor:

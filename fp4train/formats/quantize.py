@@ -101,7 +101,7 @@ def quantize(
     if rounding == "stochastic":
         if seed is None:
             seed = counter_rng.fresh_seed()
-        keys = torch.tensor(counter_rng.seed_keys(seed), dtype=torch.int64, device=xb.device)
+        keys = torch.tensor(counter_rng.seed_keys(seed), dtype=torch.int64)  # on the CPU: no host-to-device copy
     codes_b, scales, tensor_scale = _ENCODE(xb, keys, fmt, info.element, scale, four_over_six)
     codes = layout.unblockify(codes_b)
     if info.element == "e2m1":
@@ -116,7 +116,7 @@ def encode_blocks(xb, keys, fmt: str, element: str, scale: str, four_over_six: b
     so that :func:`set_compiled` can hand it to ``torch.compile``; ``keys`` (int64 ``[2]``, see
     :func:`fp4train.counter_rng.seed_keys`) selects stochastic rounding.
     """
-    u = None if keys is None else counter_rng.uniform_keys(keys, xb.shape)
+    u = None if keys is None else counter_rng.uniform_keys(keys, xb.shape, xb.device)
     if fmt in ("mxfp4", "mxfp8"):
         codes, scales = mx.encode_blocks(xb, element=element, rule=ScaleRule(scale), u=u)
         return codes, scales, None
