@@ -32,21 +32,3 @@ def e4m3_rtne(y):
     sub = y < 0.015625  # 2**-6
     return tl.where(sub, code_sub, code_norm), tl.where(sub, v_sub, v_norm)
 
-
-@triton.jit
-def _e4m3_test_kernel(x_ptr, code_ptr, val_ptr, n, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = i < n
-    y = tl.load(x_ptr + i, mask=m, other=0.0)
-    c, v = e4m3_rtne(y)
-    tl.store(code_ptr + i, c, mask=m)
-    tl.store(val_ptr + i, v, mask=m)
-
-
-def _roundtrip(x):  # test helper
-    import torch
-
-    codes = torch.empty(x.shape, dtype=torch.int32, device=x.device)
-    vals = torch.empty_like(x)
-    _e4m3_test_kernel[(triton.cdiv(x.numel(), 1024),)](x, codes, vals, x.numel(), BLOCK=1024)
-    return codes, vals
