@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The 60m enwiki recipe comparison of issues #3/#4 on a 2x H200 device machine, in chunks of at
+# most one device call each. Finished runs (summary.json present) already in $CMP are skipped by
+# `fp4train compare`, so each call continues where the last stopped; what finished comes back as
+# $OUT/runs.tgz (metrics, summaries, calibration tables; no checkpoints) to be unpacked into $CMP.
+#
+#   bash scripts/gpu/compare_60m.sh COMMIT SECONDS [pytest]
+#
+# Settings: BF16's learning rate from bench/results/lr_sweep-60m-enwiki (1.2e-3, warmup 64),
+# 640 steps x 32 x 1024 tokens = 20.97M tokens per run, the same validation batches everywhere.
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=$PWD:/tmp/site FP4TRAIN_CACHE=/tmp/fpc PYTHONUNBUFFERED=1 FP4TRAIN_COMMIT=$1
+CMP=bench/results/compare-60m-enwiki
+RECIPES=${RECIPES:-fp8_rowwise,mxfp4,nvfp4,hadamard_mxfp4,tib2d,adahop}
+SLOTS=${SLOTS:-1,1,0,0}
+nvidia-smi --query-gpu=name,memory.used --format=csv > $OUT/gpus.txt
+if [ "${3:-}" = pytest ]; then
+  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m pytest -q -p no:cacheprovider \
+    tests/test_cuda.py tests/test_compiled_numerics.py tests/test_kernels.py tests/test_numerics_modes.py \
+    > $OUT/pytest.log 2>&1 &
+fi
+timeout "$2" python3 -m fp4train compare --model 60m --data .data/enwiki --recipes "$RECIPES" --seeds 0,1 \
+  --lr 1.2e-3 --warmup-steps 64 --max-steps 640 --seq-len 1024 --batch-size 32 \
+  --eval-every 64 --eval-batches 16 --ckpt-every 0 --numerics compiled --gpus "$SLOTS" --out $CMP \
+  > $OUT/compare.log 2>&1
+echo "compare exit $?" >> $OUT/compare.log
+wait
+done_runs=$(cd $CMP/runs && for d in *; do [ -f $d/summary.json ] && echo $d; done)
+echo "finished: $done_runs" >> $OUT/compare.log
+(cd $CMP && tar czf $OUT/runs.tgz --exclude='*.pt' --exclude=checkpoints.json $(for d in $done_runs; do echo runs/$d; done) report.* loss.png 2>/dev/null)
+for d in $CMP/runs/*; do tail -3 $d/train.log 2>/dev/null | sed "s|^|$(basename $d): |"; done >> $OUT/compare.log
+cat $OUT/compare.log; tail -5 $OUT/pytest.log 2>/dev/null
