@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from . import e4m3
-from .ieee import div
+from .ieee import div, true_div
 
 
 def encode_rows(xr: torch.Tensor, *, u: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -20,7 +20,7 @@ def encode_rows(xr: torch.Tensor, *, u: torch.Tensor | None) -> tuple[torch.Tens
     amax = torch.where(finite, xr.abs(), torch.zeros_like(xr)).amax(dim=-1, keepdim=True)
     # clamp: amax / 448 must not underflow to 0 for a nonzero row (x / 0 would be Inf)
     s = torch.where(amax == 0, torch.ones_like(amax), div(amax, e4m3.E4M3_MAX).clamp(min=2.0**-149))
-    v = xr / s
+    v = true_div(xr, s)
     codes = e4m3.encode(v) if u is None else e4m3.encode_stochastic(v, u)
     s = torch.where(nan_row, torch.full_like(s, float("nan")), s)
     return codes, s

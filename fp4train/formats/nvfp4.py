@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from . import e2m1, e4m3
-from .ieee import div, rdiv
+from .ieee import div, rdiv, true_div
 
 _FP32_MAX = torch.finfo(torch.float32).max
 
@@ -43,7 +43,7 @@ def tensor_scale(x: torch.Tensor, *, four_over_six: bool = False) -> torch.Tenso
 def _encode_with(xb, amax_b, s_enc, target: float, u):
     sb_codes = e4m3.encode(div(amax_b, target) * s_enc)
     sb = e4m3.decode(sb_codes).unsqueeze(-1)
-    v = (xb * s_enc) / sb
+    v = true_div(xb * s_enc, sb)
     v = torch.where(sb == 0, torch.zeros_like(v), v)
     codes = e2m1.encode_nearest(v) if u is None else e2m1.encode_stochastic(v, u)
     return codes, sb_codes, sb
@@ -64,8 +64,8 @@ def encode_blocks(
     codes, sb_codes, sb = _encode_with(xb, amax_b, s_enc, 6.0, u)
     if four_over_six:
         codes4, sb_codes4, sb4 = _encode_with(xb, amax_b, s_enc, 4.0, u)
-        err6 = ((e2m1.decode(codes) * sb) / s_enc - xb).square().sum(-1)
-        err4 = ((e2m1.decode(codes4) * sb4) / s_enc - xb).square().sum(-1)
+        err6 = (true_div(e2m1.decode(codes) * sb, s_enc) - xb).square().sum(-1)
+        err4 = (true_div(e2m1.decode(codes4) * sb4, s_enc) - xb).square().sum(-1)
         use4 = err4 < err6
         codes = torch.where(use4.unsqueeze(-1), codes4, codes)
         sb_codes = torch.where(use4, sb_codes4, sb_codes)

@@ -23,6 +23,7 @@ import torch
 
 from . import e2m1, e4m3
 from .layout import BlockLayout
+from .ieee import true_div
 from .scales import decode_e8m0
 
 
@@ -102,7 +103,7 @@ class QuantizedTensor:
         if self.fmt == "nvfp4":
             # decode order: (q * sb) / s_enc. q * sb is exact (<= 6 significant bits); one rounding.
             sb = lay.expand_scales(e4m3.decode(self.scales))
-            return (v * sb) / self.tensor_scale
+            return true_div(v * sb, self.tensor_scale)
         if self.fmt == "fp8":
             return v * lay.expand_scales(self.scales)
         raise AssertionError(self.fmt)
@@ -133,7 +134,7 @@ class QuantizedTensor:
         if self.fmt in ("mxfp4", "mxfp8"):
             return decode_e8m0(self.scales)
         if self.fmt == "nvfp4":
-            return e4m3.decode(self.scales) / self.tensor_scale
+            return true_div(e4m3.decode(self.scales), self.tensor_scale)
         return self.scales
 
     def __repr__(self) -> str:
