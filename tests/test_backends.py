@@ -1,4 +1,4 @@
-"""The emulated backend's BF16 split of quantized operands (its CUDA fast path) is exact."""
+"""ScaledBF16: the exact BF16 split of quantized operands (the CUDA emulated GEMM's input)."""
 
 import pytest
 import torch
@@ -7,37 +7,34 @@ import fp4train
 from fp4train.backends.emulated import _bf16_factors
 
 
-def _recompose(op):
-    v, row, div = _bf16_factors(op)
-    y = v.float()
-    if row is not None:
-        y = y * row[:, None]
-    if div is not None:
-        y = y / div
-    return v, y
+def _x():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(48, 64, generator=g) * torch.logspace(-3, 3, 48)[:, None]
+    x[5, 7] = float("nan")
+    return x
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8", "nvfp4", "fp8"])
 @pytest.mark.parametrize("transposed", [False, True])
-def test_bf16_split_recomposes_the_dequantized_operand(fmt, transposed):
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(48, 64, generator=g) * torch.logspace(-3, 3, 48)[:, None]
-    x[5, 7] = float("nan")
+def test_scaled_bf16_recomposes_the_reference_bit_for_bit(fmt, transposed):
+    x = _x()
     # blocks along the GEMM's inner (last) dimension, directly or through a free transpose
     q = fp4train.quantize(x.T.contiguous(), fmt, axis=0).t() if transposed else fp4train.quantize(x, fmt)
     assert q.block_axis == 1
-    v, y = _recompose(q)
-    assert v.dtype == torch.bfloat16
-    ref = q.dequantize(torch.float32)
-    # values split without rounding: BF16 holds them exactly, and they recompose the reference
-    # up to one rounding of the outer factor (none at all for MX)
-    if fmt.startswith("mx"):
-        torch.testing.assert_close(y, ref, rtol=0, atol=0, equal_nan=True)
-    else:
-        torch.testing.assert_close(y, ref, rtol=2**-23, atol=0, equal_nan=True)
-    assert torch.isnan(y[5]).any() and torch.isnan(ref[5]).any()
+    s = q.scaled_bf16()
+    assert s.values.dtype == torch.bfloat16 and s.shape == q.shape
+    torch.testing.assert_close(s.dequantize(), q.dequantize(torch.float32), rtol=0, atol=0, equal_nan=True)
+    # the transpose keeps the scale with its axis
+    torch.testing.assert_close(s.t().dequantize(), q.t().dequantize(torch.float32), rtol=0, atol=0, equal_nan=True)
+    v, row, div = _bf16_factors(q)
+    assert (row is not None) == (fmt == "fp8") and (div is not None) == (fmt == "nvfp4")
+    assert torch.isnan(s.dequantize()[5]).any()
 
 
-def test_float32_tensors_have_no_split():
+def test_split_needs_blocks_along_the_inner_dim_and_bf16_tensors():
+    q = fp4train.quantize(_x(), "fp8", axis=0)  # row scales along dim 1: not a GEMM operand's rows
+    assert _bf16_factors(q) is None
     assert _bf16_factors(torch.randn(4, 4)) is None
     assert _bf16_factors(torch.randn(4, 4).bfloat16()) is not None
+    with pytest.raises(ValueError, match="2D"):
+        fp4train.quantize(torch.randn(2, 3, 32), "mxfp4").scaled_bf16()

@@ -139,3 +139,29 @@ def test_mxfp4_2d_tile_kernel_equals_reference(shape, scale, rounding):
     got = quantize_mxfp4_2d(x.to(DEV), scale=scale, rounding=rounding, seed=2**35 + 1)
     assert torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
     torch.testing.assert_close(got.t().dequantize().cpu(), ref.t().dequantize(), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("seed", [None, 11])
+@pytest.mark.parametrize("block", [16, 32])
+def test_block_hadamard_kernel_is_bit_identical(dtype, axis, seed, block):
+    from fp4train.kernels.hadamard import block_hadamard
+    from fp4train.transforms.hadamard import signs
+
+    big = DEV == "cuda"
+    x = _special(256 if big else 64, 512 if big else 96, 3).to(dtype).to(DEV)
+    ref = fp4train.hadamard(x, block, axis=axis, seed=seed)
+    d = signs(seed, block, device=DEV) if seed is not None else None
+    out = block_hadamard(x, d, block=block, axis=axis, rows_per_program=16)
+    assert out.dtype == dtype and out.shape == x.shape
+    torch.testing.assert_close(out, ref, rtol=0, atol=0, equal_nan=True)
+
+
+def test_block_hadamard_kernel_rejects_bad_requests():
+    from fp4train.kernels.hadamard import block_hadamard
+
+    with pytest.raises(ValueError, match="multiple|power of two"):
+        block_hadamard(torch.randn(4, 48, device=DEV), None, block=32, axis=1)
+    with pytest.raises(TypeError, match="float32"):
+        block_hadamard(torch.zeros(4, 32, dtype=torch.int32, device=DEV), None, block=32, axis=1)

@@ -8,18 +8,16 @@ runs on any device PyTorch runs on.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
-from ..formats.qtensor import QuantizedTensor
+from ..formats.qtensor import QuantizedTensor, ScaledBF16
 
-Operand = torch.Tensor | QuantizedTensor
+Operand = torch.Tensor | QuantizedTensor | ScaledBF16
 
 
 def check_inner_blocks(op: Operand, which: str) -> None:
     """A GEMM operand's 1D blocks must run along its last (inner) dimension."""
-    if isinstance(op, QuantizedTensor) and op.block_axis not in (None, op.ndim - 1):
+    if not isinstance(op, torch.Tensor) and op.block_axis not in (None, op.ndim - 1):
         raise ValueError(
             f"GEMM operand {which} of shape {tuple(op.shape)} has its blocks along axis {op.block_axis}; "
             "blocks must run along the inner (last) dimension"
@@ -27,29 +25,22 @@ def check_inner_blocks(op: Operand, which: str) -> None:
 
 
 def _to_fp32(op: Operand) -> torch.Tensor:
-    return op.dequantize(torch.float32) if isinstance(op, QuantizedTensor) else op.to(torch.float32)
+    return op.to(torch.float32) if isinstance(op, torch.Tensor) else op.dequantize(torch.float32)
 
 
 def _bf16_factors(op: Operand):
-    """The operand as ``(values, row_scale, divisor)`` with ``values`` *exactly* in BF16 and
-    ``op = row_scale[:, None] * values / divisor`` (either factor may be ``None``); ``None``
-    when no such split exists.
-
-    * MX formats: element x power-of-two scale has <= 4 significant bits -> exact in BF16.
-    * FP8 rowwise: the E4M3 element values (<= 4 significant bits) and the per-row FP32 scale.
-    * NVFP4: ``q * sb`` (<= 2 + 4 significant bits) and the FP32 tensor scale ``s_enc``.
-    * BF16 tensors as they are.
+    """The operand as ``(values, row_scale, divisor)``: ``values`` exactly in BF16 and
+    ``op = row_scale[:, None] * values / divisor`` (factors optional); ``None`` when no such
+    split exists (see :meth:`QuantizedTensor.scaled_bf16`). BF16 tensors are their own values.
     """
     if isinstance(op, QuantizedTensor):
-        if op.fmt in ("mxfp4", "mxfp8"):
-            return op.dequantize(torch.bfloat16), None, None
-        if op.fmt == "fp8" and op.ndim == 2:
-            unit = replace(op, scales=torch.ones_like(op.scales))
-            return unit.dequantize(torch.bfloat16), op.scales.reshape(-1), None
-        if op.fmt == "nvfp4" and op.tensor_scale is not None:
-            unit = replace(op, tensor_scale=torch.ones_like(op.tensor_scale))
-            return unit.dequantize(torch.bfloat16), None, op.tensor_scale
-        return None
+        if op.ndim != 2:
+            return None
+        op = op.scaled_bf16()
+    if isinstance(op, ScaledBF16):
+        if op.scale is not None and op.block_axis != 1:
+            return None
+        return op.values, op.scale, op.divisor
     return (op, None, None) if op.dtype == torch.bfloat16 else None
 
 

@@ -1,5 +1,7 @@
 """Reference numerics: FP4/FP8 formats in plain PyTorch (the oracle every kernel is tested against)."""
 
+import torch
+
 from .layout import BlockLayout
 from .qtensor import QuantizedTensor
 from .quantize import FORMATS, ROUNDINGS, FormatInfo, dequantize, fake_quantize, quantize
@@ -18,6 +20,12 @@ def set_compiled(enabled: bool = True) -> None:
 
 
 NUMERICS = ("eager", "compiled", "triton")
+_MODE = "eager"
+
+
+def numerics() -> str:
+    """The mode :func:`set_numerics` set last."""
+    return _MODE
 
 
 def set_numerics(mode: str) -> None:
@@ -25,16 +33,28 @@ def set_numerics(mode: str) -> None:
 
     * ``"eager"``: the plain-PyTorch reference, op by op (the default);
     * ``"compiled"``: the reference's numerical cores (quantize, dequantize, Hadamard) through
-      ``torch.compile`` (fused);
+      ``torch.compile`` (fused); the quantized linear prepares each operand that a GEMM uses
+      at once in one compiled graph (:func:`fp4train.linear.operands.prepare_now`); on a GPU
+      the block Hadamard transform of 2D tensors runs as a Triton kernel;
     * ``"triton"``: fp4train's Triton kernels where one exists for the request (MXFP4 1x32 and
-      NVFP4 1x16 along either axis of a 2D tensor with whole blocks, MXFP4 32x32 tiles), the
-      reference elsewhere.
+      NVFP4 1x16 along either axis of a 2D tensor with whole blocks, MXFP4 32x32 tiles; the
+      block Hadamard transform of 2D GPU tensors), the reference elsewhere.
     """
     from .quantize import set_kernels  # the module, not the quantize() function of the same name
 
+    global _MODE
     if mode not in NUMERICS:
         raise ValueError(f"unknown numerics {mode!r}; choose one of {NUMERICS}")
+    _MODE = mode
     set_compiled(mode == "compiled")
+    if mode != "eager" and torch.cuda.is_available():
+        from ..transforms.hadamard import set_kernel
+
+        set_kernel(True)
+    elif mode == "eager":
+        from ..transforms.hadamard import set_kernel
+
+        set_kernel(False)
     set_kernels(mode == "triton")
 
 __all__ = [
@@ -48,6 +68,7 @@ __all__ = [
     "fake_quantize",
     "quantize",
     "NUMERICS",
+    "numerics",
     "set_compiled",
     "set_numerics",
 ]

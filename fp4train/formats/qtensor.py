@@ -90,7 +90,8 @@ class QuantizedTensor:
 
     def _decode_canonical(self) -> torch.Tensor:
         """Dequantized float32 values in the canonical (padded) layout."""
-        return _DECODE(self.fmt, self.codes, self.scales, self.tensor_scale, self.layout)
+        decode = decode_canonical if torch.compiler.is_compiling() else _DECODE  # traced: inline the reference
+        return decode(self.fmt, self.codes, self.scales, self.tensor_scale, self.layout)
 
     def _decode_canonical_eager(self) -> torch.Tensor:
         lay = self.layout
@@ -123,6 +124,25 @@ class QuantizedTensor:
             x = x.clamp(-fmax, fmax)
         return x.to(dtype)
 
+    def scaled_bf16(self) -> ScaledBF16:
+        """The values split *exactly* into BF16 element values and outer factors, the form a GEMM
+        on BF16 tensor cores takes (:class:`ScaledBF16`). 2D tensors (GEMM operands) only.
+
+        * MX formats: element x power-of-two scale (<= 4 significant bits): BF16 as is.
+        * NVFP4: ``q * sb`` (<= 2 + 4 significant bits) and the divisor ``s_enc``.
+        * FP8 rowwise: the E4M3 values (<= 4 significant bits) and the FP32 scale per row of
+          the non-block axis.
+        """
+        if self.ndim != 2:
+            raise ValueError(f"scaled_bf16 needs a 2D quantized tensor, this one has shape {tuple(self.shape)}")
+        if self.fmt in ("mxfp4", "mxfp8"):
+            return ScaledBF16(self.dequantize(torch.bfloat16), None, None, self.block_axis)
+        if self.fmt == "nvfp4":
+            unit = replace(self, tensor_scale=torch.ones_like(self.tensor_scale))
+            return ScaledBF16(unit.dequantize(torch.bfloat16), None, self.tensor_scale, self.block_axis)
+        unit = replace(self, scales=torch.ones_like(self.scales))
+        return ScaledBF16(unit.dequantize(torch.bfloat16), self.scales.reshape(-1), None, self.block_axis)
+
     def element_values(self) -> torch.Tensor:
         """Unscaled element values (float32) in the original shape: the FP4/FP8 grid points."""
         v = e2m1.decode(e2m1.unpack(self.codes)) if self.is_fp4 else e4m3.decode(self.codes)
@@ -143,6 +163,53 @@ class QuantizedTensor:
             f"QuantizedTensor(fmt={self.fmt!r}, shape={tuple(self.shape)}, {geom}, "
             f"dtype={self.dtype}, nbytes={self.nbytes}{', transposed' if self.transposed else ''})"
         )
+
+
+@dataclass(frozen=True)
+class ScaledBF16:
+    """A quantized 2D GEMM operand as exact BF16 values and outer factors:
+
+    ``value[i, j] = values[i, j] * scale[r] / divisor`` with ``r`` the index along the axis
+    that is *not* the block axis (``scale``, ``divisor`` optional). A GEMM multiplies
+    ``values`` on BF16 tensor cores (every product exact, FP32 accumulation) and applies the
+    factors to its output. :meth:`dequantize` recomposes the reference's FP32 values bit for
+    bit (the same one multiplication or division per element as :class:`QuantizedTensor`).
+    """
+
+    values: torch.Tensor  # bfloat16, logical shape
+    scale: torch.Tensor | None  # float32 [size of the non-block axis]
+    divisor: torch.Tensor | None  # float32, 0-d
+    block_axis: int | None
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.values.shape
+
+    @property
+    def ndim(self) -> int:
+        return self.values.ndim
+
+    @property
+    def device(self) -> torch.device:
+        return self.values.device
+
+    def t(self) -> ScaledBF16:
+        """Transpose (a view; the scale stays with its axis)."""
+        return replace(self, values=self.values.mT, block_axis=None if self.block_axis is None else 1 - self.block_axis)
+
+    @property
+    def T(self) -> ScaledBF16:  # noqa: N802 - mirrors torch.Tensor.T
+        return self.t()
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        x = self.values.float()
+        if self.scale is not None:
+            x = x * (self.scale[:, None] if self.block_axis == 1 else self.scale[None, :])
+        if self.divisor is not None:
+            x = true_div(x, self.divisor)
+        if dtype.is_floating_point and torch.finfo(dtype).max < torch.finfo(torch.float32).max:
+            x = x.clamp(-torch.finfo(dtype).max, torch.finfo(dtype).max)
+        return x.to(dtype)
 
 
 def decode_canonical(fmt, codes, scales, tensor_scale, layout) -> torch.Tensor:

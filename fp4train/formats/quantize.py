@@ -82,29 +82,48 @@ def quantize(
     :meth:`QuantizedTensor.dequantize`. Blocks holding NaN/Inf dequantize to all-NaN.
     """
     info = _check(x, fmt, axis, block, scale, rounding, seed, four_over_six)
-    ndim = x.ndim
+    block, axis = geometry(x, info, axis, block)
+    if _KERNELS:
+        layout = BlockLayout(tuple(x.shape), block, axis)
+        if (q := _kernel_quantize(x, fmt, layout, scale, rounding, seed, four_over_six)) is not None:
+            return q
+    keys = sr_keys(seed) if rounding == "stochastic" else None
+    return quantize_tensors(x, keys, fmt=fmt, block=block, axis=axis, scale=scale, four_over_six=four_over_six)
+
+
+def geometry(x: torch.Tensor, info: FormatInfo, axis: int, block) -> tuple[tuple[int, ...], int | None]:
+    """``(block, axis)`` of a :class:`BlockLayout` for a checked request: ``((b, b), None)`` for
+    2D tiles, ``((b,), axis)`` for 1D blocks (fp8 rowwise: the whole row, at least 1)."""
     if block is None:
         block = info.default_block
     if isinstance(block, (tuple, list)):
-        layout = BlockLayout(tuple(x.shape), (int(block[0]), int(block[1])), None)
-    else:
-        ax = axis % ndim
-        # fp8 rowwise: the "block" is the whole row (at least 1 so an empty axis still works)
-        b = int(block) if block is not None else max(x.shape[ax], 1)
-        layout = BlockLayout(tuple(x.shape), (b,), ax)
+        return (int(block[0]), int(block[1])), None
+    ax = axis % x.ndim
+    return (int(block) if block is not None else max(x.shape[ax], 1),), ax
 
-    if _KERNELS and (q := _kernel_quantize(x, fmt, layout, scale, rounding, seed, four_over_six)) is not None:
-        return q
+
+def sr_keys(seed: int | None) -> torch.Tensor:
+    """Stochastic-rounding keys (int64 ``[2]``) for ``seed`` (``None``: a fresh one), on the CPU
+    so that no host-to-device copy is needed."""
+    if seed is None:
+        seed = counter_rng.fresh_seed()
+    return torch.tensor(counter_rng.seed_keys(seed), dtype=torch.int64)
+
+
+def quantize_tensors(x, keys, *, fmt: str, block: tuple[int, ...], axis: int | None, scale: str,
+                     four_over_six: bool, encode=None) -> QuantizedTensor:
+    """The whole quantization as a function of tensors (``x``, stochastic-rounding ``keys`` or
+    None) and static settings - what a fused path traces. ``encode``: the numerical core
+    (default: the compiled one if :func:`set_compiled` is on)."""
+    fmt_info = FORMATS[fmt]
+    if fmt == "fp8":  # the block is the whole row; keep it symbolic for a traced x
+        block = (max(x.shape[axis], 1),)
+    layout = BlockLayout(tuple(x.shape), block, axis)
     xc = layout.to_canonical(x.detach().to(torch.float32))  # quantization is not differentiable
     xb = layout.blockify(xc)
-    keys = None
-    if rounding == "stochastic":
-        if seed is None:
-            seed = counter_rng.fresh_seed()
-        keys = torch.tensor(counter_rng.seed_keys(seed), dtype=torch.int64)  # on the CPU: no host-to-device copy
-    codes_b, scales, tensor_scale = _ENCODE(xb, keys, fmt, info.element, scale, four_over_six)
+    codes_b, scales, tensor_scale = (encode or _ENCODE)(xb, keys, fmt, fmt_info.element, scale, four_over_six)
     codes = layout.unblockify(codes_b)
-    if info.element == "e2m1":
+    if fmt_info.element == "e2m1":
         codes = e2m1.pack(codes)
     return QuantizedTensor(fmt, codes.contiguous(), scales.contiguous(), tensor_scale, layout, x.dtype)
 

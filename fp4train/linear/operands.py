@@ -13,13 +13,16 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
+from .. import formats
 from ..counter_rng import derive_seed
-from ..formats.qtensor import QuantizedTensor
-from ..formats.quantize import quantize
+from ..formats.qtensor import QuantizedTensor, ScaledBF16
+from ..formats.quantize import FORMATS, geometry, quantize, quantize_tensors, sr_keys
+from ..formats.quantize import encode_blocks as _encode_reference
+from ..formats.quantize import _raise_recompile_limit
 from ..recipes.spec import QuantSpec, TransformSpec
 from ..transforms.hadamard import hadamard
 
-Operand = torch.Tensor | QuantizedTensor
+Operand = torch.Tensor | QuantizedTensor | ScaledBF16
 
 #: salts for derive_seed: (gemm, operand); operand 2 is the GEMM's shared transform
 FPROP, DGRAD, WGRAD = 0, 1, 2
@@ -53,6 +56,64 @@ def prepare(
     return quantize(x, q.format, axis=axis, seed=sr_seed, **q.quantize_kwargs())
 
 
+def prepare_now(
+    x: torch.Tensor,
+    q: QuantSpec,
+    *,
+    axis: int,
+    transform: TransformSpec | None,
+    seed: int,
+    gemm: int,
+    operand: int,
+    compute_dtype: torch.dtype,
+) -> Operand:
+    """:func:`prepare` for an operand that a GEMM multiplies at once (nothing saves it).
+
+    Under ``set_numerics("compiled")`` the quantization and the split into BF16 values and
+    factors (:meth:`QuantizedTensor.scaled_bf16`) run as one compiled graph, which never
+    writes the codes to memory: the result is that :class:`ScaledBF16`, equal bit for bit to
+    ``prepare(...).scaled_bf16()``. The transform runs before it, on its own (Inductor
+    compiles the butterflies slowly and badly; on a GPU a Triton kernel does them in one pass).
+    Otherwise it is :func:`prepare`.
+    """
+    if formats.numerics() != "compiled" or not q.quantized or x.ndim != 2:
+        return prepare(x, q, axis=axis, transform=transform, seed=seed, gemm=gemm, operand=operand,
+                       compute_dtype=compute_dtype)
+    if transform is not None:  # outside the graph: a Triton kernel on GPUs (fp4train.transforms.hadamard.set_kernel)
+        t_seed = derive_seed(seed, gemm, OP_TRANSFORM) if transform.random_signs else None
+        x = hadamard(x, transform.block, axis=axis, seed=t_seed)
+    kw = q.quantize_kwargs()
+    info = FORMATS[q.format]
+    block, ax = geometry(x, info, axis, kw.get("block"))
+    keys = sr_keys(derive_seed(seed, gemm, operand)) if q.stochastic else None
+    values, scale, divisor = _fused()(
+        x.detach(), keys, fmt=q.format,
+        block=block, block_axis=ax, scale=kw.get("scale", "floor"), four_over_six=kw.get("four_over_six", False),
+    )
+    return ScaledBF16(values, scale, divisor, None if ax is None else ax)
+
+
+def prepared_scaled_tensors(x, keys, *, fmt, block, block_axis, scale, four_over_six):
+    """Quantize and split one operand: a function of tensors (the input and the stochastic-
+    rounding keys) that ``torch.compile`` fuses. Returns ``(values, scale, divisor)`` of
+    :class:`ScaledBF16`."""
+    qt = quantize_tensors(x, keys, fmt=fmt, block=block, axis=block_axis, scale=scale, four_over_six=four_over_six,
+                          encode=_encode_reference)
+    s = qt.scaled_bf16()
+    return s.values, s.scale, s.divisor
+
+
+_COMPILED = None
+
+
+def _fused():
+    global _COMPILED
+    if _COMPILED is None:
+        _raise_recompile_limit()
+        _COMPILED = torch.compile(prepared_scaled_tensors, dynamic=True)
+    return _COMPILED
+
+
 def gemm_with_outliers(a, b, g, *, seed: int, gemm: int, compute_dtype, backend, out_dtype) -> torch.Tensor:
     """GEMM ``a @ b.T`` (both ``[outer, inner]``, high precision) with AdaHOP outlier extraction.
 
@@ -67,8 +128,8 @@ def gemm_with_outliers(a, b, g, *, seed: int, gemm: int, compute_dtype, backend,
     ext = extraction_for(a, b, o.a, o.b, o.k)
 
     def residual(a_res, b_res):
-        qa = prepare(a_res, g.a, axis=1, transform=g.transform, seed=seed, gemm=gemm, operand=OP_A, compute_dtype=compute_dtype)
-        qb = prepare(b_res, g.b, axis=1, transform=g.transform, seed=seed, gemm=gemm, operand=OP_B, compute_dtype=compute_dtype)
+        qa = prepare_now(a_res, g.a, axis=1, transform=g.transform, seed=seed, gemm=gemm, operand=OP_A, compute_dtype=compute_dtype)
+        qb = prepare_now(b_res, g.b, axis=1, transform=g.transform, seed=seed, gemm=gemm, operand=OP_B, compute_dtype=compute_dtype)
         return backend.gemm(qa, qb, torch.float32)
 
     return oe_gemm(a, b, ext, residual).to(out_dtype)

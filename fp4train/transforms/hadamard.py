@@ -73,12 +73,24 @@ def hadamard(
             f"hadamard: dimension {axis} has size {n}, not a multiple of block={block}; "
             f"pad it or pick a block that divides it"
         )
+    d = signs(seed, block, device=x.device) if seed is not None else None
+    if _KERNEL and x.is_cuda and x.ndim == 2 and not inverse and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        from ..kernels.hadamard import block_hadamard
+
+        return block_hadamard(x, d, block=block, axis=axis)
+    return hadamard_tensors(x, d, block=block, axis=axis, inverse=inverse)
+
+
+def hadamard_tensors(x: torch.Tensor, d: torch.Tensor | None, *, block: int, axis: int, inverse: bool = False) -> torch.Tensor:
+    """:func:`hadamard` for a checked request, the signs given as a tensor (or None): a function
+    of tensors that a fused path can trace."""
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
     y = x.to(work).movedim(axis, -1)
     lead = y.shape[:-1]
+    n = y.shape[-1]
     y = y.reshape(*lead, n // block, block)
-    d = signs(seed, block, device=x.device).to(work) if seed is not None else None
-    y = _TRANSFORM(y, d, inverse)
+    transform = block_transform if torch.compiler.is_compiling() else _TRANSFORM  # traced: inline the reference
+    y = transform(y, d.to(work) if d is not None else None, inverse)
     return y.reshape(*lead, n).movedim(-1, axis).to(x.dtype)
 
 
@@ -94,6 +106,16 @@ def block_transform(y: torch.Tensor, d: torch.Tensor | None, inverse: bool) -> t
 
 
 _TRANSFORM = block_transform
+_KERNEL = False
+
+
+def set_kernel(enabled: bool = True) -> None:
+    """Transform 2D CUDA tensors with the Triton kernel (:mod:`fp4train.kernels.hadamard`, same
+    bits); set by ``fp4train.formats.set_numerics("compiled" | "triton")``."""
+    global _KERNEL
+    if enabled:
+        import fp4train.kernels.hadamard  # noqa: F401 - fail here, clearly, if Triton is missing
+    _KERNEL = enabled
 
 
 def set_compiled(enabled: bool = True) -> None:
