@@ -165,3 +165,25 @@ def test_block_hadamard_kernel_rejects_bad_requests():
         block_hadamard(torch.randn(4, 48, device=DEV), None, block=32, axis=1)
     with pytest.raises(TypeError, match="float32"):
         block_hadamard(torch.zeros(4, 32, dtype=torch.int32, device=DEV), None, block=32, axis=1)
+
+
+@pytest.mark.parametrize("axis", [1, 0, None])
+@pytest.mark.parametrize("scale", ["floor", "ceil"])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mxfp4_values_kernel_is_the_dequantized_reference(axis, scale, rounding, dtype):
+    from fp4train.kernels import mxfp4_values
+
+    big = DEV == "cuda"
+    x = _special(512 if big else 64, 1024 if big else 96, 4).to(dtype).to(DEV)
+    seed = 2**40 + 9 if rounding == "stochastic" else None
+    block = (32, 32) if axis is None else 32
+    q = fp4train.quantize(x, "mxfp4", axis=-1 if axis is None else axis, block=block, scale=scale, rounding=rounding, seed=seed)
+    got = mxfp4_values(x, axis=axis, scale=scale, rounding=rounding, seed=seed)
+    assert got.values.dtype == torch.bfloat16 and got.block_axis == axis
+    torch.testing.assert_close(got.values, q.dequantize(torch.bfloat16), rtol=0, atol=0, equal_nan=True)
+    if axis is None:  # tiles of a tensor that is not whole tiles: zero padding, cropped
+        odd = x[:50, :70]
+        ref = fp4train.quantize(odd, "mxfp4", block=(32, 32), scale=scale, rounding=rounding, seed=seed)
+        torch.testing.assert_close(mxfp4_values(odd, axis=None, scale=scale, rounding=rounding, seed=seed).values,
+                                   ref.dequantize(torch.bfloat16), rtol=0, atol=0, equal_nan=True)

@@ -16,13 +16,22 @@ from fp4train.formats import set_numerics  # noqa: E402
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _spec(recipe):
+    if recipe == "adahop-oe":  # outlier extraction in fprop and wgrad, IHT in dgrad
+        from fp4train.adahop.calibration import layer_spec
+
+        return layer_spec({"fprop": "oe", "dgrad": "iht", "wgrad": "oe"},
+                          {"fprop": ("outer", "none"), "dgrad": ("none", "none"), "wgrad": ("none", "outer")}, k=4)
+    return fp4train.recipes.get(recipe).linear
+
+
 @pytest.fixture
 def restore():
     yield
     set_numerics("eager")
 
 
-@pytest.mark.parametrize("recipe", ["mxfp4", "nvfp4", "tib2d"])
+@pytest.mark.parametrize("recipe", ["mxfp4", "nvfp4", "tib2d", "hadamard_mxfp4", "adahop-oe"])
 def test_triton_numerics_layer_is_bit_identical(recipe, restore):
     torch.manual_seed(0)
     lin = nn.Linear(64, 96).to(DEV)
@@ -32,7 +41,7 @@ def test_triton_numerics_layer_is_bit_identical(recipe, restore):
     outs = []
     for mode in ("eager", "triton"):
         set_numerics(mode)
-        layer = fp4train.QuantizedLinear.from_linear(lin, fp4train.recipes.get(recipe).linear)
+        layer = fp4train.QuantizedLinear.from_linear(lin, _spec(recipe))
         torch.manual_seed(1)  # the same stochastic-rounding seeds
         xa = x.clone().requires_grad_()
         lin.weight.grad = None

@@ -74,15 +74,24 @@ def prepare_now(
     writes the codes to memory: the result is that :class:`ScaledBF16`, equal bit for bit to
     ``prepare(...).scaled_bf16()``. The transform runs before it, on its own (Inductor
     compiles the butterflies slowly and badly; on a GPU a Triton kernel does them in one pass).
+    Under ``set_numerics("triton")`` a Triton fake-quantization kernel writes the BF16 values
+    directly where one covers the request (MXFP4 1x32 along either axis, 32x32 tiles), and
+    the compiled graph does the rest on a GPU (the eager reference on a CPU).
     Otherwise it is :func:`prepare`.
     """
-    if formats.numerics() != "compiled" or not q.quantized or x.ndim != 2:
+    mode = formats.numerics()
+    fused = mode == "compiled" or (mode == "triton" and x.is_cuda)
+    if not (fused or mode == "triton") or not q.quantized or x.ndim != 2:
         return prepare(x, q, axis=axis, transform=transform, seed=seed, gemm=gemm, operand=operand,
                        compute_dtype=compute_dtype)
     if transform is not None:  # outside the graph: a Triton kernel on GPUs (fp4train.transforms.hadamard.set_kernel)
         t_seed = derive_seed(seed, gemm, OP_TRANSFORM) if transform.random_signs else None
         x = hadamard(x, transform.block, axis=axis, seed=t_seed)
     kw = q.quantize_kwargs()
+    if mode == "triton" and (v := _kernel_values(x, q, kw, axis, derive_seed(seed, gemm, operand))) is not None:
+        return v
+    if not fused:
+        return prepare(x, q, axis=axis, transform=None, seed=seed, gemm=gemm, operand=operand, compute_dtype=compute_dtype)
     info = FORMATS[q.format]
     block, ax = geometry(x, info, axis, kw.get("block"))
     keys = sr_keys(derive_seed(seed, gemm, operand)) if q.stochastic else None
@@ -91,6 +100,25 @@ def prepare_now(
         block=block, block_axis=ax, scale=kw.get("scale", "floor"), four_over_six=kw.get("four_over_six", False),
     )
     return ScaledBF16(values, scale, divisor, None if ax is None else ax)
+
+
+def _kernel_values(x, q: QuantSpec, kw: dict, axis: int, sr_seed: int) -> ScaledBF16 | None:
+    """The Triton fake-quantization kernel's result, or None where none covers the request."""
+    if q.format != "mxfp4" or kw.get("four_over_six") or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return None
+    block = kw.get("block")
+    if isinstance(block, (tuple, list)):
+        if tuple(block) != (32, 32):
+            return None
+        kaxis = None
+    elif block in (None, 32) and x.shape[axis] % 32 == 0:
+        kaxis = axis % 2
+    else:
+        return None
+    from ..kernels.mx_values import mxfp4_values
+
+    return mxfp4_values(x.detach(), axis=kaxis, scale=kw.get("scale", "floor"), rounding=kw.get("rounding", "nearest"),
+                        seed=sr_seed if q.stochastic else None)
 
 
 def prepared_scaled_tensors(x, keys, *, fmt, block, block_axis, scale, four_over_six):
