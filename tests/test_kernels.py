@@ -187,3 +187,20 @@ def test_mxfp4_values_kernel_is_the_dequantized_reference(axis, scale, rounding,
         ref = fp4train.quantize(odd, "mxfp4", block=(32, 32), scale=scale, rounding=rounding, seed=seed)
         torch.testing.assert_close(mxfp4_values(odd, axis=None, scale=scale, rounding=rounding, seed=seed).values,
                                    ref.dequantize(torch.bfloat16), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("axis", [1, 0])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nvfp4_values_kernel_is_the_scaled_reference(axis, rounding, dtype):
+    from fp4train.kernels import nvfp4_values
+
+    big = DEV == "cuda"
+    x = _special(512 if big else 64, 1024 if big else 96, 5).to(dtype).to(DEV)
+    x[10:12] *= 1e-30  # blocks whose E4M3 scale underflows to zero
+    seed = 77 if rounding == "stochastic" else None
+    ref = fp4train.quantize(x, "nvfp4", axis=axis, rounding=rounding, seed=seed).scaled_bf16()
+    got = nvfp4_values(x, axis=axis, rounding=rounding, seed=seed)
+    assert got.block_axis == axis and got.scale is None
+    torch.testing.assert_close(got.values, ref.values, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(got.divisor, ref.divisor)

@@ -8,5 +8,6 @@ from .mx_quantize import quantize_mxfp4, quantize_mxfp4_2d, quantize_mxfp4_dual
 from .hadamard import block_hadamard
 from .mx_values import mxfp4_values
 from .nvfp4_quantize import quantize_nvfp4
+from .nvfp4_values import nvfp4_values
 
-__all__ = ["block_hadamard", "mxfp4_values", "quantize_mxfp4", "quantize_mxfp4_2d", "quantize_mxfp4_dual", "quantize_nvfp4"]
+__all__ = ["block_hadamard", "mxfp4_values", "nvfp4_values", "quantize_mxfp4", "quantize_mxfp4_2d", "quantize_mxfp4_dual", "quantize_nvfp4"]

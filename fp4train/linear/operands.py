@@ -75,7 +75,8 @@ def prepare_now(
     ``prepare(...).scaled_bf16()``. The transform runs before it, on its own (Inductor
     compiles the butterflies slowly and badly; on a GPU a Triton kernel does them in one pass).
     Under ``set_numerics("triton")`` a Triton fake-quantization kernel writes the BF16 values
-    directly where one covers the request (MXFP4 1x32 along either axis, 32x32 tiles), and
+    directly where one covers the request (MXFP4 1x32 along either axis, 32x32 tiles; NVFP4
+    1x16 along either axis), and
     the compiled graph does the rest on a GPU (the eager reference on a CPU).
     Otherwise it is :func:`prepare`.
     """
@@ -103,22 +104,29 @@ def prepare_now(
 
 
 def _kernel_values(x, q: QuantSpec, kw: dict, axis: int, sr_seed: int) -> ScaledBF16 | None:
-    """The Triton fake-quantization kernel's result, or None where none covers the request."""
-    if q.format != "mxfp4" or kw.get("four_over_six") or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+    """The Triton fake-quantization kernel's result, or None where none covers the request
+    (MXFP4 1x32 along either axis or 32x32 tiles; NVFP4 1x16 along either axis)."""
+    if kw.get("four_over_six") or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return None
-    block = kw.get("block")
-    if isinstance(block, (tuple, list)):
-        if tuple(block) != (32, 32):
+    block, rounding = kw.get("block"), kw.get("rounding", "nearest")
+    seed = sr_seed if q.stochastic else None
+    if q.format == "mxfp4":
+        if isinstance(block, (tuple, list)):
+            if tuple(block) != (32, 32):
+                return None
+            kaxis = None
+        elif block in (None, 32) and x.shape[axis] % 32 == 0:
+            kaxis = axis % 2
+        else:
             return None
-        kaxis = None
-    elif block in (None, 32) and x.shape[axis] % 32 == 0:
-        kaxis = axis % 2
-    else:
-        return None
-    from ..kernels.mx_values import mxfp4_values
+        from ..kernels.mx_values import mxfp4_values
 
-    return mxfp4_values(x.detach(), axis=kaxis, scale=kw.get("scale", "floor"), rounding=kw.get("rounding", "nearest"),
-                        seed=sr_seed if q.stochastic else None)
+        return mxfp4_values(x.detach(), axis=kaxis, scale=kw.get("scale", "floor"), rounding=rounding, seed=seed)
+    if q.format == "nvfp4" and block in (None, 16) and x.shape[axis] % 16 == 0:
+        from ..kernels.nvfp4_values import nvfp4_values
+
+        return nvfp4_values(x.detach(), axis=axis % 2, rounding=rounding, seed=seed)
+    return None
 
 
 def prepared_scaled_tensors(x, keys, *, fmt, block, block_axis, scale, four_over_six):

@@ -22,7 +22,7 @@ if [ "${3:-}" = pytest ]; then
 fi
 timeout "$2" python3 -m fp4train compare --model 60m --data .data/enwiki --recipes "$RECIPES" --seeds 0,1 \
   --lr 1.2e-3 --warmup-steps 64 --max-steps 640 --seq-len 1024 --batch-size 32 \
-  --eval-every 64 --eval-batches 16 --ckpt-every 0 --numerics compiled --gpus "$SLOTS" --out $CMP \
+  --eval-every 64 --eval-batches 16 --ckpt-every 0 --numerics ${NUMERICS:-triton} --gpus "$SLOTS" --out $CMP \
   > $OUT/compare.log 2>&1
 echo "compare exit $?" >> $OUT/compare.log
 wait

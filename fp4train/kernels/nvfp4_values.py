@@ -1,0 +1,98 @@
+"""NVFP4 fake quantization in Triton: the dequantized values as exact BF16 plus the tensor scale.
+
+``quantize(x, "nvfp4", axis=...).scaled_bf16()`` in one pass over ``x`` after the reference's
+tensor-scale reduction: per 16-element block the same float order as the reference
+(:mod:`fp4train.formats.nvfp4`)::
+
+    sb = e4m3((amax_b / 6) * s_enc)     q = e2m1((x * s_enc) / sb)     value = q * sb   (exact in BF16)
+
+with IEEE divisions (``div_rn``), E4M3 rounding in integer arithmetic (:mod:`.e4m3`) and the
+stochastic-rounding uniforms at the reference's blocked indices. The GEMM divides its output by
+``s_enc`` (:class:`~fp4train.formats.qtensor.ScaledBF16`). Blocks of 16 along the last dim
+(``axis=1``) or down dim 0 (``axis=0``; the values stay in ``x``'s layout). Subnormal inputs:
+see :mod:`.mx_values`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..formats import nvfp4 as ref_nvfp4
+from ..formats.qtensor import ScaledBF16
+from .e4m3 import e4m3_rtne
+from .mx_quantize import _e2m1_codes, _keys, _uniforms
+from .mx_values import _e2m1_value
+
+
+@triton.jit(do_not_specialize=["key", "key2"])
+def _rows_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr):
+    """Tile [RB rows, NB*16 columns]: 1x16 blocks along the columns."""
+    BK: tl.constexpr = NB * 16
+    r = tl.program_id(0) * RB + tl.arange(0, RB)
+    c = tl.program_id(1) * BK + tl.arange(0, BK)
+    mask = (r < M)[:, None] & (c < K)[None, :]
+    x = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=mask, other=0.0).to(tl.float32)
+    s_enc = tl.load(s_enc_ptr)
+    finite = tl.abs(x) < float("inf")
+    x = tl.reshape(tl.where(finite, x, 0.0), [RB, NB, 16])
+    nan_block = tl.max(tl.reshape(tl.where(finite, 0, 1), [RB, NB, 16]), axis=2) > 0
+    amax = tl.max(tl.abs(x), axis=2)
+    _, sb = e4m3_rtne(tl.minimum(tl.math.div_rn(amax, 6.0) * s_enc, 448.0))
+    v = tl.math.div_rn(x * s_enc, tl.where(sb == 0.0, 1.0, sb)[:, :, None])
+    v = tl.where((sb == 0.0)[:, :, None], 0.0, v)
+    u = v
+    if SR:
+        u = tl.reshape(_uniforms(r[:, None] * K + c[None, :], key, key2), [RB, NB, 16])
+    val = _e2m1_value(_e2m1_codes(v, u, SR)) * sb[:, :, None]
+    val = tl.where(nan_block[:, :, None], float("nan"), val)
+    tl.store(y_ptr + r[:, None] * sy + c[None, :], tl.reshape(val, [RB, BK]).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["key", "key2"])
+def _cols_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.constexpr, BK: tl.constexpr):
+    """Tile [16 rows, BK columns]: 16x1 blocks down each column."""
+    r = tl.program_id(0) * 16 + tl.arange(0, 16)
+    c = tl.program_id(1) * BK + tl.arange(0, BK)
+    mask = (c < K)[None, :]
+    x = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=mask, other=0.0).to(tl.float32)
+    s_enc = tl.load(s_enc_ptr)
+    finite = tl.abs(x) < float("inf")
+    x = tl.where(finite, x, 0.0)
+    nan_block = tl.max(tl.where(finite, 0, 1), axis=0) > 0
+    amax = tl.max(tl.abs(x), axis=0)
+    _, sb = e4m3_rtne(tl.minimum(tl.math.div_rn(amax, 6.0) * s_enc, 448.0))
+    v = tl.math.div_rn(x * s_enc, tl.where(sb == 0.0, 1.0, sb)[None, :])
+    v = tl.where((sb == 0.0)[None, :], 0.0, v)
+    u = v
+    if SR:
+        u = _uniforms(c[None, :] * M + r[:, None], key, key2)  # blocked index along axis 0: k * M + m
+    val = _e2m1_value(_e2m1_codes(v, u, SR)) * sb[None, :]
+    val = tl.where(nan_block[None, :], float("nan"), val)
+    tl.store(y_ptr + r[:, None] * sy + c[None, :], val.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def nvfp4_values(x: torch.Tensor, *, axis: int, rounding: str = "nearest", seed: int | None = None) -> ScaledBF16:
+    """``quantize(x, "nvfp4", axis=axis, rounding=..., seed=...).scaled_bf16()`` for a 2D tensor
+    whose ``axis`` is a multiple of 16 (1x16 blocks, no 4/6 selection)."""
+    if x.ndim != 2 or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"nvfp4_values takes a 2D float32/bfloat16/float16 tensor, got {x.dtype} {tuple(x.shape)}")
+    if axis % 2 not in (0, 1) or x.shape[axis] % 16:
+        raise ValueError(f"nvfp4_values: dim {axis} of {tuple(x.shape)} must be a multiple of 16")
+    if rounding not in ("nearest", "stochastic"):
+        raise ValueError(f"bad rounding {rounding!r}")
+    x = x.contiguous()
+    M, K = x.shape
+    s_enc = ref_nvfp4.tensor_scale(x).reshape(1).contiguous()  # one reduction, stays on the device
+    y = torch.empty(M, K, dtype=torch.bfloat16, device=x.device)
+    sr, key, key2 = _keys(rounding, seed)
+    if M and K:
+        if axis % 2 == 1:
+            rb, nb = 16, 8
+            _rows_kernel[(triton.cdiv(M, rb), triton.cdiv(K, 16 * nb))](x, s_enc, y, M, K, x.stride(0), y.stride(0),
+                                                                         key, key2, SR=sr, RB=rb, NB=nb)
+        else:
+            bk = 64
+            _cols_kernel[(M // 16, triton.cdiv(K, bk))](x, s_enc, y, M, K, x.stride(0), y.stride(0), key, key2, SR=sr, BK=bk)
+    return ScaledBF16(y, None, s_enc.reshape(()), axis % 2)
