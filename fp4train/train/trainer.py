@@ -296,11 +296,27 @@ class Trainer:
             "tokens_per_s": (sum(tok_rates) / len(tok_rates)) if tok_rates else None,
             "peak_mem_gib": peak, "device": str(self.device),
             "gpu": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
+            "numerics": cfg.numerics, "commit": code_commit(), "torch": torch.__version__,
         }
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
         self.log(f"fp4train: done - val loss {val_loss:.4f}" + (f", {summary['tokens_per_s']:,.0f} tokens/s" if summary["tokens_per_s"] else "")
                  + (f", peak {peak:.2f} GiB" if peak else ""))
         return summary
+
+
+def code_commit() -> str | None:
+    """The fp4train commit that ran: ``$FP4TRAIN_COMMIT`` (set it where the tree has no .git), else git."""
+    import os
+    import subprocess
+
+    if os.environ.get("FP4TRAIN_COMMIT"):
+        return os.environ["FP4TRAIN_COMMIT"]
+    try:
+        root = Path(__file__).resolve().parents[2]
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
+                                       stderr=subprocess.DEVNULL).strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def train(cfg: TrainConfig, *, resume: bool | str = False) -> dict:
