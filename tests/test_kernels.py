@@ -204,3 +204,19 @@ def test_nvfp4_values_kernel_is_the_scaled_reference(axis, rounding, dtype):
     assert got.block_axis == axis and got.scale is None
     torch.testing.assert_close(got.values, ref.values, rtol=0, atol=0, equal_nan=True)
     assert torch.equal(got.divisor, ref.divisor)
+
+
+@pytest.mark.parametrize("axis", [1, 0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_rowwise_values_kernel_is_the_scaled_reference(axis, dtype):
+    from fp4train.kernels import fp8_rowwise_values
+
+    big = DEV == "cuda"
+    x = _special(512 if big else 64, 1024 if big else 96, 6).to(dtype).to(DEV)
+    x[:, 20] = 0.0
+    x[20] = 0.0  # an all-zero row and column: scale 1
+    ref = fp4train.quantize(x, "fp8", axis=axis).scaled_bf16()
+    got = fp8_rowwise_values(x, axis=axis)
+    assert got.block_axis == axis and got.divisor is None
+    torch.testing.assert_close(got.values, ref.values, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(got.scale, ref.scale, rtol=0, atol=0, equal_nan=True)

@@ -31,7 +31,7 @@ def restore():
     set_numerics("eager")
 
 
-@pytest.mark.parametrize("recipe", ["mxfp4", "nvfp4", "tib2d", "hadamard_mxfp4", "adahop-oe"])
+@pytest.mark.parametrize("recipe", ["mxfp4", "nvfp4", "tib2d", "hadamard_mxfp4", "adahop-oe", "fp8_rowwise"])
 def test_triton_numerics_layer_is_bit_identical(recipe, restore):
     torch.manual_seed(0)
     lin = nn.Linear(64, 96).to(DEV)

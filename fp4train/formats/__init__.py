@@ -38,8 +38,8 @@ def set_numerics(mode: str) -> None:
       the block Hadamard transform of 2D tensors runs as a Triton kernel;
     * ``"triton"``: fp4train's Triton kernels where one exists for the request (MXFP4 1x32 and
       NVFP4 1x16 along either axis of a 2D tensor with whole blocks, MXFP4 32x32 tiles; the
-      block Hadamard transform of 2D GPU tensors; MXFP4 and NVFP4 fake quantization straight
-      to BF16 for the quantized linear), elsewhere the compiled path on a GPU and the reference on a
+      block Hadamard transform of 2D GPU tensors; MXFP4, NVFP4 and FP8-rowwise fake quantization
+      straight to BF16 for the quantized linear), elsewhere the compiled path on a GPU and the reference on a
       CPU (where Triton runs interpreted, for tests).
     """
     from .quantize import set_kernels  # the module, not the quantize() function of the same name

@@ -76,7 +76,7 @@ def prepare_now(
     compiles the butterflies slowly and badly; on a GPU a Triton kernel does them in one pass).
     Under ``set_numerics("triton")`` a Triton fake-quantization kernel writes the BF16 values
     directly where one covers the request (MXFP4 1x32 along either axis, 32x32 tiles; NVFP4
-    1x16 along either axis), and
+    1x16 along either axis; FP8 rowwise), and
     the compiled graph does the rest on a GPU (the eager reference on a CPU).
     Otherwise it is :func:`prepare`.
     """
@@ -105,7 +105,8 @@ def prepare_now(
 
 def _kernel_values(x, q: QuantSpec, kw: dict, axis: int, sr_seed: int) -> ScaledBF16 | None:
     """The Triton fake-quantization kernel's result, or None where none covers the request
-    (MXFP4 1x32 along either axis or 32x32 tiles; NVFP4 1x16 along either axis)."""
+    (MXFP4 1x32 along either axis or 32x32 tiles; NVFP4 1x16 along either axis; FP8 rowwise
+    with nearest rounding)."""
     if kw.get("four_over_six") or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return None
     block, rounding = kw.get("block"), kw.get("rounding", "nearest")
@@ -126,6 +127,10 @@ def _kernel_values(x, q: QuantSpec, kw: dict, axis: int, sr_seed: int) -> Scaled
         from ..kernels.nvfp4_values import nvfp4_values
 
         return nvfp4_values(x.detach(), axis=axis % 2, rounding=rounding, seed=seed)
+    if q.format == "fp8" and not q.stochastic:
+        from ..kernels.fp8_values import fp8_rowwise_values
+
+        return fp8_rowwise_values(x.detach(), axis=axis % 2)
     return None
 
 

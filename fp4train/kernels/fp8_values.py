@@ -1,0 +1,58 @@
+"""FP8 rowwise fake quantization in Triton: E4M3 values as exact BF16 plus the FP32 row scales.
+
+``quantize(x, "fp8", axis=axis).scaled_bf16()`` (nearest rounding): the per-row scale comes from
+the reference's own torch ops (one amax reduction over the axis, ``s = amax / 448`` rounded
+once, ``s = 1`` for an all-zero row), then one pass writes ``e4m3(x / s)`` - IEEE division
+(``div_rn``), E4M3 round-to-nearest-even in integer arithmetic (:mod:`.e4m3`), saturating at
+448, NaN/Inf elements to NaN - as BF16 (every E4M3 value is exact in BF16). A row holding
+NaN/Inf gets a NaN scale, as in the reference. ``axis=1``: one scale per row; ``axis=0``: one per
+column (the values stay in ``x``'s layout).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..formats import e4m3 as ref_e4m3
+from ..formats.ieee import div
+from ..formats.qtensor import ScaledBF16
+from .e4m3 import e4m3_rtne
+
+
+@triton.jit
+def _fp8_values_kernel(x_ptr, s_ptr, y_ptr, M, K, sx, sy, PER_ROW: tl.constexpr, RB: tl.constexpr, BK: tl.constexpr):
+    r = tl.program_id(0) * RB + tl.arange(0, RB)
+    c = tl.program_id(1) * BK + tl.arange(0, BK)
+    mask = (r < M)[:, None] & (c < K)[None, :]
+    x = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=mask, other=0.0).to(tl.float32)
+    if PER_ROW:
+        s = tl.load(s_ptr + r, mask=r < M, other=1.0)[:, None]
+    else:
+        s = tl.load(s_ptr + c, mask=c < K, other=1.0)[None, :]
+    v = tl.math.div_rn(x, s)
+    _, mag = e4m3_rtne(tl.minimum(tl.abs(v), 448.0))
+    val = tl.where(v.to(tl.int32, bitcast=True) < 0, -mag, mag)
+    val = tl.where(tl.abs(v) < float("inf"), val, float("nan"))
+    tl.store(y_ptr + r[:, None] * sy + c[None, :], val.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def fp8_rowwise_values(x: torch.Tensor, *, axis: int) -> ScaledBF16:
+    """``quantize(x, "fp8", axis=axis).scaled_bf16()`` for a 2D tensor (nearest rounding)."""
+    if x.ndim != 2 or x.dtype not in (torch.float32, torch.bfloat16, torch.float16) or axis % 2 not in (0, 1):
+        raise ValueError(f"fp8_rowwise_values takes a 2D float32/bfloat16/float16 tensor and axis 0 or 1, got {x.dtype} {tuple(x.shape)}")
+    x = x.contiguous()
+    M, K = x.shape
+    red = axis % 2  # the scale runs over this dim: one scale per index of the other
+    xf = x.float()
+    finite = torch.isfinite(xf)
+    amax = torch.where(finite, xf.abs(), torch.zeros_like(xf)).amax(dim=red)
+    s = torch.where(amax == 0, torch.ones_like(amax), div(amax, ref_e4m3.E4M3_MAX).clamp(min=2.0**-149)).contiguous()
+    y = torch.empty(M, K, dtype=torch.bfloat16, device=x.device)
+    if M and K:
+        rb, bk = 16, 128
+        _fp8_values_kernel[(triton.cdiv(M, rb), triton.cdiv(K, bk))](x, s, y, M, K, x.stride(0), y.stride(0),
+                                                                    PER_ROW=red == 1, RB=rb, BK=bk)
+    s = torch.where(finite.all(dim=red), s, torch.full_like(s, float("nan")))
+    return ScaledBF16(y, s, None, red)
