@@ -220,3 +220,22 @@ def test_fp8_rowwise_values_kernel_is_the_scaled_reference(axis, dtype):
     assert got.block_axis == axis and got.divisor is None
     torch.testing.assert_close(got.values, ref.values, rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(got.scale, ref.scale, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("axis", [1, 0])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_fp4_decode_kernel_is_scaled_bf16(fmt, axis, transposed):
+    from fp4train.kernels import decode_fp4_scaled
+
+    big = DEV == "cuda"
+    x = _special(512 if big else 64, 1024 if big else 96, 7).to(DEV)
+    q = fp4train.quantize(x, fmt, axis=axis, rounding="stochastic", seed=3)
+    if transposed:
+        q = q.t()
+    ref = q.scaled_bf16()
+    got = decode_fp4_scaled(q)
+    assert got.block_axis == ref.block_axis and got.shape == ref.shape
+    torch.testing.assert_close(got.values, ref.values, rtol=0, atol=0, equal_nan=True)
+    assert (got.divisor is None) == (ref.divisor is None)
+    assert decode_fp4_scaled(fp4train.quantize(x, "mxfp4", block=(32, 32))) is None  # tiles: the reference
