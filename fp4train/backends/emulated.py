@@ -50,13 +50,15 @@ def _bf16_factors(op: Operand):
     return (op, None, None) if op.dtype == torch.bfloat16 else None
 
 
-def _bf16_gemm(a, b) -> torch.Tensor | None:
-    """``a @ b.T`` on BF16 tensor cores with FP32 output, scales applied to the output; None if
-    an operand has no exact BF16 split or this torch lacks the FP32-output BF16 GEMM."""
+def _bf16_gemm(a, b, out_dtype: torch.dtype) -> torch.Tensor | None:
+    """``a @ b.T`` on BF16 tensor cores with FP32 accumulation, scales applied to the output;
+    None if an operand has no exact BF16 split or this torch lacks the FP32-output BF16 GEMM."""
     fa, fb = _bf16_factors(a), _bf16_factors(b)
     if fa is None or fb is None:
         return None
     (va, ra, da), (vb, rb, db) = fa, fb
+    if out_dtype == torch.bfloat16 and ra is None and rb is None and da is None and db is None:
+        return torch.mm(va, vb.T)  # FP32 accumulation, rounded once to BF16 (no FP32 round trip)
     try:
         out = torch.mm(va, vb.T, out_dtype=torch.float32)
     except (TypeError, RuntimeError):  # torch without the fp32-output BF16 GEMM
@@ -93,7 +95,7 @@ class EmulatedBackend:
         check_inner_blocks(a, "a")
         check_inner_blocks(b, "b")
         if a.device.type == "cuda":
-            out = _bf16_gemm(a, b)
+            out = _bf16_gemm(a, b, out_dtype)
             if out is not None:
                 return out.to(out_dtype)
         return (_to_fp32(a) @ _to_fp32(b).T).to(out_dtype)
