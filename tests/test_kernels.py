@@ -239,3 +239,24 @@ def test_fp4_decode_kernel_is_scaled_bf16(fmt, axis, transposed):
     torch.testing.assert_close(got.values, ref.values, rtol=0, atol=0, equal_nan=True)
     assert (got.divisor is None) == (ref.divisor is None)
     assert decode_fp4_scaled(fp4train.quantize(x, "mxfp4", block=(32, 32))) is None  # tiles: the reference
+
+
+@pytest.mark.parametrize("group_rows", [1, 128])
+@pytest.mark.parametrize("scale", ["floor", "ceil"])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_mxfp4_fp8_fold_kernel_equals_quantize_then_fold(group_rows, scale, rounding):
+    from fp4train.formats.fold import fold
+    from fp4train.kernels.mx_fold import quantize_mxfp4_fp8
+
+    g = torch.Generator().manual_seed(8)
+    rows = 200 if group_rows == 128 else 40  # a partial last 128-row group
+    x = torch.randn(rows, 256, generator=g) * torch.logspace(-8, 8, 256)  # wide spans: inexact elements exist
+    x[3, 5], x[7, 130], x[9, :32] = float("nan"), float("inf"), 0.0
+    x = x.to(DEV)
+    seed = 9 if rounding == "stochastic" else None
+    ref = fold(fp4train.quantize(x, "mxfp4", scale=scale, rounding=rounding, seed=seed), group_rows)
+    counter = torch.zeros((), dtype=torch.int32, device=DEV)
+    got = quantize_mxfp4_fp8(x, group_rows=group_rows, scale=scale, rounding=rounding, seed=seed, counter=counter)
+    assert torch.equal(got.codes, ref.codes)
+    torch.testing.assert_close(got.scales, ref.scales, rtol=0, atol=0, equal_nan=True)
+    assert ref.inexact > 0 and int(counter) == ref.inexact and got.inexact is counter

@@ -34,7 +34,7 @@ class FoldedFP8:
     codes: torch.Tensor  # uint8 E4M3 bit patterns, [rows, K]
     scales: torch.Tensor  # float32, [rows / group_rows, K / 128]
     group_rows: int  # 1 (1x128) or 128 (128x128)
-    inexact: int  # nonzero elements whose folded value differs from the MX value
+    inexact: int | torch.Tensor  # nonzero elements whose folded value differs from the MX value (kernels: a device counter)
 
     def dequantize(self) -> torch.Tensor:
         s = self.scales.repeat_interleave(self.group_rows, 0)[: self.codes.shape[0]].repeat_interleave(128, 1)

@@ -4,6 +4,7 @@ Importing this package needs Triton; the reference (``fp4train.formats``) never 
 the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``, small shapes: tests only).
 """
 
+from .mx_fold import quantize_mxfp4_fp8
 from .mx_quantize import quantize_mxfp4, quantize_mxfp4_2d, quantize_mxfp4_dual
 from .fp4_decode import decode_fp4_scaled
 from .fp8_values import fp8_rowwise_values
@@ -12,4 +13,4 @@ from .mx_values import mxfp4_values
 from .nvfp4_quantize import quantize_nvfp4
 from .nvfp4_values import nvfp4_values
 
-__all__ = ["block_hadamard", "decode_fp4_scaled", "fp8_rowwise_values", "mxfp4_values", "nvfp4_values", "quantize_mxfp4", "quantize_mxfp4_2d", "quantize_mxfp4_dual", "quantize_nvfp4"]
+__all__ = ["block_hadamard", "decode_fp4_scaled", "fp8_rowwise_values", "mxfp4_values", "nvfp4_values", "quantize_mxfp4", "quantize_mxfp4_2d", "quantize_mxfp4_dual", "quantize_mxfp4_fp8", "quantize_nvfp4"]

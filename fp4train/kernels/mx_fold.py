@@ -1,0 +1,108 @@
+"""MXFP4 quantization folded into FP8 E4M3 with 1x128 or 128x128 group scales, in one pass.
+
+The operand form of an MXFP4 GEMM on Hopper's FP8 tensor cores (METHODS.md section 7,
+:mod:`fp4train.formats.fold`): quantize ``x`` to MXFP4 along its last dim exactly as the
+reference does (scale rule, RTNE or counter-hash stochastic rounding, NaN/Inf blocks), then per
+group of 32-element blocks - four of a row (``group_rows=1``) or 128 rows x 4 blocks
+(``group_rows=128``) - with block exponents ``e_b`` and group maximum ``g``::
+
+    codes = e4m3(q * 2**(6 - (g - e_b)))      scale = 2**(g - 6)
+
+Equal bit for bit to ``fold(quantize(x, "mxfp4"), group_rows)``, including the count of inexact
+elements (nonzero E2M1 values that E4M3 cannot hold after the shift), which is accumulated on the
+device (no host synchronisation) into ``counter``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..formats.fold import FoldedFP8
+from .e4m3 import e4m3_rtne
+from .mx_quantize import _e2m1_codes, _keys, _scale_exponent, _uniforms
+
+
+@triton.jit
+def _pow2_bits(k):
+    """float32 2**k for integer k in [-149, 127], from the bit pattern (subnormals without arithmetic)."""
+    normal = ((tl.maximum(k, -126) + 127) << 23).to(tl.float32, bitcast=True)
+    sub = (tl.full(k.shape, 1, tl.int32) << tl.minimum(tl.maximum(k + 149, 0), 22)).to(tl.float32, bitcast=True)
+    return tl.where(k >= -126, normal, sub)
+
+
+@triton.jit(do_not_specialize=["key", "key2"])
+def _fold_kernel(x_ptr, codes_ptr, scales_ptr, count_ptr, R, K, sx, sc, ss, key, key2,
+                 CEIL: tl.constexpr, SR: tl.constexpr, GR: tl.constexpr):
+    """Program (i, j): rows i*GR .. +GR, columns j*128 .. +128 (GR=1 handles 16 rows of 1x128 groups)."""
+    RB: tl.constexpr = 16 if GR == 1 else GR
+    r = tl.program_id(0) * RB + tl.arange(0, RB)
+    c = tl.program_id(1) * 128 + tl.arange(0, 128)
+    rmask = r < R
+    mask = rmask[:, None]
+    x = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=mask, other=0.0).to(tl.float32)
+    a = tl.abs(x)
+    finite = a < float("inf")
+    x3 = tl.reshape(x, [RB, 4, 32])
+    amax = tl.max(tl.reshape(tl.where(finite, a, 0.0), [RB, 4, 32]), axis=2)
+    bad = tl.max(tl.reshape(tl.where(finite, 0, 1), [RB, 4, 32]), axis=2) > 0
+    e = _scale_exponent(amax, CEIL)  # [RB, 4]
+    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
+    v = x3 * inv[:, :, None]
+    u = v
+    if SR:
+        u = tl.reshape(_uniforms(r[:, None] * K + c[None, :], key, key2), [RB, 4, 32])
+    code = _e2m1_codes(v, u, SR)
+    code = tl.where(bad[:, :, None], 0, code)
+    # the reference's fold reads the block exponent from the scale byte: a NaN block (0xFF) counts as 128
+    eb = tl.where(bad, 128, e)
+    eb = tl.where(rmask[:, None], eb, -(1 << 20))  # rows past the end do not take part in the group max
+    if GR == 1:
+        g = tl.max(eb, axis=1)[:, None]  # [RB, 1]: one group per row
+        nan_g = tl.max(bad.to(tl.int32), axis=1)[:, None] > 0
+    else:
+        g = tl.max(tl.max(eb, axis=1), axis=0)  # one group per tile
+        nan_g = tl.max(tl.max(bad.to(tl.int32), axis=1), axis=0) > 0
+    d = g - eb  # [RB, 4], >= 0
+    mag = code & 7
+    q2 = tl.where(mag < 2, mag, (2 + (mag & 1)) << tl.maximum((mag >> 1) - 1, 0))  # 2*|q| as an integer: 0,1,2,3,4,6,8,12
+    k = 5 - d[:, :, None]  # f = |q| * 2**(6 - d) = q2 * 2**k
+    f = q2.to(tl.float32) * _pow2_bits(tl.maximum(k, -149))
+    f = tl.where(k < -149, 0.0, f)  # far below E4M3's range: rounds to zero either way
+    ecode, _ = e4m3_rtne(tl.minimum(f, 448.0))
+    byte = ecode | ((code & 8) << 4)  # E2M1 sign bit 3 -> E4M3 sign bit 7
+    # exact iff q2 * 2**k is a multiple of 2**-9 (E4M3's subnormal step; <= 384 always)
+    sh = tl.maximum(-9 - k, 0)
+    exact = (k >= -9) | (((q2 >> tl.minimum(sh, 30)) << tl.minimum(sh, 30)) == q2) & (sh < 30)
+    inexact = (q2 != 0) & ~exact & tl.reshape(tl.broadcast_to(rmask[:, None], [RB, 128]), [RB, 4, 32])
+    tl.atomic_add(count_ptr, tl.sum(tl.reshape(inexact.to(tl.int32), [RB * 128]), axis=0))
+    tl.store(codes_ptr + r[:, None] * sc + c[None, :], tl.reshape(byte, [RB, 128]).to(tl.uint8), mask=mask)
+    gs = tl.minimum(tl.maximum(g - 6, -149), 127)
+    scale = tl.where(nan_g, float("nan"), _pow2_bits(gs))
+    if GR == 1:
+        tl.store(scales_ptr + r[:, None] * ss + tl.program_id(1), scale, mask=mask)
+    else:
+        tl.store(scales_ptr + tl.program_id(0) * ss + tl.program_id(1), scale)
+
+
+def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor", rounding: str = "nearest",
+                       seed: int | None = None, counter: torch.Tensor | None = None) -> FoldedFP8:
+    """MXFP4 (1x32 along the last dim) folded into FP8 with ``group_rows`` x 128 groups; see the module
+    docstring. ``counter``: an int32 device tensor that the inexact-element count is added to (one is
+    made if None); :attr:`FoldedFP8.inexact` is that tensor."""
+    if x.ndim != 2 or x.shape[1] % 128 or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"quantize_mxfp4_fp8 takes a 2D float tensor whose last dim is a multiple of 128, got {x.dtype} {tuple(x.shape)}")
+    if group_rows not in (1, 128):
+        raise ValueError(f"group_rows must be 1 or 128, got {group_rows}")
+    x = x.contiguous()
+    R, K = x.shape
+    codes = torch.empty(R, K, dtype=torch.uint8, device=x.device)
+    scales = torch.empty(triton.cdiv(R, group_rows), K // 128, dtype=torch.float32, device=x.device)
+    counter = torch.zeros((), dtype=torch.int32, device=x.device) if counter is None else counter
+    sr, key, key2 = _keys(rounding, seed)
+    rb = 16 if group_rows == 1 else 128
+    if R and K:
+        _fold_kernel[(triton.cdiv(R, rb), K // 128)](x, codes, scales, counter, R, K, x.stride(0), codes.stride(0),
+                                                     scales.stride(0), key, key2, CEIL=scale == "ceil", SR=sr, GR=group_rows)
+    return FoldedFP8(codes, scales, group_rows, counter)
