@@ -1,7 +1,8 @@
 """Quantization throughput: GB/s of the reference and the Triton kernel against the GPU's copy bandwidth.
 
-Question: how close to memory bandwidth does one MXFP4 quantization pass run? Input a
-16384 x 8192 BF16 tensor (256 MiB); bytes moved = input read + codes and scales written. Timed
+Question: how close to memory bandwidth does one quantization pass run? Input a 16384 x 8192
+BF16 tensor (256 MiB); bytes moved = input read + output written (packed codes and scales;
+BF16 values for the fake-quantization kernels; E4M3 codes and group scales for the FP8 fold). Timed
 with CUDA events, median of ``--repeats`` after warm-up; the copy baseline (``y.copy_(x)``,
 read + write) is measured in the same run. Writes ``bench/results/quantize_speed-<gpu>.json``.
 
@@ -48,27 +49,38 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("quantize_speed needs a CUDA GPU")
-    from fp4train.kernels import quantize_mxfp4
+    from fp4train.kernels import (block_hadamard, fp8_rowwise_values, mxfp4_values, nvfp4_values, quantize_mxfp4,
+                                  quantize_mxfp4_fp8)
 
     x = torch.randn(args.rows, args.cols, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
     n = x.numel()
-    moved = {"copy": 2 * 2 * n, "mxfp4": 2 * n + n // 2 + n // 32}
+    moved = {"copy": 2 * 2 * n, "mxfp4": 2 * n + n // 2 + n // 32, "values": 2 * n + 2 * n, "fold": 2 * n + n + n // 32}
     results = {}
     t = _time(lambda: y.copy_(x), args.repeats)
     results["copy"] = {"ms": t * 1e3, "GBps": moved["copy"] / t / 1e9}
-    for name, fn in {
-        "reference mxfp4 nearest": lambda: fp4train.quantize(x, "mxfp4"),
-        "triton mxfp4 nearest": lambda: quantize_mxfp4(x),
-        "triton mxfp4 stochastic": lambda: quantize_mxfp4(x, rounding="stochastic", seed=1),
-        "triton mxfp4 ceil": lambda: quantize_mxfp4(x, scale="ceil"),
+    for name, (kind, fn) in {
+        "reference mxfp4 nearest": ("mxfp4", lambda: fp4train.quantize(x, "mxfp4")),
+        "triton mxfp4 nearest": ("mxfp4", lambda: quantize_mxfp4(x)),
+        "triton mxfp4 stochastic": ("mxfp4", lambda: quantize_mxfp4(x, rounding="stochastic", seed=1)),
+        "triton mxfp4 ceil": ("mxfp4", lambda: quantize_mxfp4(x, scale="ceil")),
+        # fake quantization straight to BF16 values (what --numerics triton feeds the BF16 GEMM)
+        "triton mxfp4 values axis 1": ("values", lambda: mxfp4_values(x, axis=1)),
+        "triton mxfp4 values axis 0": ("values", lambda: mxfp4_values(x, axis=0)),
+        "triton mxfp4 values 32x32": ("values", lambda: mxfp4_values(x, axis=None)),
+        "triton nvfp4 values axis 1 (+amax)": ("values", lambda: nvfp4_values(x, axis=1)),
+        "triton fp8 rowwise values (+amax)": ("values", lambda: fp8_rowwise_values(x, axis=1)),
+        "triton hadamard 32": ("values", lambda: block_hadamard(x, None, block=32, axis=1)),
+        # MXFP4 folded into FP8 + 1x128 group scales (the FP8 tensor-core GEMM operand)
+        "triton mxfp4 -> fp8 1x128": ("fold", lambda: quantize_mxfp4_fp8(x, group_rows=1)),
+        "triton mxfp4 -> fp8 128x128": ("fold", lambda: quantize_mxfp4_fp8(x, group_rows=128)),
     }.items():
         t = _time(fn, args.repeats)
-        gbps = moved["mxfp4"] / t / 1e9
+        gbps = moved[kind] / t / 1e9
         results[name] = {"ms": t * 1e3, "GBps": gbps, "fraction_of_copy": gbps / results["copy"]["GBps"]}
     for k, v in results.items():
         frac = f" ({v['fraction_of_copy']:.0%} of copy)" if "fraction_of_copy" in v else ""
-        print(f"{k:>26}: {v['ms']:8.3f} ms  {v['GBps']:8.1f} GB/s{frac}")
+        print(f"{k:>36}: {v['ms']:8.3f} ms  {v['GBps']:8.1f} GB/s{frac}")
     gpu = torch.cuda.get_device_name()
     out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": os.environ.get("FP4TRAIN_COMMIT", "unknown"),
            "torch": torch.__version__, "shape": [args.rows, args.cols], "dtype": "bfloat16", "results": results}
