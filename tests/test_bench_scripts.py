@@ -68,6 +68,13 @@ def test_readme_results_are_the_committed_ones():
     speed = {r["recipe"]: r["tokens_per_s"] for r in json.loads((ROOT / "bench/results/train_speed-60m-H200-eager.json").read_text())["results"]}
     for name, k in (("bf16", 412), ("mxfp4", 22), ("tib2d", 20), ("nvfp4", 14), ("hadamard_mxfp4", 11)):
         assert round(speed[name] / 1000) == k and f"{name} {k}k" in readme.replace("BF16 412k", "bf16 412k")
+    fast = {r["recipe"]: r["tokens_per_s"] for r in json.loads((ROOT / "bench/results/train_speed-60m-NVIDIA_H200-triton.json").read_text())["results"]}
+    for name in ("mxfp4", "hadamard_mxfp4", "tib2d", "fp8_rowwise"):
+        assert f"{name} {round(fast[name] / 1000)}k" in readme, name
+    assert f"mxfp4 {fast['mxfp4']:,.0f} vs BF16 {fast['bf16']:,.0f}" in readme
+    ratios = [fast[r] / fast["bf16"] for r in fast if r != "bf16"]
+    assert f"{min(ratios):.2f}–{max(ratios):.2f}× BF16" in readme
+    assert f"{1 / max(ratios):.1f}–{1 / min(ratios):.1f}× slower" in readme
 
 
 def test_adahop_numbers_in_docs_are_the_committed_analysis():
