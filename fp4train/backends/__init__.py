@@ -2,15 +2,17 @@
 
 A backend has one method, ``gemm(a, b, out_dtype) -> a @ b.T``, taking plain tensors or
 :class:`~fp4train.formats.QuantizedTensor` s blocked along the inner (last) dimension.
-``emulated`` (dequantize + FP32 matmul) runs everywhere and is the reference; faster
-backends plug in here with the same signature.
+``emulated`` (dequantize + FP32 matmul) runs everywhere and is the reference;
+``fp8_blockwise`` runs MXFP4 GEMMs on FP8 tensor cores (CUDA; emulated elsewhere). A backend
+may also prepare its own operands (``operand(x, q, axis=, role=, seed=)``).
 """
 
 from __future__ import annotations
 
 from .emulated import EmulatedBackend
+from .fp8_blockwise import Fp8BlockwiseBackend
 
-_BACKENDS = {"emulated": EmulatedBackend()}
+_BACKENDS = {"emulated": EmulatedBackend(), "fp8_blockwise": Fp8BlockwiseBackend()}
 
 
 def names() -> list[str]:
@@ -24,4 +26,4 @@ def get(name: str):
     raise ValueError(f"unknown GEMM backend {name!r}; available: {', '.join(names())}")
 
 
-__all__ = ["EmulatedBackend", "get", "names"]
+__all__ = ["EmulatedBackend", "Fp8BlockwiseBackend", "get", "names"]

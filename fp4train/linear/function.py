@@ -34,8 +34,10 @@ def fprop(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: tor
     # an operand that backward reuses (one 2D tiling shared with another GEMM) is kept packed
     keep_x = shares_quantization(g.a, g.transform, spec.wgrad.b, spec.wgrad.transform) and spec.wgrad.outliers is None
     keep_w = shares_quantization(g.b, g.transform, spec.dgrad.b, spec.dgrad.transform) and spec.dgrad.outliers is None
-    xa = (prepare if keep_x else prepare_now)(x2, g.a, axis=1, transform=g.transform, seed=seed, gemm=FPROP, operand=OP_A, compute_dtype=out_dtype)
-    wb = (prepare if keep_w else prepare_now)(weight, g.b, axis=1, transform=g.transform, seed=seed, gemm=FPROP, operand=OP_B, compute_dtype=out_dtype)
+    kx = dict(axis=1, transform=g.transform, seed=seed, gemm=FPROP, operand=OP_A, compute_dtype=out_dtype)
+    kw = dict(axis=1, transform=g.transform, seed=seed, gemm=FPROP, operand=OP_B, compute_dtype=out_dtype)
+    xa = prepare(x2, g.a, **kx) if keep_x else prepare_now(x2, g.a, **kx, backend=backend)
+    wb = prepare(weight, g.b, **kw) if keep_w else prepare_now(weight, g.b, **kw, backend=backend)
     y = backend.gemm(xa, wb, out_dtype)
     if bias is not None:
         y = y + bias.to(out_dtype)
@@ -120,14 +122,14 @@ class QuantizedLinearFunction(torch.autograd.Function):
         with torch.autocast(dy2.device.type, enabled=False):
             dy_dgrad = None
             if (ctx.needs_input_grad[0] and g2.outliers is None) or share_dy:
-                dy_dgrad = prepare_now(dy2, g2.a, axis=1, transform=g2.transform, seed=seed, gemm=DGRAD, operand=OP_A, compute_dtype=cdt)
+                dy_dgrad = prepare_now(dy2, g2.a, axis=1, transform=g2.transform, seed=seed, gemm=DGRAD, operand=OP_A, compute_dtype=cdt, backend=backend)
             if ctx.needs_input_grad[0] and g2.outliers is not None:
                 dx = gemm_with_outliers(dy2, weight.t(), g2, seed=seed, gemm=DGRAD, compute_dtype=cdt, backend=backend,
                                         out_dtype=ctx.x_dtype).reshape(ctx.x_shape)
             elif ctx.needs_input_grad[0]:
                 # GEMM 2, dgrad: dX[M,K] = dY[M,N] @ (W^T)[K,N]^T, both along N
                 if w_q is None:
-                    w_q = prepare_now(weight, g2.b, axis=0, transform=g2.transform, seed=seed, gemm=DGRAD, operand=OP_B, compute_dtype=cdt)
+                    w_q = prepare_now(weight, g2.b, axis=0, transform=g2.transform, seed=seed, gemm=DGRAD, operand=OP_B, compute_dtype=cdt, backend=backend)
                 dx = backend.gemm(dy_dgrad, w_q.t(), ctx.x_dtype).reshape(ctx.x_shape)
             if ctx.needs_input_grad[1] and g3.outliers is not None:
                 mult = g3.transform.block if g3.transform is not None else 1
@@ -139,7 +141,7 @@ class QuantizedLinearFunction(torch.autograd.Function):
                     dy_wgrad = dy_dgrad
                 else:
                     dym = pad_rows(dy2, g3.transform.block) if g3.transform is not None else dy2
-                    dy_wgrad = prepare_now(dym, g3.a, axis=0, transform=g3.transform, seed=seed, gemm=WGRAD, operand=OP_A, compute_dtype=cdt)
+                    dy_wgrad = prepare_now(dym, g3.a, axis=0, transform=g3.transform, seed=seed, gemm=WGRAD, operand=OP_A, compute_dtype=cdt, backend=backend)
                 dw = backend.gemm(dy_wgrad.t(), x_op.t(), weight.dtype)
             if ctx.has_bias and ctx.needs_input_grad[2]:
                 db = dy2.float().sum(0).to(weight.dtype)

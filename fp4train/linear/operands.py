@@ -66,8 +66,12 @@ def prepare_now(
     gemm: int,
     operand: int,
     compute_dtype: torch.dtype,
+    backend=None,
 ) -> Operand:
     """:func:`prepare` for an operand that a GEMM multiplies at once (nothing saves it).
+
+    A ``backend`` with an ``operand`` method (``fp8_blockwise``) is asked first: it may return
+    the operand in its own form (MXFP4 folded into FP8 group scales), after the transform.
 
     Under ``set_numerics("compiled")`` the quantization and the split into BF16 values and
     factors (:meth:`QuantizedTensor.scaled_bf16`) run as one compiled graph, which never
@@ -80,6 +84,15 @@ def prepare_now(
     the compiled graph does the rest on a GPU (the eager reference on a CPU).
     Otherwise it is :func:`prepare`.
     """
+    own = getattr(backend, "operand", None)
+    if own is not None and q.quantized and x.ndim == 2:
+        xt = x
+        if transform is not None:
+            t_seed = derive_seed(seed, gemm, OP_TRANSFORM) if transform.random_signs else None
+            xt = hadamard(x, transform.block, axis=axis, seed=t_seed)
+        op = own(xt, q, axis=axis, role=operand, seed=derive_seed(seed, gemm, operand) if q.stochastic else None)
+        if op is not None:
+            return op
     mode = formats.numerics()
     fused = mode == "compiled" or (mode == "triton" and x.is_cuda)
     if not (fused or mode == "triton") or not q.quantized or x.ndim != 2:
@@ -169,8 +182,10 @@ def gemm_with_outliers(a, b, g, *, seed: int, gemm: int, compute_dtype, backend,
     ext = extraction_for(a, b, o.a, o.b, o.k)
 
     def residual(a_res, b_res):
-        qa = prepare_now(a_res, g.a, axis=1, transform=g.transform, seed=seed, gemm=gemm, operand=OP_A, compute_dtype=compute_dtype)
-        qb = prepare_now(b_res, g.b, axis=1, transform=g.transform, seed=seed, gemm=gemm, operand=OP_B, compute_dtype=compute_dtype)
+        qa = prepare_now(a_res, g.a, axis=1, transform=g.transform, seed=seed, gemm=gemm, operand=OP_A, compute_dtype=compute_dtype,
+                         backend=backend)
+        qb = prepare_now(b_res, g.b, axis=1, transform=g.transform, seed=seed, gemm=gemm, operand=OP_B, compute_dtype=compute_dtype,
+                         backend=backend)
         return backend.gemm(qa, qb, torch.float32)
 
     return oe_gemm(a, b, ext, residual).to(out_dtype)

@@ -1,0 +1,126 @@
+"""The ``fp8_blockwise`` GEMM backend: MXFP4 GEMMs on Hopper's FP8 tensor cores.
+
+Every E2M1 value is exact in E4M3 and MX scales are powers of two, so an MXFP4 operand folds
+into FP8 with one power-of-two scale per 1x128 (A operand) or 128x128 (B operand) group
+(:mod:`fp4train.formats.fold`, METHODS.md section 7), exact while the block exponents in a group
+span at most 14 binades; the elements that are not exact are counted (:attr:`inexact`, a device
+counter, no host synchronisation). The product then runs as one blockwise-scaled FP8 GEMM
+(``torch.nn.functional.scaled_mm`` with 1x128 x 128x128 scaling, FP32 accumulation promoted per
+128-deep K block, BF16/FP32 output).
+
+The backend prepares its own operands (:meth:`operand`): MXFP4 requests with 1x32 blocks along
+the GEMM's inner dimension, floor or ceil scales, nearest or stochastic rounding, whose inner
+dimension is a multiple of 128, quantize and fold in one Triton pass
+(:func:`fp4train.kernels.quantize_mxfp4_fp8`), bit-identical to quantize-then-fold of the
+reference. Everything else - and any GEMM without two folded operands, and every CPU GEMM - goes
+to the ``emulated`` backend (a folded operand is exact in BF16 there).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..formats.fold import FoldedFP8
+from ..formats.qtensor import ScaledBF16
+from .emulated import EmulatedBackend
+
+
+@dataclass(frozen=True)
+class FoldedOperand:
+    """A GEMM operand as FP8 E4M3 + group scales, stored with its blocks along the last dim
+    (``data`` ``[rows, K]``); ``transposed`` flips the logical view like ``QuantizedTensor.t()``."""
+
+    data: FoldedFP8
+    transposed: bool = False
+
+    @property
+    def block_axis(self) -> int:
+        return 0 if self.transposed else 1
+
+    @property
+    def shape(self) -> torch.Size:
+        s = self.data.codes.shape
+        return torch.Size((s[1], s[0]) if self.transposed else s)
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.codes.device
+
+    def t(self) -> FoldedOperand:
+        return replace(self, transposed=not self.transposed)
+
+    @property
+    def T(self) -> FoldedOperand:  # noqa: N802
+        return self.t()
+
+    def scaled_bf16(self) -> ScaledBF16:
+        """Exact BF16 values (E4M3 value x power-of-two scale has <= 4 significant bits)."""
+        v = self.data.dequantize().to(torch.bfloat16)
+        return ScaledBF16(v.mT if self.transposed else v, None, None, self.block_axis)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        v = self.data.dequantize()
+        return (v.mT if self.transposed else v).to(dtype)
+
+
+def _scaling(*names):
+    from torch.nn.functional import ScalingType
+
+    for n in names:  # the enum's spelling differs across torch versions
+        if hasattr(ScalingType, n):
+            return getattr(ScalingType, n)
+    raise AttributeError(f"torch.nn.functional.ScalingType has none of {names}")
+
+
+def blockwise_fp8_mm(a: FoldedFP8, b: FoldedFP8, out_dtype: torch.dtype) -> torch.Tensor:
+    """``a @ b.T`` for folded operands: ``a`` with 1x128 groups, ``b`` with 128x128 groups."""
+    from torch.nn.functional import scaled_mm
+
+    a8, b8 = a.codes.view(torch.float8_e4m3fn), b.codes.view(torch.float8_e4m3fn)
+    out = torch.bfloat16 if out_dtype not in (torch.bfloat16, torch.float32) else out_dtype
+    y = scaled_mm(a8, b8.t(), a.scales.t().contiguous().t(), _scaling("BlockWise1x128", "Blockwise_1x128"),
+                  b.scales.t(), _scaling("BlockWise128x128", "Blockwise_128x128"), output_dtype=out)
+    return y.to(out_dtype)
+
+
+class Fp8BlockwiseBackend:
+    """MXFP4 GEMMs as blockwise-scaled FP8 GEMMs on CUDA; the emulated backend for the rest."""
+
+    name = "fp8_blockwise"
+
+    def __init__(self) -> None:
+        self.fallback = EmulatedBackend()
+        self.inexact: torch.Tensor | None = None  # int32 count of inexact folded elements, on the device
+
+    def operand(self, x: torch.Tensor, q, *, axis: int, role: int, seed: int | None):
+        """The folded operand for an MXFP4 request (``role`` 0: GEMM operand A, 1: B), or None."""
+        if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):  # CPU: interpreted kernels, tests only
+            return None
+        if x.ndim != 2 or q.format != "mxfp4" or q.four_over_six:
+            return None
+        kw = q.quantize_kwargs()
+        if kw.get("block") not in (None, 32) or x.shape[axis] % 128:
+            return None
+        from ..kernels.mx_fold import quantize_mxfp4_fp8
+
+        if self.inexact is None or self.inexact.device != x.device:
+            self.inexact = torch.zeros((), dtype=torch.int32, device=x.device)
+        src = x.detach() if axis % 2 == 1 else x.detach().t()  # blocks along the stored last dim
+        folded = quantize_mxfp4_fp8(src, group_rows=1 if role == 0 else 128, scale=kw.get("scale", "floor"),
+                                    rounding=kw.get("rounding", "nearest"), seed=seed, counter=self.inexact)
+        return FoldedOperand(folded, transposed=axis % 2 == 0)
+
+    def gemm(self, a, b, out_dtype: torch.dtype) -> torch.Tensor:
+        if (isinstance(a, FoldedOperand) and isinstance(b, FoldedOperand) and a.block_axis == 1 and b.block_axis == 1
+                and a.data.group_rows == 1 and b.data.group_rows == 128 and a.device.type == "cuda"):
+            return blockwise_fp8_mm(a.data, b.data, out_dtype)
+        a = a.scaled_bf16() if isinstance(a, FoldedOperand) else a
+        b = b.scaled_bf16() if isinstance(b, FoldedOperand) else b
+        return self.fallback.gemm(a, b, out_dtype)
