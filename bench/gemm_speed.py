@@ -17,11 +17,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import statistics
 from pathlib import Path
 
 import torch
+
+from fp4train.timing import code_commit, median_time
+from fp4train.backends.fp8_blockwise import blockwise_fp8_mm
+from fp4train.formats.fold import FoldedFP8
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,36 +34,9 @@ MODELS = {
 }
 
 
-def _scaling(*names):
-    from torch.nn.functional import ScalingType
-
-    for n in names:  # the enum's spelling differs across torch versions
-        if hasattr(ScalingType, n):
-            return getattr(ScalingType, n)
-    raise AttributeError(f"torch.nn.functional.ScalingType has none of {names}")
-
-
-def _time(fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(repeats):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e) / 1e3)
-    return statistics.median(ts)
-
-
 def fp8_blockwise_mm(a8, sa, w8, sw):
     """``a8 @ w8.T`` with 1x128 scales ``sa`` [M, K/128] and 128x128 scales ``sw`` [N/128, K/128] (BF16 out)."""
-    from torch.nn.functional import scaled_mm
-
-    return scaled_mm(a8, w8.t(), sa.t().contiguous().t(), _scaling("BlockWise1x128", "Blockwise_1x128"),
-                     sw.t(), _scaling("BlockWise128x128", "Blockwise_128x128"), output_dtype=torch.bfloat16)
+    return blockwise_fp8_mm(FoldedFP8(a8.view(torch.uint8), sa, 1, 0), FoldedFP8(w8.view(torch.uint8), sw, 128, 0), torch.bfloat16)
 
 
 def fp8_rowwise_mm(a8, sa, w8, sw):
@@ -76,25 +51,25 @@ def measure(M: int, N: int, K: int, repeats: int) -> dict:
     w = torch.randn(N, K, device=dev, dtype=torch.bfloat16) * 0.02
     flop = 2 * M * N * K
     res = {"M": M, "N": N, "K": K}
-    res["bf16"] = flop / _time(lambda: a @ w.t(), repeats) / 1e12
+    res["bf16"] = flop / median_time(lambda: a @ w.t(), repeats) / 1e12
     # FP8 rowwise (the torchao-style Hopper baseline): E4M3 with one scale per row
     sa = a.float().abs().amax(1, keepdim=True) / 448
     sw = w.float().abs().amax(1, keepdim=True) / 448
     a8r, w8r = (a.float() / sa).to(torch.float8_e4m3fn), (w.float() / sw).to(torch.float8_e4m3fn)
-    res["fp8_rowwise"] = flop / _time(lambda: fp8_rowwise_mm(a8r, sa, w8r, sw), repeats) / 1e12
+    res["fp8_rowwise"] = flop / median_time(lambda: fp8_rowwise_mm(a8r, sa, w8r, sw), repeats) / 1e12
     # MXFP4 folded into FP8 with group scales
     counter = torch.zeros((), dtype=torch.int32, device=dev)
     fa = quantize_mxfp4_fp8(a, group_rows=1, counter=counter)
     fw = quantize_mxfp4_fp8(w, group_rows=128, counter=counter)
     a8, w8 = fa.codes.view(torch.float8_e4m3fn), fw.codes.view(torch.float8_e4m3fn)
-    res["mxfp4_fp8_blockwise"] = flop / _time(lambda: fp8_blockwise_mm(a8, fa.scales, w8, fw.scales), repeats) / 1e12
+    res["mxfp4_fp8_blockwise"] = flop / median_time(lambda: fp8_blockwise_mm(a8, fa.scales, w8, fw.scales), repeats) / 1e12
 
     def quantized():
         qa = quantize_mxfp4_fp8(a, group_rows=1, counter=counter)
         qw = quantize_mxfp4_fp8(w, group_rows=128, counter=counter)
         return fp8_blockwise_mm(qa.codes.view(torch.float8_e4m3fn), qa.scales, qw.codes.view(torch.float8_e4m3fn), qw.scales)
 
-    res["mxfp4_fp8_blockwise_with_quantize"] = flop / _time(quantized, repeats) / 1e12
+    res["mxfp4_fp8_blockwise_with_quantize"] = flop / median_time(quantized, repeats) / 1e12
     # correctness: the folded GEMM against a float64 product of the same MXFP4 values
     import fp4train
 
@@ -125,7 +100,7 @@ def main(argv=None):
               f"with quantize {r['mxfp4_fp8_blockwise_with_quantize']:7.1f}) TFLOP/s, rel err {r['rel_err_vs_fp64']:.2e}, "
               f"inexact {r['inexact_elements_first_fold']}", flush=True)
     gpu = torch.cuda.get_device_name()
-    out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": os.environ.get("FP4TRAIN_COMMIT", "unknown"),
+    out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit() or "unknown",
            "torch": torch.__version__, "unit": "TFLOP/s", "results": rows}
     path = args.json or ROOT / "bench/results" / f"gemm_speed-{gpu.replace(' ', '_')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -16,14 +16,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import statistics
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
 import fp4train
+from fp4train.timing import code_commit, median_time
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = {  # (N, K) per layer
@@ -34,19 +33,6 @@ DEFAULT_VARIANTS = ("mxfp4:triton:emulated,mxfp4:triton:fp8_blockwise,nvfp4:trit
                     "hadamard_mxfp4:triton:fp8_blockwise,tib2d:triton:emulated,fp8_rowwise:triton:emulated")
 
 
-def _time(fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(repeats):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e) / 1e3)
-    return statistics.median(ts)
 
 
 def _saved_bytes(layer, x) -> int:
@@ -72,7 +58,7 @@ def measure(layer, x, dy, repeats):
         x.grad = None
         layer.weight.grad = None
 
-    return _time(step, repeats)
+    return median_time(step, repeats)
 
 
 def main(argv=None):
@@ -106,7 +92,7 @@ def main(argv=None):
             print(f"{model:>13} {name:>8} [{args.tokens}x{K}]x[{N}x{K}]^T: bf16 {t_bf16 * 1e3:7.2f} ms | "
                   + " | ".join(f"{k} {r['ms']:.2f} ms ({r['speedup_vs_bf16']:.2f}x)" for k, r in row["variants"].items()), flush=True)
     gpu = torch.cuda.get_device_name()
-    out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": os.environ.get("FP4TRAIN_COMMIT", "unknown"),
+    out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit() or "unknown",
            "torch": torch.__version__, "results": rows}
     path = args.json or ROOT / "bench/results" / f"linear_speed-{gpu.replace(' ', '_')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -25,18 +23,10 @@ import torch
 
 import fp4train
 from fp4train import models
+from fp4train.timing import code_commit
 from fp4train.recipes import get as get_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _commit() -> str:
-    if os.environ.get("FP4TRAIN_COMMIT"):
-        return os.environ["FP4TRAIN_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
-    except Exception:
-        return "unknown"
 
 
 def _step(model, opt, x, y, device):
@@ -136,7 +126,7 @@ def main(argv=None):
               f"{res['kernels_per_step']:.0f} launches/step", flush=True)
         for k in res["top"]:
             print(f"  {k['ms_per_step']:8.2f} ms {k['share']:6.1%} x{k['launches_per_step']:<5.0f} {k['kernel'][:100]}", flush=True)
-    out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": _commit(), "torch": torch.__version__,
+    out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit(), "torch": torch.__version__,
            "model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len, "compile": args.compile,
            "numerics": args.numerics, "results": rows}
     path = args.json or ROOT / "bench/results" / f"profile_step-{args.model}-{gpu.replace(' ', '_')}-{args.numerics}.json"

@@ -14,30 +14,16 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import statistics
 from pathlib import Path
 
 import torch
 
 import fp4train
+from fp4train.timing import code_commit, median_time
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _time(fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeats):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        out.append(s.elapsed_time(e) / 1e3)
-    return statistics.median(out)
 
 
 def main(argv=None):
@@ -57,7 +43,7 @@ def main(argv=None):
     n = x.numel()
     moved = {"copy": 2 * 2 * n, "mxfp4": 2 * n + n // 2 + n // 32, "values": 2 * n + 2 * n, "fold": 2 * n + n + n // 32}
     results = {}
-    t = _time(lambda: y.copy_(x), args.repeats)
+    t = median_time(lambda: y.copy_(x), args.repeats)
     results["copy"] = {"ms": t * 1e3, "GBps": moved["copy"] / t / 1e9}
     for name, (kind, fn) in {
         "reference mxfp4 nearest": ("mxfp4", lambda: fp4train.quantize(x, "mxfp4")),
@@ -75,14 +61,14 @@ def main(argv=None):
         "triton mxfp4 -> fp8 1x128": ("fold", lambda: quantize_mxfp4_fp8(x, group_rows=1)),
         "triton mxfp4 -> fp8 128x128": ("fold", lambda: quantize_mxfp4_fp8(x, group_rows=128)),
     }.items():
-        t = _time(fn, args.repeats)
+        t = median_time(fn, args.repeats)
         gbps = moved[kind] / t / 1e9
         results[name] = {"ms": t * 1e3, "GBps": gbps, "fraction_of_copy": gbps / results["copy"]["GBps"]}
     for k, v in results.items():
         frac = f" ({v['fraction_of_copy']:.0%} of copy)" if "fraction_of_copy" in v else ""
         print(f"{k:>36}: {v['ms']:8.3f} ms  {v['GBps']:8.1f} GB/s{frac}")
     gpu = torch.cuda.get_device_name()
-    out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": os.environ.get("FP4TRAIN_COMMIT", "unknown"),
+    out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit() or "unknown",
            "torch": torch.__version__, "shape": [args.rows, args.cols], "dtype": "bfloat16", "results": results}
     path = args.json or ROOT / "bench/results" / f"quantize_speed-{gpu.replace(' ', '_')}.json"
     path.write_text(json.dumps(out, indent=1) + "\n")

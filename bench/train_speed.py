@@ -15,7 +15,6 @@ import argparse
 import datetime
 import json
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -23,20 +22,9 @@ import torch
 
 import fp4train
 from fp4train import models
+from fp4train.timing import code_commit
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _commit() -> str:
-    """The git commit measured: $FP4TRAIN_COMMIT (set it where the tree has no .git), else git."""
-    import os
-
-    if os.environ.get("FP4TRAIN_COMMIT"):
-        return os.environ["FP4TRAIN_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
-    except Exception:
-        return "unknown"
 
 
 def measure(model_name: str, recipe: str, batch: int, seq: int, steps: int, warmup: int, compile_: bool, device) -> dict:
@@ -105,7 +93,7 @@ def main(argv=None):
         rel = f" ({res['tokens_per_s'] / base:.2f}x bf16)" if base else ""
         mem = f", peak {res['peak_mem_gib']:.2f} GiB" if res["peak_mem_gib"] else ""
         print(f"{args.model} {r:>15}: {res['tokens_per_s']:>12,.0f} tokens/s{rel}, step {res['step_ms']:.1f} ms{mem}, warmup {res['warmup_s']:.1f}s", flush=True)
-    out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": _commit(), "torch": torch.__version__,
+    out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit(), "torch": torch.__version__,
            "model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len, "compile": args.compile,
            "numerics": args.numerics,
            "backend": "emulated", "results": rows}

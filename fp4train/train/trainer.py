@@ -26,6 +26,7 @@ import torch
 from .. import models
 from .. import recipes as _recipes
 from ..adahop.calibration import Calibration, PatternRecorder
+from ..timing import code_commit
 from ..convert import convert
 from ..data import PackedBatches, eval_batches, load_splits, load_tokenizer
 from .checkpoint import Checkpoints
@@ -302,21 +303,6 @@ class Trainer:
         self.log(f"fp4train: done - val loss {val_loss:.4f}" + (f", {summary['tokens_per_s']:,.0f} tokens/s" if summary["tokens_per_s"] else "")
                  + (f", peak {peak:.2f} GiB" if peak else ""))
         return summary
-
-
-def code_commit() -> str | None:
-    """The fp4train commit that ran: ``$FP4TRAIN_COMMIT`` (set it where the tree has no .git), else git."""
-    import os
-    import subprocess
-
-    if os.environ.get("FP4TRAIN_COMMIT"):
-        return os.environ["FP4TRAIN_COMMIT"]
-    try:
-        root = Path(__file__).resolve().parents[2]
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
-                                       stderr=subprocess.DEVNULL).strip() or None
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def train(cfg: TrainConfig, *, resume: bool | str = False) -> dict:
