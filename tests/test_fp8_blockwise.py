@@ -59,3 +59,15 @@ def test_folded_operand_orientation():
         torch.testing.assert_close(op.dequantize(), fp4train.quantize(w, "mxfp4", axis=axis).dequantize(torch.float32),
                                    rtol=0, atol=0)
     assert be.operand(torch.randn(128, 96, device=DEV), q, axis=1, role=0, seed=None) is None  # K % 128: not folded
+
+
+def test_saved_x_is_folded_from_its_packed_codes():
+    """wgrad's B operand: X [M, K] quantized along M (packed), seen as X^T [K, M]."""
+    be = get("fp8_blockwise")
+    x = torch.randn(256, 128, device=DEV)
+    saved = fp4train.quantize(x, "mxfp4", axis=0)
+    f = be.fold_saved(saved.t())
+    assert isinstance(f, FoldedOperand) and f.shape == (128, 256) and f.data.group_rows == 128
+    torch.testing.assert_close(f.dequantize(), saved.t().dequantize(torch.float32), rtol=0, atol=0)
+    assert be.fold_saved(saved) is None  # blocks along dim 0 of the logical operand: not a B operand
+    assert be.fold_saved(fp4train.quantize(x, "mxfp4", block=(32, 32))) is None

@@ -260,3 +260,20 @@ def test_mxfp4_fp8_fold_kernel_equals_quantize_then_fold(group_rows, scale, roun
     assert torch.equal(got.codes, ref.codes)
     torch.testing.assert_close(got.scales, ref.scales, rtol=0, atol=0, equal_nan=True)
     assert ref.inexact > 0 and int(counter) == ref.inexact and got.inexact is counter
+
+
+@pytest.mark.parametrize("group_rows", [1, 128])
+def test_fold_of_packed_mxfp4_equals_reference_fold(group_rows):
+    from fp4train.formats.fold import fold
+    from fp4train.kernels.mx_fold import fold_packed_mxfp4
+
+    g = torch.Generator().manual_seed(10)
+    rows = 200 if group_rows == 128 else 40
+    x = torch.randn(rows, 256, generator=g) * torch.logspace(-8, 8, 256)
+    x[3, 5], x[7, 130], x[9, :32] = float("nan"), float("inf"), 0.0
+    q = fp4train.quantize(x.to(DEV), "mxfp4", rounding="stochastic", seed=4)
+    ref = fold(q, group_rows)
+    got = fold_packed_mxfp4(q.codes, q.scales, group_rows=group_rows)
+    assert torch.equal(got.codes, ref.codes)
+    torch.testing.assert_close(got.scales, ref.scales, rtol=0, atol=0, equal_nan=True)
+    assert int(got.inexact) == ref.inexact > 0

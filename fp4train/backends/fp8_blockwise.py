@@ -12,8 +12,10 @@ The backend prepares its own operands (:meth:`operand`): MXFP4 requests with 1x3
 the GEMM's inner dimension, floor or ceil scales, nearest or stochastic rounding, whose inner
 dimension is a multiple of 128, quantize and fold in one Triton pass
 (:func:`fp4train.kernels.quantize_mxfp4_fp8`), bit-identical to quantize-then-fold of the
-reference. Everything else - and any GEMM without two folded operands, and every CPU GEMM - goes
-to the ``emulated`` backend (a folded operand is exact in BF16 there).
+reference. The X that forward saved for wgrad stays packed MXFP4 (4.25 bits per element) and is folded
+in backward from its codes (:meth:`fold_saved`, one pass). Everything else - and any GEMM without
+two folded operands, and every CPU GEMM - goes to the ``emulated`` backend (a folded operand is
+exact in BF16 there).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..formats.fold import FoldedFP8
-from ..formats.qtensor import ScaledBF16
+from ..formats.qtensor import QuantizedTensor, ScaledBF16
 from .emulated import EmulatedBackend
 
 
@@ -70,6 +72,11 @@ class FoldedOperand:
         return (v.mT if self.transposed else v).to(dtype)
 
 
+def _kernels_usable(t: torch.Tensor) -> bool:
+    """Triton kernels run on CUDA tensors, and on CPU ones only under the interpreter (tests)."""
+    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def _scaling(*names):
     from torch.nn.functional import ScalingType
 
@@ -99,9 +106,14 @@ class Fp8BlockwiseBackend:
         self.fallback = EmulatedBackend()
         self.inexact: torch.Tensor | None = None  # int32 count of inexact folded elements, on the device
 
+    def _counter(self, device) -> torch.Tensor:
+        if self.inexact is None or self.inexact.device != device:
+            self.inexact = torch.zeros((), dtype=torch.int32, device=device)
+        return self.inexact
+
     def operand(self, x: torch.Tensor, q, *, axis: int, role: int, seed: int | None):
         """The folded operand for an MXFP4 request (``role`` 0: GEMM operand A, 1: B), or None."""
-        if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):  # CPU: interpreted kernels, tests only
+        if not _kernels_usable(x):
             return None
         if x.ndim != 2 or q.format != "mxfp4" or q.four_over_six:
             return None
@@ -110,14 +122,27 @@ class Fp8BlockwiseBackend:
             return None
         from ..kernels.mx_fold import quantize_mxfp4_fp8
 
-        if self.inexact is None or self.inexact.device != x.device:
-            self.inexact = torch.zeros((), dtype=torch.int32, device=x.device)
         src = x.detach() if axis % 2 == 1 else x.detach().t()  # blocks along the stored last dim
         folded = quantize_mxfp4_fp8(src, group_rows=1 if role == 0 else 128, scale=kw.get("scale", "floor"),
-                                    rounding=kw.get("rounding", "nearest"), seed=seed, counter=self.inexact)
+                                    rounding=kw.get("rounding", "nearest"), seed=seed, counter=self._counter(x.device))
         return FoldedOperand(folded, transposed=axis % 2 == 0)
 
+    def fold_saved(self, q: QuantizedTensor) -> FoldedOperand | None:
+        """A packed MXFP4 operand (the X that forward saved for wgrad) folded as a B operand, in one
+        pass over its codes; None unless its stored layout is the GEMM's (1x32 blocks along the
+        inner dim, which is a multiple of 128)."""
+        lay = q.layout
+        if q.fmt != "mxfp4" or q.ndim != 2 or lay.is_2d or not _kernels_usable(q.codes) or q.block_axis != 1:
+            return None
+        if (lay.axis == 1) == q.transposed or lay.shape[lay.axis] % 128:  # stored rows must be the logical rows
+            return None
+        from ..kernels.mx_fold import fold_packed_mxfp4
+
+        return FoldedOperand(fold_packed_mxfp4(q.codes, q.scales, group_rows=128, counter=self._counter(q.device)))
+
     def gemm(self, a, b, out_dtype: torch.dtype) -> torch.Tensor:
+        if isinstance(a, FoldedOperand) and isinstance(b, QuantizedTensor):
+            b = self.fold_saved(b) or b
         if (isinstance(a, FoldedOperand) and isinstance(b, FoldedOperand) and a.block_axis == 1 and b.block_axis == 1
                 and a.data.group_rows == 1 and b.data.group_rows == 128 and a.device.type == "cuda"):
             return blockwise_fp8_mm(a.data, b.data, out_dtype)

@@ -57,6 +57,15 @@ def _fold_kernel(x_ptr, codes_ptr, scales_ptr, count_ptr, R, K, sx, sc, ss, key,
     code = tl.where(bad[:, :, None], 0, code)
     # the reference's fold reads the block exponent from the scale byte: a NaN block (0xFF) counts as 128
     eb = tl.where(bad, 128, e)
+    _fold_store(code, eb, bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, RB, GR)
+
+
+@triton.jit
+def _fold_store(code, eb, bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, RB: tl.constexpr, GR: tl.constexpr):
+    """Fold E2M1 codes [RB, 4, 32] with block exponents ``eb`` [RB, 4] into E4M3 bytes + group scale(s),
+    store them for rows ``r`` and columns ``program_id(1) * 128 ..``, and add the inexact count."""
+    c = tl.program_id(1) * 128 + tl.arange(0, 128)
+    mask = rmask[:, None]
     eb = tl.where(rmask[:, None], eb, -(1 << 20))  # rows past the end do not take part in the group max
     if GR == 1:
         g = tl.max(eb, axis=1)[:, None]  # [RB, 1]: one group per row
@@ -86,6 +95,21 @@ def _fold_kernel(x_ptr, codes_ptr, scales_ptr, count_ptr, R, K, sx, sc, ss, key,
         tl.store(scales_ptr + tl.program_id(0) * ss + tl.program_id(1), scale)
 
 
+@triton.jit
+def _packed_fold_kernel(pc_ptr, ps_ptr, codes_ptr, scales_ptr, count_ptr, R, spc, sps, sc, ss, GR: tl.constexpr):
+    """Packed MXFP4 (two codes per byte, E8M0 bytes) -> the same folded output as ``_fold_kernel``."""
+    RB: tl.constexpr = 16 if GR == 1 else GR
+    r = tl.program_id(0) * RB + tl.arange(0, RB)
+    rmask = r < R
+    half = tl.program_id(1) * 64 + tl.arange(0, 64)
+    byte = tl.load(pc_ptr + r[:, None] * spc + half[None, :], mask=rmask[:, None], other=0).to(tl.int32)
+    code = tl.reshape(tl.join(byte & 15, byte >> 4), [RB, 4, 32])  # element 2j in the low nibble
+    sb = tl.load(ps_ptr + r[:, None] * sps + (tl.program_id(1) * 4 + tl.arange(0, 4))[None, :], mask=rmask[:, None], other=0)
+    sb = sb.to(tl.int32)
+    bad = sb == 255
+    _fold_store(code, sb - 127, bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, RB, GR)
+
+
 def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor", rounding: str = "nearest",
                        seed: int | None = None, counter: torch.Tensor | None = None) -> FoldedFP8:
     """MXFP4 (1x32 along the last dim) folded into FP8 with ``group_rows`` x 128 groups; see the module
@@ -106,3 +130,23 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
         _fold_kernel[(triton.cdiv(R, rb), K // 128)](x, codes, scales, counter, R, K, x.stride(0), codes.stride(0),
                                                      scales.stride(0), key, key2, CEIL=scale == "ceil", SR=sr, GR=group_rows)
     return FoldedFP8(codes, scales, group_rows, counter)
+
+
+def fold_packed_mxfp4(codes: torch.Tensor, scales: torch.Tensor, *, group_rows: int,
+                      counter: torch.Tensor | None = None) -> FoldedFP8:
+    """Fold packed MXFP4 (``codes`` uint8 [R, K/2], E8M0 ``scales`` [R, K/32], blocks along the last
+    dim, K % 128 == 0) into FP8 with ``group_rows`` x 128 groups: ``formats.fold`` bit for bit, one pass."""
+    if codes.ndim != 2 or scales.shape != (codes.shape[0], codes.shape[1] // 16) or (2 * codes.shape[1]) % 128:
+        raise ValueError(f"fold_packed_mxfp4: codes {tuple(codes.shape)} / scales {tuple(scales.shape)} are not 1x32 MXFP4 with K % 128 == 0")
+    if group_rows not in (1, 128):
+        raise ValueError(f"group_rows must be 1 or 128, got {group_rows}")
+    codes, scales = codes.contiguous(), scales.contiguous()
+    R, K = codes.shape[0], codes.shape[1] * 2
+    out = torch.empty(R, K, dtype=torch.uint8, device=codes.device)
+    out_s = torch.empty(triton.cdiv(R, group_rows), K // 128, dtype=torch.float32, device=codes.device)
+    counter = torch.zeros((), dtype=torch.int32, device=codes.device) if counter is None else counter
+    rb = 16 if group_rows == 1 else 128
+    if R and K:
+        _packed_fold_kernel[(triton.cdiv(R, rb), K // 128)](codes, scales, out, out_s, counter, R, codes.stride(0),
+                                                            scales.stride(0), out.stride(0), out_s.stride(0), GR=group_rows)
+    return FoldedFP8(out, out_s, group_rows, counter)
