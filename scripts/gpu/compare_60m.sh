@@ -30,6 +30,7 @@ if [ "${3:-}" = pytest ]; then
   CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_kernels.py \
     tests/test_numerics_modes.py tests/test_fused_operands.py tests/test_backends.py > $OUT/pytest.log 2>&1 || ok=0
   tail -3 $OUT/pytest.log
+  wait  # the BF16 runs (~1-2 min): two compares must not start the same run
 fi
 LEFT=$(( $2 - ($(date +%s) - T0) ))
 if [ $ok = 1 ] && [ $LEFT -gt 120 ]; then
