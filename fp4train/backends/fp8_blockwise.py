@@ -91,10 +91,14 @@ def blockwise_fp8_mm(a: FoldedFP8, b: FoldedFP8, out_dtype: torch.dtype) -> torc
     from torch.nn.functional import scaled_mm
 
     a8, b8 = a.codes.view(torch.float8_e4m3fn), b.codes.view(torch.float8_e4m3fn)
-    out = torch.bfloat16 if out_dtype not in (torch.bfloat16, torch.float32) else out_dtype
-    y = scaled_mm(a8, b8.t(), a.scales.t().contiguous().t(), _scaling("BlockWise1x128", "Blockwise_1x128"),
-                  b.scales.t(), _scaling("BlockWise128x128", "Blockwise_128x128"), output_dtype=out)
-    return y.to(out_dtype)
+    args = (a8, b8.t(), a.scales.t().contiguous().t(), _scaling("BlockWise1x128", "Blockwise_1x128"),
+            b.scales.t(), _scaling("BlockWise128x128", "Blockwise_128x128"))
+    if out_dtype == torch.float32:
+        try:  # FP32 output where the kernel offers it (AdaHOP adds the outlier product to it)
+            return scaled_mm(*args, output_dtype=torch.float32)
+        except (RuntimeError, ValueError, TypeError):
+            pass
+    return scaled_mm(*args, output_dtype=torch.bfloat16).to(out_dtype)
 
 
 class Fp8BlockwiseBackend:
