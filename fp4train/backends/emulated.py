@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from .. import formats
 from ..formats.qtensor import QuantizedTensor, ScaledBF16
 
 Operand = torch.Tensor | QuantizedTensor | ScaledBF16
@@ -37,12 +36,7 @@ def _bf16_factors(op: Operand):
     if isinstance(op, QuantizedTensor):
         if op.ndim != 2:
             return None
-        split = None
-        if op.device.type == "cuda" and formats.numerics() == "triton":
-            from ..kernels.fp4_decode import decode_fp4_scaled
-
-            split = decode_fp4_scaled(op)  # the packed saved X, decoded in one pass
-        op = split if split is not None else op.scaled_bf16()
+        op = op.scaled_bf16()
     if isinstance(op, ScaledBF16):
         if op.scale is not None and op.block_axis != 1:
             return None

@@ -42,23 +42,25 @@ def set_numerics(mode: str) -> None:
       straight to BF16 for the quantized linear), elsewhere the compiled path on a GPU and the reference on a
       CPU (where Triton runs interpreted, for tests).
     """
+    from ..transforms.hadamard import set_kernel as set_transform_kernel
+    from .qtensor import set_split_kernel
     from .quantize import set_kernels  # the module, not the quantize() function of the same name
 
     global _MODE
     if mode not in NUMERICS:
         raise ValueError(f"unknown numerics {mode!r}; choose one of {NUMERICS}")
     _MODE = mode
+    cuda = torch.cuda.is_available()
     # triton on a GPU: the compiled path wherever no kernel covers a request
-    set_compiled(mode == "compiled" or (mode == "triton" and torch.cuda.is_available()))
-    if mode != "eager" and torch.cuda.is_available():
-        from ..transforms.hadamard import set_kernel
-
-        set_kernel(True)
-    elif mode == "eager":
-        from ..transforms.hadamard import set_kernel
-
-        set_kernel(False)
+    set_compiled(mode == "compiled" or (mode == "triton" and cuda))
     set_kernels(mode == "triton")
+    set_transform_kernel(mode != "eager" and cuda)
+    if mode == "triton":
+        from ..kernels.fp4_decode import decode_fp4_scaled
+
+        set_split_kernel(decode_fp4_scaled)  # packed MXFP4/NVFP4 (the saved X) -> BF16 values in one pass
+    else:
+        set_split_kernel(None)
 
 __all__ = [
     "BlockLayout",

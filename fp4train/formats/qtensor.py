@@ -88,12 +88,13 @@ class QuantizedTensor:
     def is_fp4(self) -> bool:
         return self.fmt in ("mxfp4", "nvfp4")
 
-    def _decode_canonical(self) -> torch.Tensor:
-        """Dequantized float32 values in the canonical (padded) layout."""
+    def _decode_canonical(self, outer: bool = True) -> torch.Tensor:
+        """Dequantized float32 values in the canonical (padded) layout; ``outer=False`` leaves out
+        the factor that :meth:`scaled_bf16` keeps outside (NVFP4's ``s_enc``, FP8's row scale)."""
         decode = decode_canonical if torch.compiler.is_compiling() else _DECODE  # traced: inline the reference
-        return decode(self.fmt, self.codes, self.scales, self.tensor_scale, self.layout)
+        return decode(self.fmt, self.codes, self.scales, self.tensor_scale, self.layout, outer)
 
-    def _decode_canonical_eager(self) -> torch.Tensor:
+    def _decode_canonical_eager(self, outer: bool = True) -> torch.Tensor:
         lay = self.layout
         if self.is_fp4:
             v = e2m1.decode(e2m1.unpack(self.codes))
@@ -104,9 +105,9 @@ class QuantizedTensor:
         if self.fmt == "nvfp4":
             # decode order: (q * sb) / s_enc. q * sb is exact (<= 6 significant bits); one rounding.
             sb = lay.expand_scales(e4m3.decode(self.scales))
-            return true_div(v * sb, self.tensor_scale)
+            return true_div(v * sb, self.tensor_scale) if outer else v * sb
         if self.fmt == "fp8":
-            return v * lay.expand_scales(self.scales)
+            return v * lay.expand_scales(self.scales) if outer else v
         raise AssertionError(self.fmt)
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -115,8 +116,10 @@ class QuantizedTensor:
         Computed in FP32, then cast with saturation to ``dtype``'s finite range (a value that
         is finite in FP32 never becomes Inf in a narrower dtype); NaN stays NaN.
         """
-        dtype = dtype or self.dtype
-        x = self.layout.from_canonical(self._decode_canonical())
+        return self._dequantize(dtype or self.dtype, outer=True)
+
+    def _dequantize(self, dtype: torch.dtype, outer: bool) -> torch.Tensor:
+        x = self.layout.from_canonical(self._decode_canonical(outer))
         if self.transposed:
             x = x.mT
         if dtype.is_floating_point and torch.finfo(dtype).max < torch.finfo(torch.float32).max:
@@ -135,13 +138,15 @@ class QuantizedTensor:
         """
         if self.ndim != 2:
             raise ValueError(f"scaled_bf16 needs a 2D quantized tensor, this one has shape {tuple(self.shape)}")
-        if self.fmt in ("mxfp4", "mxfp8"):
-            return ScaledBF16(self.dequantize(torch.bfloat16), None, None, self.block_axis)
+        if (_SPLIT_KERNEL is not None and self.codes.is_cuda and not torch.compiler.is_compiling()
+                and (split := _SPLIT_KERNEL(self)) is not None):
+            return split
+        values = self._dequantize(torch.bfloat16, outer=False)
         if self.fmt == "nvfp4":
-            unit = replace(self, tensor_scale=torch.ones_like(self.tensor_scale))
-            return ScaledBF16(unit.dequantize(torch.bfloat16), None, self.tensor_scale, self.block_axis)
-        unit = replace(self, scales=torch.ones_like(self.scales))
-        return ScaledBF16(unit.dequantize(torch.bfloat16), self.scales.reshape(-1), None, self.block_axis)
+            return ScaledBF16(values, None, self.tensor_scale, self.block_axis)
+        if self.fmt == "fp8":
+            return ScaledBF16(values, self.scales.reshape(-1), None, self.block_axis)
+        return ScaledBF16(values, None, None, self.block_axis)
 
     def element_values(self) -> torch.Tensor:
         """Unscaled element values (float32) in the original shape: the FP4/FP8 grid points."""
@@ -212,13 +217,22 @@ class ScaledBF16:
         return x.to(dtype)
 
 
-def decode_canonical(fmt, codes, scales, tensor_scale, layout) -> torch.Tensor:
+def decode_canonical(fmt, codes, scales, tensor_scale, layout, outer: bool = True) -> torch.Tensor:
     """Dequantized float32 values in the canonical layout (a function of tensors, compile-friendly)."""
     q = QuantizedTensor(fmt, codes, scales, tensor_scale, layout, torch.float32)
-    return q._decode_canonical_eager()
+    return q._decode_canonical_eager(outer)
 
 
 _DECODE = decode_canonical
+_SPLIT_KERNEL = None  # QuantizedTensor -> ScaledBF16 | None for CUDA tensors: a one-pass kernel (set_split_kernel)
+
+
+def set_split_kernel(fn) -> None:
+    """Route :meth:`QuantizedTensor.scaled_bf16` of CUDA tensors through ``fn`` (a kernel that
+    returns the same :class:`ScaledBF16`, or None where it does not cover the tensor); ``None``
+    restores the reference. Set by ``fp4train.formats.set_numerics("triton")``."""
+    global _SPLIT_KERNEL
+    _SPLIT_KERNEL = fn
 
 
 def set_compiled(enabled: bool = True) -> None:
