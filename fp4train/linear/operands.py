@@ -47,13 +47,19 @@ def prepare(
     ``derive_seed(seed, gemm, OP_TRANSFORM)``, the same for both operands of one GEMM (the
     inner transform must be identical on both sides to cancel).
     """
-    if transform is not None:
-        t_seed = derive_seed(seed, gemm, OP_TRANSFORM) if transform.random_signs else None
-        x = hadamard(x, transform.block, axis=axis, seed=t_seed)
+    x = _transform(x, transform, axis=axis, seed=seed, gemm=gemm)
     if not q.quantized:
         return x.to(compute_dtype)
     sr_seed = derive_seed(seed, gemm, operand) if q.stochastic else None
     return quantize(x, q.format, axis=axis, seed=sr_seed, **q.quantize_kwargs())
+
+
+def _transform(x: torch.Tensor, transform: TransformSpec | None, *, axis: int, seed: int, gemm: int) -> torch.Tensor:
+    """The GEMM's inner transform of ``x`` (signs from ``derive_seed(seed, gemm, OP_TRANSFORM)``), or ``x``."""
+    if transform is None:
+        return x
+    t_seed = derive_seed(seed, gemm, OP_TRANSFORM) if transform.random_signs else None
+    return hadamard(x, transform.block, axis=axis, seed=t_seed)
 
 
 def prepare_now(
@@ -84,46 +90,36 @@ def prepare_now(
     the compiled graph does the rest on a GPU (the eager reference on a CPU).
     Otherwise it is :func:`prepare`.
     """
-    own = getattr(backend, "operand", None)
-    if own is not None and q.quantized and x.ndim == 2:
-        xt = x
-        if transform is not None:
-            t_seed = derive_seed(seed, gemm, OP_TRANSFORM) if transform.random_signs else None
-            xt = hadamard(x, transform.block, axis=axis, seed=t_seed)
-        op = own(xt, q, axis=axis, role=operand, seed=derive_seed(seed, gemm, operand) if q.stochastic else None)
-        if op is not None:
-            return op
     mode = formats.numerics()
-    fused = mode == "compiled" or (mode == "triton" and x.is_cuda)
-    if not (fused or mode == "triton") or not q.quantized or x.ndim != 2:
+    own = getattr(backend, "operand", None)
+    if not q.quantized or x.ndim != 2 or (mode == "eager" and own is None):
         return prepare(x, q, axis=axis, transform=transform, seed=seed, gemm=gemm, operand=operand,
                        compute_dtype=compute_dtype)
-    if transform is not None:  # outside the graph: a Triton kernel on GPUs (fp4train.transforms.hadamard.set_kernel)
-        t_seed = derive_seed(seed, gemm, OP_TRANSFORM) if transform.random_signs else None
-        x = hadamard(x, transform.block, axis=axis, seed=t_seed)
+    # transformed once, outside any graph: a Triton kernel on GPUs (fp4train.transforms.hadamard.set_kernel)
+    x = _transform(x, transform, axis=axis, seed=seed, gemm=gemm)
+    sr_seed = derive_seed(seed, gemm, operand) if q.stochastic else None
+    if own is not None and (op := own(x, q, axis=axis, role=operand, seed=sr_seed)) is not None:
+        return op
     kw = q.quantize_kwargs()
-    if mode == "triton" and (v := _kernel_values(x, q, kw, axis, derive_seed(seed, gemm, operand))) is not None:
+    if mode == "triton" and (v := _kernel_values(x, q, kw, axis, sr_seed)) is not None:
         return v
-    if not fused:
+    if not (mode == "compiled" or (mode == "triton" and x.is_cuda)):
         return prepare(x, q, axis=axis, transform=None, seed=seed, gemm=gemm, operand=operand, compute_dtype=compute_dtype)
-    info = FORMATS[q.format]
-    block, ax = geometry(x, info, axis, kw.get("block"))
-    keys = sr_keys(derive_seed(seed, gemm, operand)) if q.stochastic else None
+    block, ax = geometry(x, FORMATS[q.format], axis, kw.get("block"))
     values, scale, divisor = _fused()(
-        x.detach(), keys, fmt=q.format,
+        x.detach(), sr_keys(sr_seed) if q.stochastic else None, fmt=q.format,
         block=block, block_axis=ax, scale=kw.get("scale", "floor"), four_over_six=kw.get("four_over_six", False),
     )
-    return ScaledBF16(values, scale, divisor, None if ax is None else ax)
+    return ScaledBF16(values, scale, divisor, ax)
 
 
-def _kernel_values(x, q: QuantSpec, kw: dict, axis: int, sr_seed: int) -> ScaledBF16 | None:
+def _kernel_values(x, q: QuantSpec, kw: dict, axis: int, sr_seed: int | None) -> ScaledBF16 | None:
     """The Triton fake-quantization kernel's result, or None where none covers the request
     (MXFP4 1x32 along either axis or 32x32 tiles; NVFP4 1x16 along either axis; FP8 rowwise
     with nearest rounding)."""
     if kw.get("four_over_six") or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return None
-    block, rounding = kw.get("block"), kw.get("rounding", "nearest")
-    seed = sr_seed if q.stochastic else None
+    block, rounding, seed = kw.get("block"), kw.get("rounding", "nearest"), sr_seed
     if q.format == "mxfp4":
         if isinstance(block, (tuple, list)):
             if tuple(block) != (32, 32):
