@@ -83,23 +83,21 @@ def quantize(
     """
     info = _check(x, fmt, axis, block, scale, rounding, seed, four_over_six)
     block, axis = geometry(x, info, axis, block)
-    if _KERNELS:
-        layout = BlockLayout(tuple(x.shape), block, axis)
-        if (q := _kernel_quantize(x, fmt, layout, scale, rounding, seed, four_over_six)) is not None:
-            return q
+    if _KERNELS and (q := _kernel_quantize(x, fmt, block, axis, scale, rounding, seed, four_over_six)) is not None:
+        return q
     keys = sr_keys(seed) if rounding == "stochastic" else None
     return quantize_tensors(x, keys, fmt=fmt, block=block, axis=axis, scale=scale, four_over_six=four_over_six)
 
 
-def geometry(x: torch.Tensor, info: FormatInfo, axis: int, block) -> tuple[tuple[int, ...], int | None]:
-    """``(block, axis)`` of a :class:`BlockLayout` for a checked request: ``((b, b), None)`` for
-    2D tiles, ``((b,), axis)`` for 1D blocks (fp8 rowwise: the whole row, at least 1)."""
+def geometry(x: torch.Tensor, info: FormatInfo, axis: int, block) -> tuple[tuple[int, ...] | None, int | None]:
+    """``(block, axis)`` of a checked request: ``((b, b), None)`` for 2D tiles, ``((b,), axis)``
+    for 1D blocks, ``(None, axis)`` for fp8 rowwise (the whole row: :func:`quantize_tensors`
+    takes it from ``x``'s shape, which stays symbolic when traced)."""
     if block is None:
         block = info.default_block
     if isinstance(block, (tuple, list)):
         return (int(block[0]), int(block[1])), None
-    ax = axis % x.ndim
-    return (int(block) if block is not None else max(x.shape[ax], 1),), ax
+    return ((int(block),) if block is not None else None), axis % x.ndim
 
 
 def sr_keys(seed: int | None) -> torch.Tensor:
@@ -110,13 +108,13 @@ def sr_keys(seed: int | None) -> torch.Tensor:
     return torch.tensor(counter_rng.seed_keys(seed), dtype=torch.int64)
 
 
-def quantize_tensors(x, keys, *, fmt: str, block: tuple[int, ...], axis: int | None, scale: str,
+def quantize_tensors(x, keys, *, fmt: str, block: tuple[int, ...] | None, axis: int | None, scale: str,
                      four_over_six: bool, encode=None) -> QuantizedTensor:
     """The whole quantization as a function of tensors (``x``, stochastic-rounding ``keys`` or
-    None) and static settings - what a fused path traces. ``encode``: the numerical core
-    (default: the compiled one if :func:`set_compiled` is on)."""
+    None) and static settings (:func:`geometry`'s ``block`` and ``axis``) - what a fused path
+    traces. ``encode``: the numerical core (default: the compiled one if :func:`set_compiled` is on)."""
     fmt_info = FORMATS[fmt]
-    if fmt == "fp8":  # the block is the whole row; keep it symbolic for a traced x
+    if block is None:  # fp8 rowwise: the whole row (at least 1, so an empty axis still works)
         block = (max(x.shape[axis], 1),)
     layout = BlockLayout(tuple(x.shape), block, axis)
     xc = layout.to_canonical(x.detach().to(torch.float32))  # quantization is not differentiable
@@ -159,20 +157,21 @@ def set_kernels(enabled: bool = True) -> None:
     _KERNELS = enabled
 
 
-def _kernel_quantize(x, fmt, layout, scale, rounding, seed, four_over_six):
+def _kernel_quantize(x, fmt, block, axis, scale, rounding, seed, four_over_six):
     """The Triton kernel's result for this request, or None when no kernel covers it
     (MXFP4 1x32 or 32x32, NVFP4 1x16; 2D tensors).
 
     A quantization along axis 0 is the kernel's along the last axis of ``x.T``: its canonical
     layout and its stochastic-rounding indices (``k * M + m``) are the same.
     """
-    if fmt == "mxfp4" and x.ndim == 2 and layout.block == (32, 32) and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
+    if fmt == "mxfp4" and x.ndim == 2 and block == (32, 32) and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
         from .. import kernels
 
         return kernels.quantize_mxfp4_2d(x.detach(), scale=scale, rounding=rounding, seed=seed)
     b = {"mxfp4": 32, "nvfp4": 16}.get(fmt)
-    if b is None or x.ndim != 2 or layout.is_2d or layout.block != (b,) or four_over_six:
+    if b is None or x.ndim != 2 or block != (b,) or four_over_six:
         return None
+    layout = BlockLayout(tuple(x.shape), block, axis)
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16) or x.shape[layout.axis] % b or 0 in x.shape:
         return None
     from .. import kernels
