@@ -44,6 +44,9 @@ def _bf16_factors(op: Operand):
     return (op, None, None) if op.dtype == torch.bfloat16 else None
 
 
+_FP32_MM: bool | None = None  # does this torch have torch.mm(..., out_dtype=float32) for BF16? learnt on first use
+
+
 def _bf16_gemm(a, b, out_dtype: torch.dtype) -> torch.Tensor | None:
     """``a @ b.T`` on BF16 tensor cores with FP32 accumulation, scales applied to the output;
     None if an operand has no exact BF16 split or this torch lacks the FP32-output BF16 GEMM."""
@@ -53,9 +56,16 @@ def _bf16_gemm(a, b, out_dtype: torch.dtype) -> torch.Tensor | None:
     (va, ra, da), (vb, rb, db) = fa, fb
     if out_dtype == torch.bfloat16 and ra is None and rb is None and da is None and db is None:
         return torch.mm(va, vb.T)  # FP32 accumulation, rounded once to BF16 (no FP32 round trip)
+    global _FP32_MM
+    if _FP32_MM is False:
+        return None
     try:
         out = torch.mm(va, vb.T, out_dtype=torch.float32)
-    except (TypeError, RuntimeError):  # torch without the fp32-output BF16 GEMM
+        _FP32_MM = True
+    except TypeError:  # torch without the out_dtype argument: asked once
+        _FP32_MM = False
+        return None
+    except RuntimeError:  # e.g. a device without the FP32-output BF16 GEMM: the FP32 reference
         return None
     # The products of element values are exact and accumulate in FP32; the factors follow, one
     # rounding each (the reference rounds each dequantized element instead).

@@ -86,18 +86,24 @@ def _scaling(*names):
     raise AttributeError(f"torch.nn.functional.ScalingType has none of {names}")
 
 
+_FP32_OUT: bool | None = None  # does this torch's blockwise scaled_mm give FP32 output? learnt on first use
+
+
 def blockwise_fp8_mm(a: FoldedFP8, b: FoldedFP8, out_dtype: torch.dtype) -> torch.Tensor:
     """``a @ b.T`` for folded operands: ``a`` with 1x128 groups, ``b`` with 128x128 groups."""
     from torch.nn.functional import scaled_mm
 
+    global _FP32_OUT
     a8, b8 = a.codes.view(torch.float8_e4m3fn), b.codes.view(torch.float8_e4m3fn)
     args = (a8, b8.t(), a.scales.t().contiguous().t(), _scaling("BlockWise1x128", "Blockwise_1x128"),
             b.scales.t(), _scaling("BlockWise128x128", "Blockwise_128x128"))
-    if out_dtype == torch.float32:
+    if out_dtype == torch.float32 and _FP32_OUT is not False:
         try:  # FP32 output where the kernel offers it (AdaHOP adds the outlier product to it)
-            return scaled_mm(*args, output_dtype=torch.float32)
+            y = scaled_mm(*args, output_dtype=torch.float32)
+            _FP32_OUT = True
+            return y
         except (RuntimeError, ValueError, TypeError):
-            pass
+            _FP32_OUT = False  # asked once, not on every GEMM
     return scaled_mm(*args, output_dtype=torch.bfloat16).to(out_dtype)
 
 
