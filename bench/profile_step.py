@@ -42,19 +42,14 @@ def _calibrate(model, recipe, opt, x, y, device, steps):
     """AdaHOP: record outlier patterns over BF16 steps, then convert to the calibrated recipe."""
     from fp4train.adahop.calibration import PatternRecorder
 
-    targets = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and recipe.spec_for(n) is not None}
-    rec = PatternRecorder(targets, mode=recipe.calibrate, k=recipe.calibration_k, threshold=recipe.calibration_threshold).attach()
+    rec = PatternRecorder.for_recipe(model, recipe).attach()
     for _ in range(steps):
         _step(model, opt, x, y, device)
         rec.steps += 1
     rec.detach()
     cal = rec.result()
     fp4train.convert(model, cal.recipe(recipe.name, base=recipe))
-    counts = defaultdict(int)
-    for gemms in cal.strategies.values():
-        for strategy in gemms.values():
-            counts[strategy] += 1
-    return dict(counts)
+    return cal.strategy_counts()
 
 
 def profile(model_name, recipe_name, batch, seq, steps, warmup, compile_, calib_steps, top, device):

@@ -100,6 +100,11 @@ def test_recorder_finds_planted_patterns_and_picks_strategies(tmp_path):
     assert cal.relatives["0"]["fprop"] == ["inner", "none"]  # X's outlier channels lie along fprop's inner dim
     assert cal.relatives["0"]["wgrad"][1] == "outer"  # ... and are rows of X^T in wgrad
     assert cal.strategies["0"]["fprop"] == fp4train.adahop.DEFAULT_RULES[(Relative.INNER, Relative.NONE)].value
+    counts = cal.strategy_counts()
+    assert sum(counts.values()) == 3 and counts[cal.strategies["0"]["fprop"]] >= 1
+    # for_recipe: every linear the recipe quantizes, with its settings
+    r = PatternRecorder.for_recipe(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4)), fp4train.recipes.get("adahop_measured"))
+    assert set(r.modules) == {"0", "1"} and r.mode == "measured"
     cal.save(tmp_path / "cal.json")
     again = Calibration.load(tmp_path / "cal.json")
     assert again.strategies == cal.strategies and again.recipe("a") == cal.recipe("a")

@@ -88,6 +88,10 @@ class Calibration:
         return Recipe(name=name, linear=LinearSpec(), description=f"AdaHOP, calibrated over {self.steps} steps ({self.mode})",
                       overrides=keep + overrides, backend=base.backend if base is not None else "emulated")
 
+    def strategy_counts(self) -> dict[str, int]:
+        """How many GEMMs got each strategy, e.g. ``{"plain": 108, "iht": 163, "oe": 23}``."""
+        return dict(Counter(st for gemms in self.strategies.values() for st in gemms.values()))
+
     def table(self) -> list[dict]:
         rows = []
         for layer in sorted(self.strategies):
@@ -136,6 +140,13 @@ class PatternRecorder:
         self.err_n: dict = defaultdict(lambda: defaultdict(int))
         self.steps = 0
         self._handles = []
+
+    @classmethod
+    def for_recipe(cls, model: nn.Module, recipe) -> PatternRecorder:
+        """A recorder over every ``nn.Linear`` of ``model`` that ``recipe`` quantizes, with the
+        recipe's calibration settings (mode, k, threshold); not attached yet."""
+        targets = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear) and recipe.spec_for(n) is not None}
+        return cls(targets, mode=recipe.calibrate, k=recipe.calibration_k, threshold=recipe.calibration_threshold)
 
     def attach(self) -> PatternRecorder:
         for name, mod in self.modules.items():

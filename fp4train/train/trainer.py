@@ -113,10 +113,7 @@ class Trainer:
             if cfg.calibration:
                 self.apply_calibration(Calibration.load(cfg.calibration))
             else:
-                targets = {n: m for n, m in self.model.named_modules()
-                           if isinstance(m, torch.nn.Linear) and self.recipe.spec_for(n) is not None}
-                self.recorder = PatternRecorder(targets, mode=self.recipe.calibrate, k=self.recipe.calibration_k,
-                                                threshold=self.recipe.calibration_threshold).attach()
+                self.recorder = PatternRecorder.for_recipe(self.model, self.recipe).attach()
 
     def apply_calibration(self, cal: Calibration) -> None:
         """Swap every calibrated layer to its AdaHOP strategies (parameters are kept)."""
@@ -213,11 +210,7 @@ class Trainer:
         cal = self.recorder.result()
         self.apply_calibration(cal)
         cal.save(self.out / "adahop_calibration.json")
-        counts = {}
-        for layer in cal.strategies.values():
-            for s in layer.values():
-                counts[s] = counts.get(s, 0) + 1
-        self.log(f"fp4train: AdaHOP calibrated over {cal.steps} steps ({cal.mode}): GEMM strategies {counts}; "
+        self.log(f"fp4train: AdaHOP calibrated over {cal.steps} steps ({cal.mode}): GEMM strategies {cal.strategy_counts()}; "
                  f"table in {self.out / 'adahop_calibration.json'}")
 
     def _diverged_msg(self, what: str) -> str:
