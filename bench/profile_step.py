@@ -3,7 +3,7 @@
 Question: which kernels make a recipe slower than BF16, and by how much? Builds the model,
 converts it (AdaHOP recipes: calibrated first on ``--calibration-steps`` BF16 steps of the same
 synthetic batch, as the trainer does on real data), warms up, then records ``--steps`` steps
-with ``torch.profiler`` and ranks kernels by total GPU time. Each run profiles BF16 too.
+with ``torch.profiler`` and ranks kernels by total GPU time. BF16 is always profiled first.
 
     python bench/profile_step.py --model 60m --recipes bf16,mxfp4,nvfp4 --batch-size 32 --seq-len 1024 --numerics compiled
 
@@ -113,7 +113,9 @@ def main(argv=None):
     fp4train.formats.set_numerics(args.numerics)
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     rows = []
-    for r in args.recipes.split(","):
+    recipes = [r for r in args.recipes.split(",") if r]
+    recipes = ["bf16"] + [r for r in recipes if r != "bf16"]  # the baseline, measured first in the same run
+    for r in recipes:
         res = profile(args.model, r, args.batch_size, args.seq_len, args.steps, args.warmup, args.compile,
                       args.calibration_steps, args.top, device)
         rows.append(res)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import torch
 
 import fp4train
 from fp4train import models
-from fp4train.timing import code_commit
+from fp4train.timing import code_commit, median_time
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,30 +37,24 @@ def measure(model_name: str, recipe: str, batch: int, seq: int, steps: int, warm
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    times = []
-    t_first = time.perf_counter()
-    for i in range(warmup + steps):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        else:
-            t0 = time.perf_counter()
+    last = {}
+
+    def step():
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
             loss = fwd(x, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if cuda:
-            end.record()
-            end.synchronize()
-            dt = start.elapsed_time(end) / 1e3
-        else:
-            dt = time.perf_counter() - t0
-        if i == warmup - 1:
-            warm_s = time.perf_counter() - t_first
-        if i >= warmup:
-            times.append(dt)
-    med = statistics.median(times)
+        last["loss"] = loss
+
+    t_first = time.perf_counter()
+    for _ in range(warmup):  # compilation, autotuning, allocator warm-up
+        step()
+    if cuda:
+        torch.cuda.synchronize(device)
+    warm_s = time.perf_counter() - t_first
+    med = median_time(step, steps, warmup=0, cuda=cuda)
+    loss = last["loss"]
     return {
         "recipe": recipe, "tokens_per_s": batch * seq / med, "step_ms": med * 1e3,
         "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
@@ -86,11 +79,12 @@ def main(argv=None):
     fp4train.formats.set_numerics(args.numerics)
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     rows = []
-    for r in args.recipes.split(","):
+    recipes = [r for r in args.recipes.split(",") if r]
+    recipes = ["bf16"] + [r for r in recipes if r != "bf16"]  # the baseline, measured first in the same run
+    for r in recipes:
         res = measure(args.model, r, args.batch_size, args.seq_len, args.steps, args.warmup, args.compile, device)
         rows.append(res)
-        base = rows[0]["tokens_per_s"] if rows[0]["recipe"] == "bf16" else None
-        rel = f" ({res['tokens_per_s'] / base:.2f}x bf16)" if base else ""
+        rel = f" ({res['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}x bf16)"
         mem = f", peak {res['peak_mem_gib']:.2f} GiB" if res["peak_mem_gib"] else ""
         print(f"{args.model} {r:>15}: {res['tokens_per_s']:>12,.0f} tokens/s{rel}, step {res['step_ms']:.1f} ms{mem}, warmup {res['warmup_s']:.1f}s", flush=True)
     out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit(), "torch": torch.__version__,
