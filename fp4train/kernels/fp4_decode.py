@@ -15,7 +15,8 @@ import triton
 import triton.language as tl
 
 from ..formats.qtensor import QuantizedTensor, ScaledBF16
-from .mx_values import _e2m1_value, _pow2
+from .mx_quantize import _pow2
+from .mx_values import _e2m1_value
 
 
 @triton.jit

@@ -21,15 +21,7 @@ import triton.language as tl
 
 from ..formats.fold import FoldedFP8
 from .e4m3 import e4m3_rtne
-from .mx_quantize import _e2m1_codes, _keys, _scale_exponent, _uniforms
-
-
-@triton.jit
-def _pow2_bits(k):
-    """float32 2**k for integer k in [-149, 127], from the bit pattern (subnormals without arithmetic)."""
-    normal = ((tl.maximum(k, -126) + 127) << 23).to(tl.float32, bitcast=True)
-    sub = (tl.full(k.shape, 1, tl.int32) << tl.minimum(tl.maximum(k + 149, 0), 22)).to(tl.float32, bitcast=True)
-    return tl.where(k >= -126, normal, sub)
+from .mx_quantize import _e2m1_codes, _keys, _pow2, _scale_exponent, _uniforms
 
 
 @triton.jit(do_not_specialize=["key", "key2"])
@@ -77,7 +69,7 @@ def _fold_store(code, eb, bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, s
     mag = code & 7
     q2 = tl.where(mag < 2, mag, (2 + (mag & 1)) << tl.maximum((mag >> 1) - 1, 0))  # 2*|q| as an integer: 0,1,2,3,4,6,8,12
     k = 5 - d[:, :, None]  # f = |q| * 2**(6 - d) = q2 * 2**k
-    f = q2.to(tl.float32) * _pow2_bits(tl.maximum(k, -149))
+    f = q2.to(tl.float32) * _pow2(tl.maximum(k, -149))
     f = tl.where(k < -149, 0.0, f)  # far below E4M3's range: rounds to zero either way
     ecode, _ = e4m3_rtne(tl.minimum(f, 448.0))
     byte = ecode | ((code & 8) << 4)  # E2M1 sign bit 3 -> E4M3 sign bit 7
@@ -88,7 +80,7 @@ def _fold_store(code, eb, bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, s
     tl.atomic_add(count_ptr, tl.sum(tl.reshape(inexact.to(tl.int32), [RB * 128]), axis=0))
     tl.store(codes_ptr + r[:, None] * sc + c[None, :], tl.reshape(byte, [RB, 128]).to(tl.uint8), mask=mask)
     gs = tl.minimum(tl.maximum(g - 6, -149), 127)
-    scale = tl.where(nan_g, float("nan"), _pow2_bits(gs))
+    scale = tl.where(nan_g, float("nan"), _pow2(gs))
     if GR == 1:
         tl.store(scales_ptr + r[:, None] * ss + tl.program_id(1), scale, mask=mask)
     else:

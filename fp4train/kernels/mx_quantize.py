@@ -38,6 +38,15 @@ def _lowbias32(x):
 
 
 @triton.jit
+def _pow2(k):
+    """float32 2**k for integer k in [-149, 127], built from the bit pattern (subnormals too, without
+    arithmetic that a flush-to-zero mode could touch)."""
+    normal = ((tl.maximum(k, -126) + 127) << 23).to(tl.float32, bitcast=True)
+    sub = (tl.full(k.shape, 1, tl.int32) << tl.minimum(tl.maximum(k + 149, 0), 22)).to(tl.float32, bitcast=True)
+    return tl.where(k >= -126, normal, sub)
+
+
+@triton.jit
 def _scale_exponent(amax, CEIL: tl.constexpr):
     """E8M0 exponent from the bits of a finite amax: floor(log2 amax) - 2 (+1 for ceil when the
     mantissa exceeds 1.5); zero/subnormal amax and the clamp as in formats/scales.py."""
