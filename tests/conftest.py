@@ -41,3 +41,39 @@ def _isolated_token_cache(tmp_path_factory):
         os.environ.pop("FP4TRAIN_CACHE", None)
     else:
         os.environ["FP4TRAIN_CACHE"] = old
+
+
+def run_layer(lin, spec, x, dy, *, backend: str = "emulated"):
+    """One forward + backward of ``lin`` converted to ``spec`` on ``backend``: ``(Y, dX, dW)``.
+    The stochastic-rounding seeds are fixed (``torch.manual_seed(1)``), so two calls that differ
+    only in how the numerics run must give the same bits."""
+    import fp4train
+
+    layer = fp4train.QuantizedLinear.from_linear(lin, spec, backend=backend)
+    torch.manual_seed(1)
+    xa = x.clone().requires_grad_()
+    lin.weight.grad = None
+    y = layer(xa)
+    y.backward(dy)
+    return y.detach(), xa.grad, lin.weight.grad.clone()
+
+
+def layer_spec_of(name: str):
+    """A preset's LinearSpec, or ``"adahop-oe"``: outlier extraction in fprop and wgrad, IHT in dgrad."""
+    import fp4train
+    from fp4train.adahop.calibration import layer_spec
+
+    if name == "adahop-oe":
+        return layer_spec({"fprop": "oe", "dgrad": "iht", "wgrad": "oe"},
+                          {"fprop": ("outer", "none"), "dgrad": ("none", "none"), "wgrad": ("none", "outer")}, k=4)
+    return fp4train.recipes.get(name).linear
+
+
+@pytest.fixture
+def layer_run():
+    return run_layer
+
+
+@pytest.fixture
+def spec_of():
+    return layer_spec_of

@@ -24,21 +24,13 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.parametrize("recipe", ["mxfp4", "hadamard_mxfp4"])
-def test_fp8_blockwise_layer_matches_emulated(recipe):
+def test_fp8_blockwise_layer_matches_emulated(recipe, layer_run, spec_of):
     torch.manual_seed(0)
     lin = nn.Linear(256, 128).to(DEV)
     x = torch.randn(128, 256, device=DEV)
     x[:, 7] *= 30
     dy = torch.randn(128, 128, device=DEV)
-    outs = []
-    for backend in ("emulated", "fp8_blockwise"):
-        layer = fp4train.QuantizedLinear.from_linear(lin, fp4train.recipes.get(recipe).linear, backend=backend)
-        torch.manual_seed(1)
-        xa = x.clone().requires_grad_()
-        lin.weight.grad = None
-        y = layer(xa)
-        y.backward(dy)
-        outs.append((y.detach(), xa.grad, lin.weight.grad.clone()))
+    outs = [layer_run(lin, spec_of(recipe), x, dy, backend=b) for b in ("emulated", "fp8_blockwise")]
     for a, b in zip(*outs):
         if DEV == "cpu":
             assert torch.equal(a, b)

@@ -6,7 +6,6 @@ import torch
 import torch.nn as nn
 
 import fp4train
-from fp4train.adahop.calibration import layer_spec
 from fp4train.formats import set_numerics
 from fp4train.formats.qtensor import ScaledBF16
 from fp4train.linear.operands import FPROP, OP_A, WGRAD, prepare, prepare_now
@@ -22,32 +21,18 @@ def restore():
     set_numerics("eager")
 
 
-def _layer_run(spec, mode, lin, x, dy):
-    set_numerics(mode)
-    layer = fp4train.QuantizedLinear.from_linear(lin, spec)
-    torch.manual_seed(1)  # the same stochastic-rounding seeds
-    xa = x.clone().requires_grad_()
-    lin.weight.grad = None
-    y = layer(xa)
-    y.backward(dy)
-    return y.detach(), xa.grad, lin.weight.grad.clone()
-
-
-OE = layer_spec({"fprop": "oe", "dgrad": "iht", "wgrad": "oe"},
-                {"fprop": ("outer", "none"), "dgrad": ("none", "none"), "wgrad": ("none", "outer")}, k=4)
-
-
 @pytest.mark.parametrize("recipe", ["mxfp4", "fp8_rowwise", "tib2d", "hadamard_mxfp4", "adahop-oe"])
-def test_compiled_layer_equals_eager_bit_for_bit(recipe, restore):
+def test_compiled_layer_equals_eager_bit_for_bit(recipe, restore, layer_run, spec_of):
     torch.manual_seed(0)
     lin = nn.Linear(64, 96).to(DEV)
     x = torch.randn(64, 64, device=DEV)
     x[:, 3] *= 20
     x[7] *= 50
     dy = torch.randn(64, 96, device=DEV)
-    spec = OE if recipe == "adahop-oe" else fp4train.recipes.get(recipe).linear
-    eager = _layer_run(spec, "eager", lin, x, dy)
-    compiled = _layer_run(spec, "compiled", lin, x, dy)
+    set_numerics("eager")
+    eager = layer_run(lin, spec_of(recipe), x, dy)
+    set_numerics("compiled")
+    compiled = layer_run(lin, spec_of(recipe), x, dy)
     for a, b in zip(eager, compiled):
         assert torch.equal(a, b)
 

@@ -16,15 +16,6 @@ from fp4train.formats import set_numerics  # noqa: E402
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _spec(recipe):
-    if recipe == "adahop-oe":  # outlier extraction in fprop and wgrad, IHT in dgrad
-        from fp4train.adahop.calibration import layer_spec
-
-        return layer_spec({"fprop": "oe", "dgrad": "iht", "wgrad": "oe"},
-                          {"fprop": ("outer", "none"), "dgrad": ("none", "none"), "wgrad": ("none", "outer")}, k=4)
-    return fp4train.recipes.get(recipe).linear
-
-
 @pytest.fixture
 def restore():
     yield
@@ -32,7 +23,7 @@ def restore():
 
 
 @pytest.mark.parametrize("recipe", ["mxfp4", "nvfp4", "tib2d", "hadamard_mxfp4", "adahop-oe", "fp8_rowwise"])
-def test_triton_numerics_layer_is_bit_identical(recipe, restore):
+def test_triton_numerics_layer_is_bit_identical(recipe, restore, layer_run, spec_of):
     torch.manual_seed(0)
     lin = nn.Linear(64, 96).to(DEV)
     x = torch.randn(64, 64, device=DEV)
@@ -41,13 +32,7 @@ def test_triton_numerics_layer_is_bit_identical(recipe, restore):
     outs = []
     for mode in ("eager", "triton"):
         set_numerics(mode)
-        layer = fp4train.QuantizedLinear.from_linear(lin, _spec(recipe))
-        torch.manual_seed(1)  # the same stochastic-rounding seeds
-        xa = x.clone().requires_grad_()
-        lin.weight.grad = None
-        y = layer(xa)
-        y.backward(dy)
-        outs.append((y.detach(), xa.grad, lin.weight.grad.clone()))
+        outs.append(layer_run(lin, spec_of(recipe), x, dy))
     for a, b in zip(*outs):
         assert torch.equal(a, b)
 
