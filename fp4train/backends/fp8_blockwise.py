@@ -58,9 +58,6 @@ class FoldedOperand:
     def t(self) -> FoldedOperand:
         return replace(self, transposed=not self.transposed)
 
-    @property
-    def T(self) -> FoldedOperand:  # noqa: N802
-        return self.t()
 
     def scaled_bf16(self) -> ScaledBF16:
         """Exact BF16 values (E4M3 value x power-of-two scale has <= 4 significant bits)."""

@@ -202,9 +202,6 @@ class ScaledBF16:
         """Transpose (a view; the scale stays with its axis)."""
         return replace(self, values=self.values.mT, block_axis=None if self.block_axis is None else 1 - self.block_axis)
 
-    @property
-    def T(self) -> ScaledBF16:  # noqa: N802 - mirrors torch.Tensor.T
-        return self.t()
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         x = self.values.float()
