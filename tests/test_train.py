@@ -91,6 +91,34 @@ def test_compare_writes_report(tmp_path):
     assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.parametrize("gpus", ["none", "0"])  # in this process / as a subprocess (the path a GPU machine takes)
+def test_compare_resumes_an_interrupted_run(tmp_path, monkeypatch, capsys, gpus):
+    args = ["compare", *SMALL, "--recipes", "mxfp4", "--max-steps", "6", "--ckpt-every", "2", "--eval-every", "3", "--log-every", "1"]
+    assert main(args + ["--gpus", "none", "--out", str(tmp_path / "ref")]) == 0
+
+    real = Trainer.train_step
+
+    def crash_at_step_5(self):
+        if self.step == 4 and self.recipe.name == "mxfp4":
+            raise KeyboardInterrupt("simulated kill")
+        return real(self)
+
+    monkeypatch.setattr(Trainer, "train_step", crash_at_step_5)
+    with pytest.raises(KeyboardInterrupt):
+        main(args + ["--gpus", "none", "--out", str(tmp_path / "cmp")])
+    monkeypatch.setattr(Trainer, "train_step", real)
+    run = tmp_path / "cmp" / "runs" / "mxfp4-seed0"
+    assert not (run / "summary.json").exists() and Checkpoints(run).entries()[-1]["step"] == 4
+
+    capsys.readouterr()
+    assert main(args + ["--gpus", gpus, "--out", str(tmp_path / "cmp")]) == 0
+    log = capsys.readouterr().err + ((run / "train.log").read_text() if gpus != "none" else "")
+    assert f"resumed {run} at step 4" in log
+    ref = tmp_path / "ref" / "runs" / "mxfp4-seed0"
+    assert _records(run) == _records(ref)  # continued from step 4, bit-identical on CPU to the uninterrupted run
+    assert all(torch.equal(a, b) for a, b in zip(Checkpoints(run).load()["model"].values(), Checkpoints(ref).load()["model"].values()))
+
+
 def test_every_option_has_help():
     ap = build_parser()
     sub = ap._subparsers._group_actions[0].choices

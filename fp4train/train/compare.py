@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from .checkpoint import MANIFEST
 from .config import TrainConfig
 from .trainer import train
 
@@ -42,7 +43,7 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
     out.mkdir(parents=True, exist_ok=True)
     if BASELINE not in recipes:
         recipes = [BASELINE] + list(recipes)
-    jobs = [(r, s) for s in seeds for r in recipes]
+    jobs = [(r, s) for r in recipes for s in seeds]  # recipe by recipe: a cut-short comparison still has whole pairs
     cfgs = {}
     for r, s in jobs:
         cfgs[(r, s)] = dataclasses.replace(base, recipe=r, seed=s, out=str(out / "runs" / run_name(r, s)))
@@ -54,39 +55,57 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
             if (Path(cfg.out) / "summary.json").exists():
                 print(f"fp4train compare: {run_name(r, s)} already done, reusing it", file=sys.stderr)
                 continue
-            train(cfg)
+            train(cfg, resume=interrupted(cfg))
     return write_report(out, recipes, seeds)
+
+
+def interrupted(cfg: TrainConfig) -> bool:
+    """A run that wrote a checkpoint but no summary was stopped part-way: resume it, not restart it.
+    (Its checkpoint holds the settings it ran with; the trainer refuses a resume whose model, recipe,
+    data, batch or seed differ, so a changed comparison cannot silently continue an old run.)"""
+    done = (Path(cfg.out) / "summary.json").exists()
+    return not done and (Path(cfg.out) / MANIFEST).exists()
 
 
 def run_parallel(cfgs: dict, slots: list[int]) -> None:
     """Train each config in a subprocess; ``slots`` lists GPU ids, one concurrent run per entry
-    (``[0, 0, 1, 1]``: two runs at a time on each of two GPUs). Finished runs are skipped."""
+    (``[0, 0, 1, 1]``: two runs at a time on each of two GPUs). Finished runs are skipped,
+    interrupted ones resumed from their newest checkpoint."""
     pending = [(k, c) for k, c in cfgs.items() if not (Path(c.out) / "summary.json").exists()]
     running: dict[int, tuple] = {}
     failed = []
-    while pending or running:
-        for slot, g in enumerate(slots):
-            if slot not in running and pending:
-                key, cfg = pending.pop(0)
-                Path(cfg.out).mkdir(parents=True, exist_ok=True)
-                cfg_path = Path(cfg.out) / "train_config.json"
-                dev = "cuda:0" if torch.cuda.is_available() else cfg.device  # the one GPU the subprocess sees
-                cfg_path.write_text(json.dumps(dataclasses.replace(cfg, device=dev, progress=False).to_dict()))
-                env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(g))
-                log = open(Path(cfg.out) / "train.log", "w")
-                p = subprocess.Popen([sys.executable, "-m", "fp4train", "train", "--config-json", str(cfg_path)],
-                                     env=env, stdout=log, stderr=subprocess.STDOUT)
-                running[slot] = (p, key, log, cfg.out)
-                print(f"fp4train: started {Path(cfg.out).name} on GPU {g}", file=sys.stderr, flush=True)
-        time.sleep(1)
-        for slot, (p, _key, log, run_out) in list(running.items()):
-            if p.poll() is not None:
-                log.close()
-                del running[slot]
-                if p.returncode != 0:
-                    failed.append(f"{Path(run_out).name} (exit {p.returncode}, see {run_out}/train.log)")
-                else:
-                    print(f"fp4train: finished {Path(run_out).name}", file=sys.stderr, flush=True)
+    try:
+        while pending or running:
+            for slot, g in enumerate(slots):
+                if slot not in running and pending:
+                    key, cfg = pending.pop(0)
+                    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+                    cfg_path = Path(cfg.out) / "train_config.json"
+                    dev = "cuda:0" if torch.cuda.is_available() else cfg.device  # the one GPU the subprocess sees
+                    cfg_path.write_text(json.dumps(dataclasses.replace(cfg, device=dev, progress=False).to_dict()))
+                    env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(g))
+                    resume = interrupted(cfg)
+                    log = open(Path(cfg.out) / "train.log", "a" if resume else "w")
+                    p = subprocess.Popen([sys.executable, "-m", "fp4train", "train", "--config-json", str(cfg_path)]
+                                         + (["--resume"] if resume else []),
+                                         env=env, stdout=log, stderr=subprocess.STDOUT)
+                    running[slot] = (p, key, log, cfg.out)
+                    how = "resumed" if resume else "started"
+                    print(f"fp4train: {how} {Path(cfg.out).name} on GPU {g}", file=sys.stderr, flush=True)
+            time.sleep(1)
+            for slot, (p, _key, log, run_out) in list(running.items()):
+                if p.poll() is not None:
+                    log.close()
+                    del running[slot]
+                    if p.returncode != 0:
+                        failed.append(f"{Path(run_out).name} (exit {p.returncode}, see {run_out}/train.log)")
+                    else:
+                        print(f"fp4train: finished {Path(run_out).name}", file=sys.stderr, flush=True)
+    finally:  # interrupted (Ctrl-C, a time limit): stop the runs; each resumes from its last checkpoint
+        for p, _key, log, _out in running.values():
+            p.terminate()
+            p.wait()
+            log.close()
     if failed:
         raise RuntimeError("runs failed: " + ", ".join(failed))
 
