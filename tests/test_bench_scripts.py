@@ -61,6 +61,11 @@ def test_readme_results_are_the_committed_ones():
     quick = (ROOT / "bench/results/quickstart-cpu/report.md").read_text()
     for row in (ln for ln in quick.splitlines() if ln.startswith("| ")):
         assert row in readme, row
+    cmp = (ROOT / "bench/results/compare-60m-enwiki/report.md").read_text()
+    rows = [ln for ln in cmp.splitlines() if ln.startswith("| ") and not ln.startswith("| recipe")]
+    assert len(rows) >= 5 and all(row in readme for row in rows)
+    rep = json.loads((ROOT / "bench/results/compare-60m-enwiki/report.json").read_text())
+    assert f"BF16's two seeds end {rep['bf16_seed_spread_pct']:.2f}% apart" in readme
     sweep = json.loads((ROOT / "bench/results/lr_sweep-60m-enwiki/lr_sweep.json").read_text())
     for r in sweep["results"]:
         v = r["val_loss_per_seed"]

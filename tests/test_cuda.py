@@ -98,3 +98,16 @@ def test_gpu_adahop_outlier_extraction_layer_matches_cpu():
         outs.append([t.detach().cpu() for t in (y, xa.grad, layer.weight.grad)])
     for c, g in zip(*outs):
         torch.testing.assert_close(g, c, rtol=1e-4, atol=1e-4 * c.abs().max().item())
+
+
+def test_gpu_training_resumes_from_a_checkpoint(tmp_path):
+    """A checkpoint is loaded onto the GPU; the CPU and CUDA RNG states in it must go back as
+    CPU byte tensors (found when the first resumed 60m comparison runs failed on the H200)."""
+    from fp4train.train import Checkpoints, TrainConfig, Trainer
+
+    cfg = TrainConfig(model="tiny", recipe="mxfp4", seq_len=32, batch_size=2, max_steps=4, ckpt_every=2, eval_every=0,
+                      eval_batches=1, out=str(tmp_path), progress=False, tensorboard=False, device="cuda")
+    Trainer(cfg).run()
+    (tmp_path / "summary.json").unlink()
+    Checkpoints(tmp_path)._write_manifest(Checkpoints(tmp_path).entries()[:1])  # back to step 2
+    assert Trainer(cfg, resume=True).run()["steps"] == 4

@@ -11,6 +11,7 @@ import torch
 
 from fp4train.cli import HELP, build_parser, main
 from fp4train.train import Checkpoints, TrainConfig, Trainer, TrainingDiverged
+from fp4train.train.compare import write_report
 
 # --device cpu: the bit-exact resume claims are CPU claims (GPU kernels such as embedding backward use atomics)
 SMALL = ["--model", "tiny", "--seq-len", "32", "--batch-size", "2", "--eval-batches", "2", "--no-progress", "--no-tensorboard",
@@ -89,6 +90,15 @@ def test_compare_writes_report(tmp_path):
     md = (out / "report.md").read_text()
     assert "| mxfp4 |" in md and "BF16 seed-to-seed spread" in md
     assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
+
+    # a comparison cut short: the unfinished recipe is named and left out, the rest still reported
+    (out / "runs" / "mxfp4-seed1" / "summary.json").unlink()
+    rep = write_report(out, ["bf16", "mxfp4"], [0, 1])
+    assert rep["unfinished"] == ["mxfp4"] and list(rep["recipes"]) == ["bf16"]
+    assert "Not finished yet (left out above): mxfp4" in (out / "report.md").read_text()
+    (out / "runs" / "bf16-seed0" / "summary.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"bf16 baseline has not finished for every seed \(\[0\]\)"):
+        write_report(out, ["bf16", "mxfp4"], [0, 1])
 
 
 @pytest.mark.parametrize("gpus", ["none", "0"])  # in this process / as a subprocess (the path a GPU machine takes)

@@ -56,7 +56,8 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
                 print(f"fp4train compare: {run_name(r, s)} already done, reusing it", file=sys.stderr)
                 continue
             train(cfg, resume=interrupted(cfg))
-    return write_report(out, recipes, seeds)
+    per_gpu = max(gpus.count(g) for g in gpus) if gpus else 1
+    return write_report(out, recipes, seeds, runs_per_gpu=per_gpu)
 
 
 def interrupted(cfg: TrainConfig) -> bool:
@@ -119,12 +120,22 @@ def _curve(run_dir: Path) -> list[tuple[int, float]]:
     return pts
 
 
-def write_report(out: str | Path, recipes: list[str], seeds: list[int]) -> dict:
+def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_per_gpu: int = 1) -> dict:
+    """Report the finished runs in ``out/runs``. A recipe with a seed not yet finished is listed as
+    unfinished and left out of the tables (re-running the same ``compare`` finishes it); BF16 must
+    be complete, since every gap is measured against it. ``runs_per_gpu``: how many runs shared a
+    GPU at once (their tokens/s are then only comparable with each other)."""
     out = Path(out)
+    done = {(r, s): out / "runs" / run_name(r, s) for r in recipes for s in seeds}
+    unfinished = [r for r in recipes if any(not (done[(r, s)] / "summary.json").exists() for s in seeds)]
+    if BASELINE in unfinished:
+        raise FileNotFoundError(f"cannot report {out}: the {BASELINE} baseline has not finished for every seed "
+                                f"({[s for s in seeds if not (done[(BASELINE, s)] / 'summary.json').exists()]}); run the comparison again to finish it")
+    recipes = [r for r in recipes if r not in unfinished]
     runs = []
     for r in recipes:
         for s in seeds:
-            d = out / "runs" / run_name(r, s)
+            d = done[(r, s)]
             summ = json.loads((d / "summary.json").read_text())
             runs.append({**summ, "recipe_arg": r, "run": d.name, "curve": _curve(d)})
     by = {(x["recipe_arg"], x["seed"]): x for x in runs}
@@ -148,7 +159,8 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int]) -> dict:
     report = {
         "model": first["model"], "tokens_per_run": first["tokens"], "steps": first["steps"], "seeds": seeds,
         "device": first["device"], "gpu": first.get("gpu"), "date": time.strftime("%Y-%m-%d"),
-        "bf16_seed_spread_pct": spread, "recipes": summary,
+        "bf16_seed_spread_pct": spread, "recipes": summary, "unfinished": unfinished,
+        "numerics": sorted({x.get("numerics") or "eager" for x in runs}), "runs_per_gpu": runs_per_gpu,
         "runs": [{k: v for k, v in x.items() if k != "curve"} for x in runs],
     }
     (out / "report.json").write_text(json.dumps(report, indent=1))
@@ -168,7 +180,9 @@ def _markdown(rep: dict) -> str:
         f"# Recipe comparison: `{rep['model']}`, {rep['tokens_per_run']:,} tokens per run, seeds {rep['seeds']}",
         "",
         f"Hardware: {hw}. Date: {rep['date']}. Validation loss at the end of training; gap = loss / BF16 loss − 1 at "
-        f"the same seed. Tokens/s of the emulated backend measure the reference numerics, not fp4train's fast path.",
+        f"the same seed. Tokens/s: emulated backend, numerics {', '.join(rep.get('numerics', []))}"
+        + (f", {rep['runs_per_gpu']} runs sharing each GPU at once (compare them with each other only; "
+           "`bench/train_speed.py` measures speed)." if rep.get("runs_per_gpu", 1) > 1 else "."),
         "",
         "| recipe | val loss (mean) | gap to BF16 % (mean) | gap per seed % | tokens/s | peak mem GiB |",
         "|---|---:|---:|---|---:|---:|",
@@ -179,6 +193,8 @@ def _markdown(rep: dict) -> str:
     if rep["bf16_seed_spread_pct"] is not None:
         lines += ["", f"BF16 seed-to-seed spread: {rep['bf16_seed_spread_pct']:.2f}% (max − min of final val loss over seeds, / mean). "
                   "A gap smaller than this is within noise."]
+    if rep.get("unfinished"):
+        lines += ["", f"Not finished yet (left out above): {', '.join(rep['unfinished'])}. Run the same `fp4train compare` again to finish them."]
     return "\n".join(lines) + "\n"
 
 
@@ -203,7 +219,8 @@ def _plot(path: Path, runs: list[dict], recipes: list[str], seeds: list[int]) ->
     ax2.set(xlabel="step", ylabel="gap to BF16 (%)", title="validation-loss gap to BF16, same seed")
     for a in (ax1, ax2):
         a.grid(alpha=0.3)
-        a.legend(fontsize=8)
+        if a.get_legend_handles_labels()[0]:
+            a.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -63,10 +63,10 @@ def _rng_state(device: torch.device) -> dict:
 
 
 def _set_rng_state(st: dict, device: torch.device) -> None:
-    torch.set_rng_state(st["torch"])
+    torch.set_rng_state(st["torch"].cpu())  # the checkpoint may have been loaded onto the GPU
     random.setstate(st["python"])
     if device.type == "cuda" and "cuda" in st:
-        torch.cuda.set_rng_state(st["cuda"], device)
+        torch.cuda.set_rng_state(st["cuda"].cpu(), device)
 
 
 class Trainer:
