@@ -35,13 +35,16 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("quantize_speed needs a CUDA GPU")
-    from fp4train.kernels import (block_hadamard, fp8_rowwise_values, mxfp4_values, nvfp4_values, quantize_mxfp4,
-                                  quantize_mxfp4_fp8)
+    from fp4train.kernels import (block_hadamard, fp8_rowwise_values, mxfp4_values, mxfp8_values, nvfp4_values,
+                                  quantize_mxfp4, quantize_mxfp4_dual, quantize_mxfp4_fp8, quantize_mxfp8, quantize_mxfp8_2d,
+                                  quantize_nvfp4)
 
     x = torch.randn(args.rows, args.cols, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
     n = x.numel()
-    moved = {"copy": 2 * 2 * n, "mxfp4": 2 * n + n // 2 + n // 32, "values": 2 * n + 2 * n, "fold": 2 * n + n + n // 32}
+    moved = {"copy": 2 * 2 * n, "mxfp4": 2 * n + n // 2 + n // 32, "nvfp4": 2 * n + n // 2 + n // 16,
+             "mxfp4 both layouts": 2 * n + 2 * (n // 2 + n // 32), "mxfp8": 2 * n + n + n // 32,
+             "values": 2 * n + 2 * n, "fold": 2 * n + n + n // 32}
     results = {}
     t = median_time(lambda: y.copy_(x), args.repeats)
     results["copy"] = {"ms": t * 1e3, "GBps": moved["copy"] / t / 1e9}
@@ -50,10 +53,16 @@ def main(argv=None):
         "triton mxfp4 nearest": ("mxfp4", lambda: quantize_mxfp4(x)),
         "triton mxfp4 stochastic": ("mxfp4", lambda: quantize_mxfp4(x, rounding="stochastic", seed=1)),
         "triton mxfp4 ceil": ("mxfp4", lambda: quantize_mxfp4(x, scale="ceil")),
+        "triton mxfp4 both layouts (one read)": ("mxfp4 both layouts", lambda: quantize_mxfp4_dual(x)),
+        "triton nvfp4 nearest (+amax)": ("nvfp4", lambda: quantize_nvfp4(x)),
+        "triton mxfp8 nearest": ("mxfp8", lambda: quantize_mxfp8(x)),
+        "triton mxfp8 stochastic": ("mxfp8", lambda: quantize_mxfp8(x, rounding="stochastic", seed=1)),
+        "triton mxfp8 32x32": ("mxfp8", lambda: quantize_mxfp8_2d(x)),
         # fake quantization straight to BF16 values (what --numerics triton feeds the BF16 GEMM)
         "triton mxfp4 values axis 1": ("values", lambda: mxfp4_values(x, axis=1)),
         "triton mxfp4 values axis 0": ("values", lambda: mxfp4_values(x, axis=0)),
         "triton mxfp4 values 32x32": ("values", lambda: mxfp4_values(x, axis=None)),
+        "triton mxfp8 values axis 1": ("values", lambda: mxfp8_values(x, axis=1)),
         "triton nvfp4 values axis 1 (+amax)": ("values", lambda: nvfp4_values(x, axis=1)),
         "triton fp8 rowwise values (+amax)": ("values", lambda: fp8_rowwise_values(x, axis=1)),
         "triton hadamard 32": ("values", lambda: block_hadamard(x, None, block=32, axis=1)),

@@ -59,13 +59,16 @@ def run_layer(lin, spec, x, dy, *, backend: str = "emulated"):
 
 
 def layer_spec_of(name: str):
-    """A preset's LinearSpec, or ``"adahop-oe"``: outlier extraction in fprop and wgrad, IHT in dgrad."""
+    """A preset's LinearSpec, ``"adahop-oe"`` (outlier extraction in fprop and wgrad, IHT in dgrad), or
+    ``"tib2d-qk"`` (tib2d's MXFP8 q/k projections)."""
     import fp4train
     from fp4train.adahop.calibration import layer_spec
 
     if name == "adahop-oe":
         return layer_spec({"fprop": "oe", "dgrad": "iht", "wgrad": "oe"},
                           {"fprop": ("outer", "none"), "dgrad": ("none", "none"), "wgrad": ("none", "outer")}, k=4)
+    if name == "tib2d-qk":
+        return fp4train.recipes.get("tib2d").spec_for("model.layers.0.self_attn.q_proj")
     return fp4train.recipes.get(name).linear
 
 

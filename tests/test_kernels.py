@@ -141,6 +141,68 @@ def test_mxfp4_2d_tile_kernel_equals_reference(shape, scale, rounding):
     torch.testing.assert_close(got.t().dequantize().cpu(), ref.t().dequantize(), rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("shape", [(1, 32), (7, 96)])
+@pytest.mark.parametrize("scale", ["floor", "ceil"])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_mxfp8_kernel_equals_reference(shape, scale, rounding):
+    from fp4train.kernels import quantize_mxfp8
+
+    x = _special(*shape, seed=shape[0] + 3)
+    if shape[0] > 5:  # values on E4M3 grid points, ties and the 448 boundary after scaling by 2**-e
+        x[5, :8] = torch.tensor([448.0, 464.0, 480.0, 2**-9, 3 * 2**-10, 1.0625, -1.1875, 0.0])
+    for dtype in (torch.float32, torch.bfloat16):
+        xd = x.to(dtype)
+        for seed in (3, 2**40 + 7):
+            ref = fp4train.quantize(xd, "mxfp8", scale=scale, rounding=rounding, seed=seed)
+            got = quantize_mxfp8(xd.to(DEV), scale=scale, rounding=rounding, seed=seed, blocks_per_program=2)
+            assert torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
+            torch.testing.assert_close(got.dequantize().cpu(), ref.dequantize(), rtol=0, atol=0, equal_nan=True)
+            if rounding == "nearest":
+                break
+
+
+@pytest.mark.parametrize("shape", [(64, 96), (33, 70)])
+@pytest.mark.parametrize("scale,rounding", [("floor", "nearest"), ("ceil", "stochastic")])
+def test_mxfp8_2d_tile_kernel_equals_reference(shape, scale, rounding):
+    from fp4train.kernels import quantize_mxfp8_2d
+
+    x = _special(*shape, seed=13)
+    ref = fp4train.quantize(x, "mxfp8", block=(32, 32), scale=scale, rounding=rounding, seed=2**33 + 9)
+    got = quantize_mxfp8_2d(x.to(DEV), scale=scale, rounding=rounding, seed=2**33 + 9)
+    assert torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
+    torch.testing.assert_close(got.t().dequantize().cpu(), ref.t().dequantize(), rtol=0, atol=0, equal_nan=True)
+
+
+def test_mxfp8_stochastic_rounding_is_unbiased_between_grid_neighbours():
+    """Between E4M3 neighbours 1.0 and 1.125 (block scale 1: amax 256 pins e = 0), 1.03125 rounds
+    up with probability 1/4; also at the subnormal gap (2**-9) and the top of the grid."""
+    from fp4train.kernels import quantize_mxfp8
+
+    n = 32 * 512
+    x = torch.full((1, n), 1.03125)
+    x[0, ::32] = 256.0
+    x[0, 1::32] = 1.5 * 2**-9  # halfway between 2**-9 and 2 * 2**-9
+    x[0, 2::32] = 440.0  # between 416 and 448: up with probability 24/32
+    q = quantize_mxfp8(x.to(DEV), rounding="stochastic", seed=5).dequantize().cpu()[0]
+    body = torch.ones(n, dtype=torch.bool)
+    body[::32] = body[1::32] = body[2::32] = False
+    assert set(q[body].unique().tolist()) == {1.0, 1.125}
+    assert abs((q[body] == 1.125).float().mean().item() - 0.25) < 0.02
+    assert abs(q[1::32].mean().item() / (1.5 * 2**-9) - 1) < 0.1
+    assert abs((q[2::32] == 448.0).float().mean().item() - 0.75) < 0.1 and set(q[2::32].unique().tolist()) == {416.0, 448.0}
+
+
+def test_mxfp8_kernels_reject_bad_input():
+    from fp4train.kernels import quantize_mxfp8, quantize_mxfp8_2d
+
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_mxfp8(torch.randn(4, 48, device=DEV))
+    with pytest.raises(ValueError, match="2D tensor"):
+        quantize_mxfp8_2d(torch.randn(4, device=DEV))
+    with pytest.raises(TypeError, match="float32/bfloat16/float16"):
+        quantize_mxfp8(torch.ones(4, 32, dtype=torch.int32, device=DEV))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("axis", [0, 1])
 @pytest.mark.parametrize("seed", [None, 11])
@@ -171,21 +233,24 @@ def test_block_hadamard_kernel_rejects_bad_requests():
 @pytest.mark.parametrize("scale", ["floor", "ceil"])
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_mxfp4_values_kernel_is_the_dequantized_reference(axis, scale, rounding, dtype):
-    from fp4train.kernels import mxfp4_values
+@pytest.mark.parametrize("fmt", ["mxfp4", "mxfp8"])
+def test_mx_values_kernels_are_the_dequantized_reference(axis, scale, rounding, dtype, fmt):
+    from fp4train import kernels
+
+    values = getattr(kernels, f"{fmt}_values")
 
     big = DEV == "cuda"
     x = _special(512 if big else 64, 1024 if big else 96, 4).to(dtype).to(DEV)
     seed = 2**40 + 9 if rounding == "stochastic" else None
     block = (32, 32) if axis is None else 32
-    q = fp4train.quantize(x, "mxfp4", axis=-1 if axis is None else axis, block=block, scale=scale, rounding=rounding, seed=seed)
-    got = mxfp4_values(x, axis=axis, scale=scale, rounding=rounding, seed=seed)
+    q = fp4train.quantize(x, fmt, axis=-1 if axis is None else axis, block=block, scale=scale, rounding=rounding, seed=seed)
+    got = values(x, axis=axis, scale=scale, rounding=rounding, seed=seed)
     assert got.values.dtype == torch.bfloat16 and got.block_axis == axis
     torch.testing.assert_close(got.values, q.dequantize(torch.bfloat16), rtol=0, atol=0, equal_nan=True)
     if axis is None:  # tiles of a tensor that is not whole tiles: zero padding, cropped
         odd = x[:50, :70]
-        ref = fp4train.quantize(odd, "mxfp4", block=(32, 32), scale=scale, rounding=rounding, seed=seed)
-        torch.testing.assert_close(mxfp4_values(odd, axis=None, scale=scale, rounding=rounding, seed=seed).values,
+        ref = fp4train.quantize(odd, fmt, block=(32, 32), scale=scale, rounding=rounding, seed=seed)
+        torch.testing.assert_close(values(odd, axis=None, scale=scale, rounding=rounding, seed=seed).values,
                                    ref.dequantize(torch.bfloat16), rtol=0, atol=0, equal_nan=True)
 
 

@@ -22,7 +22,7 @@ def restore():
     set_numerics("eager")
 
 
-@pytest.mark.parametrize("recipe", ["mxfp4", "nvfp4", "tib2d", "hadamard_mxfp4", "adahop-oe", "fp8_rowwise"])
+@pytest.mark.parametrize("recipe", ["mxfp4", "nvfp4", "tib2d", "tib2d-qk", "hadamard_mxfp4", "adahop-oe", "fp8_rowwise"])
 def test_triton_numerics_layer_is_bit_identical(recipe, restore, layer_run, spec_of):
     torch.manual_seed(0)
     lin = nn.Linear(64, 96).to(DEV)

@@ -159,16 +159,17 @@ def set_kernels(enabled: bool = True) -> None:
 
 def _kernel_quantize(x, fmt, block, axis, scale, rounding, seed, four_over_six):
     """The Triton kernel's result for this request, or None when no kernel covers it
-    (MXFP4 1x32 or 32x32, NVFP4 1x16; 2D tensors).
+    (MXFP4/MXFP8 1x32 or 32x32, NVFP4 1x16; 2D tensors).
 
     A quantization along axis 0 is the kernel's along the last axis of ``x.T``: its canonical
     layout and its stochastic-rounding indices (``k * M + m``) are the same.
     """
-    if fmt == "mxfp4" and x.ndim == 2 and block == (32, 32) and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
+    if fmt in ("mxfp4", "mxfp8") and x.ndim == 2 and block == (32, 32) and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
         from .. import kernels
 
-        return kernels.quantize_mxfp4_2d(x.detach(), scale=scale, rounding=rounding, seed=seed)
-    b = {"mxfp4": 32, "nvfp4": 16}.get(fmt)
+        tiles = kernels.quantize_mxfp4_2d if fmt == "mxfp4" else kernels.quantize_mxfp8_2d
+        return tiles(x.detach(), scale=scale, rounding=rounding, seed=seed)
+    b = {"mxfp4": 32, "mxfp8": 32, "nvfp4": 16}.get(fmt)
     if b is None or x.ndim != 2 or block != (b,) or four_over_six:
         return None
     layout = BlockLayout(tuple(x.shape), block, axis)
@@ -177,8 +178,9 @@ def _kernel_quantize(x, fmt, block, axis, scale, rounding, seed, four_over_six):
     from .. import kernels
 
     src = x.detach() if layout.axis == 1 else x.detach().t()
-    if fmt == "mxfp4":
-        q = kernels.quantize_mxfp4(src, scale=scale, rounding=rounding, seed=seed)
+    if fmt in ("mxfp4", "mxfp8"):
+        one_d = kernels.quantize_mxfp4 if fmt == "mxfp4" else kernels.quantize_mxfp8
+        q = one_d(src, scale=scale, rounding=rounding, seed=seed)
     elif scale == "floor":
         q = kernels.quantize_nvfp4(src, rounding=rounding, seed=seed)
     else:

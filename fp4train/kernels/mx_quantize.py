@@ -47,15 +47,23 @@ def _pow2(k):
 
 
 @triton.jit
-def _scale_exponent(amax, CEIL: tl.constexpr):
-    """E8M0 exponent from the bits of a finite amax: floor(log2 amax) - 2 (+1 for ceil when the
-    mantissa exceeds 1.5); zero/subnormal amax and the clamp as in formats/scales.py."""
+def _mx_scale_exponent(amax, CEIL: tl.constexpr, EMAX: tl.constexpr, CEIL_MANTISSA_BITS: tl.constexpr):
+    """E8M0 exponent from the bits of a finite amax: floor(log2 amax) - EMAX (+1 for ceil when the
+    mantissa bits exceed those of the element's largest value, e.g. 1.5 -> 0x400000 for E2M1,
+    1.75 -> 0x600000 for E4M3); zero/subnormal amax and the clamp to [-127, 127 - EMAX] as in
+    formats/scales.py."""
     bits = amax.to(tl.int32, bitcast=True)
-    e = ((bits >> 23) & 0xFF) - 127 - 2
+    e = ((bits >> 23) & 0xFF) - 127 - EMAX
     if CEIL:
-        e = e + ((bits & 0x7FFFFF) > 0x400000).to(tl.int32)
+        e = e + ((bits & 0x7FFFFF) > CEIL_MANTISSA_BITS).to(tl.int32)
     e = tl.where(bits < 0x00800000, -127, e)
-    return tl.minimum(tl.maximum(e, -127), 125)
+    return tl.minimum(tl.maximum(e, -127), 127 - EMAX)
+
+
+@triton.jit
+def _scale_exponent(amax, CEIL: tl.constexpr):
+    """The MXFP4 (E2M1: emax 2, largest mantissa 1.5) E8M0 exponent."""
+    return _mx_scale_exponent(amax, CEIL, 2, 0x400000)
 
 
 @triton.jit

@@ -1,7 +1,8 @@
-"""MXFP4 fake quantization in Triton: BF16/FP32 in, the dequantized values out as BF16.
+"""MXFP4 / MXFP8 fake quantization in Triton: BF16/FP32 in, the dequantized values out as BF16.
 
-What a GEMM on BF16 tensor cores multiplies (E2M1 value x power-of-two scale has at most two
-significant bits, so BF16 holds it exactly): ``quantize(x, "mxfp4", ...).dequantize(bfloat16)``
+What a GEMM on BF16 tensor cores multiplies (an E2M1 or E4M3 value x a power-of-two scale has at
+most two / four significant bits, so BF16 holds it exactly): ``quantize(x, "mxfp4" | "mxfp8",
+...).dequantize(bfloat16)``
 in one pass - read each element once, write two bytes - with the reference's scale rule,
 rounding (RTNE thresholds, or the counter-hash uniforms of stochastic rounding at the same
 blocked indices) and NaN/Inf rule (a block holding one becomes all NaN). Bit-identical to the
@@ -22,7 +23,10 @@ import triton
 import triton.language as tl
 
 from ..formats.qtensor import ScaledBF16
-from .mx_quantize import _e2m1_codes, _keys, _pow2, _scale_exponent, _uniforms
+from .mx_quantize import _e2m1_codes, _keys, _mx_scale_exponent, _pow2, _uniforms
+from .mxfp8_quantize import E4M3_CEIL_MANTISSA_BITS, E4M3_EMAX, _e4m3_codes, _e4m3_value
+
+E2M1, E4M3 = 0, 1  # the ELEM constexpr of the kernels below
 
 
 @triton.jit
@@ -36,9 +40,31 @@ def _e2m1_value(code):
     return tl.where((code & 8) != 0, -v, v)
 
 
+@triton.jit
+def _mx_values(v, u, e, SR: tl.constexpr, ELEM: tl.constexpr):
+    """Dequantized values of scaled elements ``v`` (block exponents ``e``, broadcast): the element
+    rounded onto its grid (E2M1 or E4M3), times 2**e."""
+    if ELEM == 0:
+        q = _e2m1_value(_e2m1_codes(v, u, SR))
+    else:
+        code = _e4m3_codes(v, u, SR)
+        mag = _e4m3_value(code & 127)
+        q = tl.where((code & 128) != 0, -mag, mag)
+    return q * _pow2(e)
+
+
+@triton.jit
+def _exponent(amax, CEIL: tl.constexpr, ELEM: tl.constexpr):
+    if ELEM == 0:
+        e = _mx_scale_exponent(amax, CEIL, 2, 0x400000)
+    else:
+        e = _mx_scale_exponent(amax, CEIL, E4M3_EMAX, E4M3_CEIL_MANTISSA_BITS)
+    return e
+
+
 @triton.jit(do_not_specialize=["key", "key2"])
 def _rows_kernel(x_ptr, y_ptr, M, K, sx, sy, key, key2,
-                 CEIL: tl.constexpr, SR: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr):
+                 CEIL: tl.constexpr, SR: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr, ELEM: tl.constexpr):
     """Tile [RB rows, NB*32 columns]: 1x32 blocks along the columns."""
     BK: tl.constexpr = NB * 32
     r = tl.program_id(0) * RB + tl.arange(0, RB)
@@ -50,21 +76,21 @@ def _rows_kernel(x_ptr, y_ptr, M, K, sx, sy, key, key2,
     x3 = tl.reshape(x, [RB, NB, 32])
     amax = tl.max(tl.reshape(tl.where(finite, a, 0.0), [RB, NB, 32]), axis=2)
     bad = tl.max(tl.reshape(tl.where(finite, 0, 1), [RB, NB, 32]), axis=2) > 0
-    e = _scale_exponent(amax, CEIL)
+    e = _exponent(amax, CEIL, ELEM)
     inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
     v = x3 * inv[:, :, None]
     u = v
     if SR:
         idx = r[:, None] * K + c[None, :]  # the reference's blocked index along the last axis
         u = tl.reshape(_uniforms(idx, key, key2), [RB, NB, 32])
-    val = _e2m1_value(_e2m1_codes(v, u, SR)) * _pow2(e)[:, :, None]
+    val = _mx_values(v, u, e[:, :, None], SR, ELEM)
     val = tl.where(bad[:, :, None], float("nan"), val)
     tl.store(y_ptr + r[:, None] * sy + c[None, :], tl.reshape(val, [RB, BK]).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["key", "key2"])
 def _cols_kernel(x_ptr, y_ptr, M, K, sx, sy, key, key2,
-                 CEIL: tl.constexpr, SR: tl.constexpr, BK: tl.constexpr):
+                 CEIL: tl.constexpr, SR: tl.constexpr, BK: tl.constexpr, ELEM: tl.constexpr):
     """Tile [32 rows, BK columns]: 32x1 blocks down each column."""
     r = tl.program_id(0) * 32 + tl.arange(0, 32)
     c = tl.program_id(1) * BK + tl.arange(0, BK)
@@ -74,19 +100,19 @@ def _cols_kernel(x_ptr, y_ptr, M, K, sx, sy, key, key2,
     finite = a < float("inf")
     amax = tl.max(tl.where(finite, a, 0.0), axis=0)
     bad = tl.max(tl.where(finite, 0, 1), axis=0) > 0
-    e = _scale_exponent(amax, CEIL)
+    e = _exponent(amax, CEIL, ELEM)
     inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
     v = x * inv[None, :]
     u = v
     if SR:
         u = _uniforms(c[None, :] * M + r[:, None], key, key2)  # blocked index along axis 0: k * M + m
-    val = _e2m1_value(_e2m1_codes(v, u, SR)) * _pow2(e)[None, :]
+    val = _mx_values(v, u, e[None, :], SR, ELEM)
     val = tl.where(bad[None, :], float("nan"), val)
     tl.store(y_ptr + r[:, None] * sy + c[None, :], val.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["key", "key2"])
-def _tiles_kernel(x_ptr, y_ptr, R, C, n_tc, sx, sy, key, key2, CEIL: tl.constexpr, SR: tl.constexpr):
+def _tiles_kernel(x_ptr, y_ptr, R, C, n_tc, sx, sy, key, key2, CEIL: tl.constexpr, SR: tl.constexpr, ELEM: tl.constexpr):
     """One 32x32 tile (zero padding outside the tensor, like the reference's canonical layout)."""
     tr = tl.program_id(0)
     tc = tl.program_id(1)
@@ -99,13 +125,13 @@ def _tiles_kernel(x_ptr, y_ptr, R, C, n_tc, sx, sy, key, key2, CEIL: tl.constexp
     finite = a < float("inf")
     amax = tl.max(tl.max(tl.where(finite, a, 0.0), axis=1), axis=0)
     bad = tl.max(tl.max(tl.where(finite, 0, 1), axis=1), axis=0) > 0
-    e = _scale_exponent(amax, CEIL)
+    e = _exponent(amax, CEIL, ELEM)
     inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
     v = x * inv
     u = v
     if SR:
         u = _uniforms((tr * n_tc + tc) * 1024 + i[:, None] * 32 + i[None, :], key, key2)
-    val = _e2m1_value(_e2m1_codes(v, u, SR)) * _pow2(e)
+    val = _mx_values(v, u, e, SR, ELEM)
     val = tl.where(bad, float("nan"), val)
     tl.store(y_ptr + r[:, None] * sy + c[None, :], val.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -115,10 +141,21 @@ def mxfp4_values(x: torch.Tensor, *, axis: int | None, scale: str = "floor", rou
     """``quantize(x, "mxfp4", axis=axis, scale=..., rounding=..., seed=...)`` as :class:`ScaledBF16`
     (BF16 values; MX needs no outer factors). ``axis`` 1 or 0 for 1x32 blocks (that dim a
     multiple of 32), ``None`` for 32x32 tiles (any shape)."""
+    return _mx_values_call("mxfp4", E2M1, x, axis, scale, rounding, seed)
+
+
+def mxfp8_values(x: torch.Tensor, *, axis: int | None, scale: str = "floor", rounding: str = "nearest",
+                 seed: int | None = None) -> ScaledBF16:
+    """:func:`mxfp4_values` for MXFP8 (E4M3 elements): ``quantize(x, "mxfp8", ...)`` as BF16 values."""
+    return _mx_values_call("mxfp8", E4M3, x, axis, scale, rounding, seed)
+
+
+def _mx_values_call(fmt, elem, x, axis, scale, rounding, seed) -> ScaledBF16:
+    name = f"{fmt}_values"
     if x.ndim != 2 or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ValueError(f"mxfp4_values takes a 2D float32/bfloat16/float16 tensor, got {x.dtype} {tuple(x.shape)}")
+        raise ValueError(f"{name} takes a 2D float32/bfloat16/float16 tensor, got {x.dtype} {tuple(x.shape)}")
     if axis is not None and (axis % 2 not in (0, 1) or x.shape[axis] % 32):
-        raise ValueError(f"mxfp4_values: dim {axis} of {tuple(x.shape)} must be a multiple of 32")
+        raise ValueError(f"{name}: dim {axis} of {tuple(x.shape)} must be a multiple of 32")
     if scale not in ("floor", "ceil") or rounding not in ("nearest", "stochastic"):
         raise ValueError(f"bad scale {scale!r} or rounding {rounding!r}")
     x = x.contiguous()
@@ -129,13 +166,14 @@ def mxfp4_values(x: torch.Tensor, *, axis: int | None, scale: str = "floor", rou
     if M and K:
         if axis is None:
             n_tc = triton.cdiv(K, 32)
-            _tiles_kernel[(triton.cdiv(M, 32), n_tc)](x, y, M, K, n_tc, x.stride(0), y.stride(0), key, key2, CEIL=ceil, SR=sr)
+            _tiles_kernel[(triton.cdiv(M, 32), n_tc)](x, y, M, K, n_tc, x.stride(0), y.stride(0), key, key2, CEIL=ceil, SR=sr,
+                                                     ELEM=elem)
         elif axis % 2 == 1:
             rb, nb = 16, 4
             _rows_kernel[(triton.cdiv(M, rb), triton.cdiv(K, 32 * nb))](x, y, M, K, x.stride(0), y.stride(0), key, key2,
-                                                                         CEIL=ceil, SR=sr, RB=rb, NB=nb)
+                                                                         CEIL=ceil, SR=sr, RB=rb, NB=nb, ELEM=elem)
         else:
             bk = 64
             _cols_kernel[(M // 32, triton.cdiv(K, bk))](x, y, M, K, x.stride(0), y.stride(0), key, key2,
-                                                         CEIL=ceil, SR=sr, BK=bk)
+                                                         CEIL=ceil, SR=sr, BK=bk, ELEM=elem)
     return ScaledBF16(y, None, None, None if axis is None else axis % 2)

@@ -115,12 +115,12 @@ def prepare_now(
 
 def _kernel_values(x, q: QuantSpec, kw: dict, axis: int, sr_seed: int | None) -> ScaledBF16 | None:
     """The Triton fake-quantization kernel's result, or None where none covers the request
-    (MXFP4 1x32 along either axis or 32x32 tiles; NVFP4 1x16 along either axis; FP8 rowwise
-    with nearest rounding)."""
+    (MXFP4/MXFP8 1x32 along either axis or 32x32 tiles; NVFP4 1x16 along either axis; FP8
+    rowwise with nearest rounding)."""
     if kw.get("four_over_six") or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return None
     block, rounding, seed = kw.get("block"), kw.get("rounding", "nearest"), sr_seed
-    if q.format == "mxfp4":
+    if q.format in ("mxfp4", "mxfp8"):
         if isinstance(block, (tuple, list)):
             if tuple(block) != (32, 32):
                 return None
@@ -129,9 +129,10 @@ def _kernel_values(x, q: QuantSpec, kw: dict, axis: int, sr_seed: int | None) ->
             kaxis = axis % 2
         else:
             return None
-        from ..kernels.mx_values import mxfp4_values
+        from ..kernels import mx_values
 
-        return mxfp4_values(x.detach(), axis=kaxis, scale=kw.get("scale", "floor"), rounding=rounding, seed=seed)
+        values = mx_values.mxfp4_values if q.format == "mxfp4" else mx_values.mxfp8_values
+        return values(x.detach(), axis=kaxis, scale=kw.get("scale", "floor"), rounding=rounding, seed=seed)
     if q.format == "nvfp4" and block in (None, 16) and x.shape[axis] % 16 == 0:
         from ..kernels.nvfp4_values import nvfp4_values
 
