@@ -3,10 +3,15 @@
 Question: how fast does one optimizer step run under each recipe, against BF16 measured in
 the same run? Synthetic token ids (data loading excluded), AdamW, BF16 autocast on GPU.
 Timed with CUDA events (CPU: perf_counter), median over ``--steps`` after ``--warmup`` steps.
+Besides fp4train's recipes, ``torchao_fp8_rowwise`` is torchao's float8 rowwise training (the
+peer a Hopper user would pick; needs torchao and an sm89+ GPU). A recipe that fails (out of
+memory, a compile error) is recorded with its error and the others still run.
 
     python bench/train_speed.py --model 60m --recipes bf16,mxfp4,tib2d --batch-size 16 --seq-len 1024 [--compile]
+    python bench/train_speed.py --model 1b --seq-len 2048 --batch-size 8 --compile --numerics triton \
+        --recipes bf16,fp8_rowwise,torchao_fp8_rowwise,mxfp4,hadamard_mxfp4,tib2d,adahop,nvfp4
 
-Writes ``bench/results/train_speed-<model>-<gpu>.json`` (or ``--json``).
+Writes ``bench/results/train_speed-<model>-<gpu>[-compile][-<numerics>].json`` (or ``--json``).
 """
 
 from __future__ import annotations
@@ -26,10 +31,28 @@ from fp4train.timing import code_commit, median_time
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def measure(model_name: str, recipe: str, batch: int, seq: int, steps: int, warmup: int, compile_: bool, device) -> dict:
+TORCHAO = "torchao_fp8_rowwise"
+
+
+def convert(model, recipe: str, backend: str | None):
+    """fp4train's ``convert``, or torchao's float8 rowwise training for ``torchao_fp8_rowwise``
+    (every linear but the LM head, as torchao's own Llama benchmarks do)."""
+    if recipe != TORCHAO:
+        fp4train.convert(model, recipe, backend=backend)
+        return
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as e:
+        raise RuntimeError(f"{TORCHAO} needs torchao (pip install torchao): {e}") from e
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("rowwise"),
+                               module_filter_fn=lambda mod, fqn: "lm_head" not in fqn)
+
+
+def measure(model_name: str, recipe: str, batch: int, seq: int, steps: int, warmup: int, compile_: bool, device,
+            backend: str | None = None) -> dict:
     torch.manual_seed(0)
     model = models.build(model_name, max_seq_len=max(seq, 512)).to(device)
-    fp4train.convert(model, recipe)
+    convert(model, recipe, backend)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     fwd = torch.compile(model) if compile_ else model
     idx = torch.randint(0, model.config.vocab_size, (batch, seq + 1), device=device)
@@ -62,6 +85,18 @@ def measure(model_name: str, recipe: str, batch: int, seq: int, steps: int, warm
     }
 
 
+def measure_or_error(*args, **kw) -> dict:
+    """:func:`measure`, or the recipe's error (the benchmark goes on with the next recipe)."""
+    try:
+        return measure(*args, **kw)
+    except Exception as e:  # noqa: BLE001 - OOM, compile or kernel failures are results here
+        return {"recipe": args[1], "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]}
+    finally:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        torch._dynamo.reset()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny")
@@ -73,6 +108,7 @@ def main(argv=None):
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
     ap.add_argument("--numerics", default="eager", choices=["eager", "compiled", "triton"],
                     help="how quantization runs (same bits): eager, compiled or triton")
+    ap.add_argument("--backend", default=None, help="GEMM backend for fp4train's recipes (default: the recipe's)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -82,16 +118,22 @@ def main(argv=None):
     recipes = [r for r in args.recipes.split(",") if r]
     recipes = ["bf16"] + [r for r in recipes if r != "bf16"]  # the baseline, measured first in the same run
     for r in recipes:
-        res = measure(args.model, r, args.batch_size, args.seq_len, args.steps, args.warmup, args.compile, device)
+        res = measure_or_error(args.model, r, args.batch_size, args.seq_len, args.steps, args.warmup, args.compile, device,
+                               backend=args.backend)
         rows.append(res)
+        if "error" in rows[0]:
+            raise SystemExit(f"the bf16 baseline failed ({rows[0]['error']}); no speed can be compared - try a smaller --batch-size")
+        if "error" in res:
+            print(f"{args.model} {r:>15}: FAILED - {res['error']}", flush=True)
+            continue
+        res["speedup_vs_bf16"] = res["tokens_per_s"] / rows[0]["tokens_per_s"]
         rel = f" ({res['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}x bf16)"
         mem = f", peak {res['peak_mem_gib']:.2f} GiB" if res["peak_mem_gib"] else ""
         print(f"{args.model} {r:>15}: {res['tokens_per_s']:>12,.0f} tokens/s{rel}, step {res['step_ms']:.1f} ms{mem}, warmup {res['warmup_s']:.1f}s", flush=True)
     out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit(), "torch": torch.__version__,
            "model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len, "compile": args.compile,
-           "numerics": args.numerics,
-           "backend": "emulated", "results": rows}
-    path = args.json or ROOT / "bench/results" / f"train_speed-{args.model}-{gpu.replace(' ', '_')}{'-compile' if args.compile else ''}{'' if args.numerics == 'eager' else '-' + args.numerics}.json"
+           "numerics": args.numerics, "backend": args.backend or "emulated", "results": rows}
+    path = args.json or ROOT / "bench/results" / f"train_speed-{args.model}-{gpu.replace(' ', '_')}{'-compile' if args.compile else ''}{'' if args.numerics == 'eager' else '-' + args.numerics}{'-' + args.backend if args.backend else ''}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
 

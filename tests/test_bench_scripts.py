@@ -2,6 +2,8 @@
 
 import importlib.util
 import json
+
+import pytest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,3 +99,74 @@ def test_adahop_numbers_in_docs_are_the_committed_analysis():
     # the analysis's must-show: AdaHOP below naive MXFP4 and uniform Hadamard
     err = rs["mean_relative_error"]
     assert err["adahop (current rules)"] < err["mxfp4"] and err["adahop (current rules)"] < err["hadamard_mxfp4"]
+
+
+def test_train_speed_measures_bf16_first_and_records_a_failing_recipe(tmp_path, monkeypatch):
+    mod = _load("train_speed")
+    real = mod.convert
+
+    def convert(model, recipe, backend):
+        if recipe == mod.TORCHAO:  # stands in for a missing torchao / an unsupported GPU
+            raise RuntimeError("torchao_fp8_rowwise needs torchao")
+        real(model, recipe, backend)
+
+    monkeypatch.setattr(mod, "convert", convert)
+    out = tmp_path / "s.json"
+    mod.main(["--model", "tiny", "--recipes", "mxfp4,torchao_fp8_rowwise", "--batch-size", "2", "--seq-len", "32",
+              "--steps", "2", "--warmup", "1", "--json", str(out)])
+    rows = json.loads(out.read_text())["results"]
+    assert [r["recipe"] for r in rows] == ["bf16", "mxfp4", "torchao_fp8_rowwise"]
+    assert rows[1]["tokens_per_s"] > 0 and rows[1]["speedup_vs_bf16"] == rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"]
+    assert rows[2] == {"recipe": "torchao_fp8_rowwise", "error": "RuntimeError: torchao_fp8_rowwise needs torchao"}
+
+
+def test_summary_checks_the_targets_and_says_how_far_off(tmp_path, capsys):
+    mod = _load("summary")
+    meta = {"gpu": "NVIDIA H200", "date": "2026-11-30", "commit": "abc1234"}
+
+    def e2e(model, rows):
+        return {**meta, "model": model, "results": rows}
+
+    files = {
+        "e2e1b": e2e("1b", [{"recipe": "bf16", "tokens_per_s": 100.0, "peak_mem_gib": 40.0},
+                            {"recipe": "adahop", "tokens_per_s": 120.0, "peak_mem_gib": 28.0},
+                            {"recipe": "tib2d", "tokens_per_s": 90.0, "peak_mem_gib": 30.0},
+                            {"recipe": "torchao_fp8_rowwise", "tokens_per_s": 110.0, "peak_mem_gib": 38.0}]),
+        "e2e3b": e2e("3b", [{"recipe": "bf16", "tokens_per_s": 50.0, "peak_mem_gib": 70.0},
+                            {"recipe": "adahop", "error": "OutOfMemoryError: CUDA out of memory"}]),
+        "gemm": {**meta, "results": [{"model": "square", "layer": "8192^3", "speedup_vs_bf16": 1.5}]},
+        "linear": {**meta, "results": [
+            {"model": "Llama-3-8B", "layer": "qkv", "bf16_saved_bytes": 400,
+             "variants": {"mxfp4:triton:fp8_blockwise": {"speedup_vs_bf16": 1.0, "saved_bytes": 100}}},
+            {"model": "Llama-3-8B", "layer": "up", "bf16_saved_bytes": 800,
+             "variants": {"mxfp4:triton:fp8_blockwise": {"speedup_vs_bf16": 1.21, "saved_bytes": 200}}}]},
+        "quantize": {**meta, "results": {"copy": {"ms": 1, "GBps": 4000},
+                                         "triton mxfp4 nearest": {"ms": 1, "GBps": 2600, "fraction_of_copy": 0.65},
+                                         "reference mxfp4 nearest": {"ms": 9, "GBps": 300, "fraction_of_copy": 0.075}}},
+    }
+    for k, v in files.items():
+        (tmp_path / f"{k}.json").write_text(json.dumps(v))
+    out = tmp_path / "summary.json"
+    mod.main(["--e2e", str(tmp_path / "e2e1b.json"), str(tmp_path / "e2e3b.json"), "--gemm", str(tmp_path / "gemm.json"),
+              "--linear", str(tmp_path / "linear.json"), "--quantize", str(tmp_path / "quantize.json"), "--json", str(out)])
+    s = json.loads(out.read_text())
+    assert {k: s[k] for k in ("gpu", "date", "commit")} == meta
+    assert s["e2e"]["1b"]["adahop"] == {"tokens_per_s": 120.0, "peak_mem_gib": 28.0}
+    assert s["e2e"]["3b"]["adahop"] == {"error": "OutOfMemoryError: CUDA out of memory"}
+    t = {x["target"]: x for x in s["targets"]}
+    assert t["quantize triton mxfp4 nearest: fraction of copy bandwidth"]["met"] is True
+    assert not any("reference" in k for k in t)  # only kernels are held to the bandwidth target
+    assert t["FP4 GEMM at 8192^3 vs cuBLAS BF16"]["met"] is True
+    lin = t["linear fwd+bwd at the Llama-3-8B shapes, mxfp4:triton:fp8_blockwise: speedup vs BF16 (geometric mean)"]
+    assert lin["measured"] == pytest.approx(1.1) and lin["met"] is False and lin["short_by_pct"] == pytest.approx(-12.0)
+    assert t["saved activation bytes, mxfp4:triton:fp8_blockwise: BF16 / quantized (min over the 8B shapes)"]["measured"] == 4.0
+    assert t["end to end 1b, adahop: tokens/s vs BF16"]["measured"] == pytest.approx(1.2) and t["end to end 1b, adahop: tokens/s vs BF16"]["met"]
+    assert t["end to end 1b, tib2d: tokens/s vs torchao_fp8_rowwise"]["met"] is False
+    assert t["end to end 1b, adahop: peak memory BF16 / recipe (same batch)"]["measured"] == pytest.approx(40 / 28)
+    assert t["end to end 3b, adahop: tokens/s vs BF16"] == {"target": "end to end 3b, adahop: tokens/s vs BF16", "goal": 1.25,
+                                                          "measured": None, "met": None,
+                                                          "note": "not measured; OutOfMemoryError: CUDA out of memory"}
+    assert "| FP4 GEMM at 8192^3 vs cuBLAS BF16 | 1.40 | 1.50 | yes |" in capsys.readouterr().out
+    (tmp_path / "other.json").write_text(json.dumps({**files["gemm"], "gpu": "NVIDIA H100"}))
+    with pytest.raises(SystemExit, match="different GPUs"):
+        mod.main(["--e2e", str(tmp_path / "e2e1b.json"), "--gemm", str(tmp_path / "other.json"), "--json", str(out)])

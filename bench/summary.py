@@ -1,0 +1,145 @@
+"""One summary of the speed benchmarks, and issue #5's targets checked against it.
+
+Question: where does the fast path stand against BF16 on this GPU, in one file? Reads the JSON
+results the benchmark scripts wrote (``train_speed`` end to end at 1b/3b, ``gemm_speed``,
+``linear_speed``, ``quantize_speed``) and writes ``bench/results/summary.json``::
+
+    {"gpu", "date", "commit", "e2e": {model: {recipe: {"tokens_per_s", "peak_mem_gib"}}},
+     "gemm", "linear", "quantize", "targets": [...]}
+
+Each target names the measured figure, the goal, whether it is met and, if not, by how much it
+falls short (``measured / goal - 1``). Missing inputs leave their targets out ("not measured")
+rather than guessing.
+
+    python bench/summary.py --e2e bench/results/train_speed-1b-*.json bench/results/train_speed-3b-*.json \\
+        --gemm bench/results/gemm_speed-NVIDIA_H200.json --linear bench/results/linear_speed-NVIDIA_H200.json \\
+        --quantize bench/results/quantize_speed-NVIDIA_H200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FAST_RECIPES = ("adahop", "tib2d")  # the end-to-end targets are set for these
+E2E_GOAL = {"1b": 1.15, "3b": 1.25}
+PEER = "torchao_fp8_rowwise"
+
+
+def _load(paths) -> list[dict]:
+    return [json.loads(Path(p).read_text()) for p in paths or []]
+
+
+def _target(name: str, measured: float | None, goal: float, *, at_least: bool = True, note: str = "") -> dict:
+    if measured is None:
+        return {"target": name, "goal": goal, "measured": None, "met": None, "note": "not measured" + (f"; {note}" if note else "")}
+    met = measured >= goal if at_least else measured <= goal
+    t = {"target": name, "goal": goal, "measured": measured, "met": met}
+    if not met:
+        t["short_by_pct"] = (measured / goal - 1) * 100
+    if note:
+        t["note"] = note
+    return t
+
+
+def e2e_table(runs: list[dict]) -> dict:
+    table: dict = {}
+    for run in runs:
+        m = table.setdefault(run["model"], {})
+        for r in run["results"]:
+            m[r["recipe"]] = ({"error": r["error"]} if "error" in r else
+                              {"tokens_per_s": r["tokens_per_s"], "peak_mem_gib": r.get("peak_mem_gib")})
+    return table
+
+
+def build(e2e: list[dict], gemm: dict | None, linear: dict | None, quantize: dict | None) -> dict:
+    first = next(iter(e2e), None) or gemm or linear or quantize
+    if first is None:
+        raise SystemExit("bench/summary.py: no benchmark results given (see --help)")
+    sources = [d for d in (*e2e, gemm, linear, quantize) if d]
+    gpus = {d["gpu"] for d in sources}
+    if len(gpus) > 1:
+        raise SystemExit(f"bench/summary.py: results from different GPUs {sorted(gpus)}; summarize one GPU at a time")
+    commits = sorted({d.get("commit") or "unknown" for d in sources})
+    out = {"gpu": first["gpu"], "date": max(d["date"] for d in sources), "commit": commits[0] if len(commits) == 1 else commits,
+           "e2e": e2e_table(e2e), "gemm": gemm["results"] if gemm else None, "linear": linear["results"] if linear else None,
+           "quantize": quantize["results"] if quantize else None, "targets": []}
+    targets = out["targets"]
+
+    if quantize:
+        res = quantize["results"]
+        for name, r in res.items():
+            if name.startswith("triton") and "fraction_of_copy" in r:
+                targets.append(_target(f"quantize {name}: fraction of copy bandwidth", r["fraction_of_copy"], 0.60))
+    else:
+        targets.append(_target("quantize kernels: fraction of copy bandwidth", None, 0.60))
+
+    square = next((r for r in gemm["results"] if r["layer"] == "8192^3"), None) if gemm else None
+    targets.append(_target("FP4 GEMM at 8192^3 vs cuBLAS BF16", square and square["speedup_vs_bf16"], 1.4))
+
+    if linear:
+        rows8b = [r for r in linear["results"] if r["model"] == "Llama-3-8B"]
+        variants = sorted({v for r in rows8b for v in r["variants"]})
+        for v in variants:
+            sp = [r["variants"][v]["speedup_vs_bf16"] for r in rows8b if v in r["variants"]]
+            targets.append(_target(f"linear fwd+bwd at the Llama-3-8B shapes, {v}: speedup vs BF16 (geometric mean)",
+                                   statistics.geometric_mean(sp), 1.25))
+            saved = [r["bf16_saved_bytes"] / r["variants"][v]["saved_bytes"] for r in rows8b
+                     if v in r["variants"] and r["variants"][v]["saved_bytes"]]
+            targets.append(_target(f"saved activation bytes, {v}: BF16 / quantized (min over the 8B shapes)",
+                                   min(saved) if saved else None, 3.5))
+    else:
+        targets.append(_target("linear fwd+bwd at the Llama-3-8B shapes vs BF16", None, 1.25))
+
+    for model, goal in E2E_GOAL.items():
+        table = out["e2e"].get(model, {})
+        bf16 = table.get("bf16", {})
+        peer = table.get(PEER, {})
+        for recipe in FAST_RECIPES:
+            r = table.get(recipe, {})
+            ok = "tokens_per_s" in r and "tokens_per_s" in bf16
+            note = r.get("error", "")
+            targets.append(_target(f"end to end {model}, {recipe}: tokens/s vs BF16", ok and r["tokens_per_s"] / bf16["tokens_per_s"] or None,
+                                   goal, note=note))
+            if "tokens_per_s" in peer and "tokens_per_s" in r:
+                targets.append(_target(f"end to end {model}, {recipe}: tokens/s vs {PEER}", r["tokens_per_s"] / peer["tokens_per_s"], 1.0))
+            else:
+                targets.append(_target(f"end to end {model}, {recipe}: tokens/s vs {PEER}", None, 1.0, note=peer.get("error", "")))
+            mem = ok and r.get("peak_mem_gib") and bf16.get("peak_mem_gib")
+            targets.append(_target(f"end to end {model}, {recipe}: peak memory BF16 / recipe (same batch)",
+                                   mem and bf16["peak_mem_gib"] / r["peak_mem_gib"] or None, 1.3))
+    return out
+
+
+def markdown(summary: dict) -> str:
+    """The targets as a table for the README / docs."""
+    lines = [f"Targets of issue #5 on {summary['gpu']} ({summary['date']}, commit {summary['commit']}):", "",
+             "| target | goal | measured | met |", "|---|---:|---:|---|"]
+    for t in summary["targets"]:
+        meas = "—" if t["measured"] is None else f"{t['measured']:.2f}"
+        met = "not measured" if t["met"] is None else "yes" if t["met"] else f"no ({t['short_by_pct']:+.0f}%)"
+        lines.append(f"| {t['target']} | {t['goal']:.2f} | {meas} | {met} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--e2e", nargs="*", default=[], help="train_speed JSON files (the 1b and 3b runs)")
+    ap.add_argument("--gemm", help="gemm_speed JSON")
+    ap.add_argument("--linear", help="linear_speed JSON")
+    ap.add_argument("--quantize", help="quantize_speed JSON")
+    ap.add_argument("--json", type=Path, default=ROOT / "bench/results/summary.json")
+    args = ap.parse_args(argv)
+    one = lambda p: json.loads(Path(p).read_text()) if p else None  # noqa: E731
+    summary = build(_load(args.e2e), one(args.gemm), one(args.linear), one(args.quantize))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(summary, indent=1) + "\n")
+    print(markdown(summary))
+
+
+if __name__ == "__main__":
+    main()
