@@ -17,7 +17,8 @@ from .train.config import TrainConfig
 HELP = {
     "model": "model size preset: tiny, 20m, 60m, 125m, 350m, 1b, 3b",
     "recipe": "recipe name (see `fp4train recipes`) or a recipe .json/.toml file",
-    "backend": "GEMM backend (default: the recipe's; 'emulated' runs anywhere)",
+    "backend": "GEMM backend: auto (the default: triton on a GPU machine, emulated elsewhere), triton (Triton-kernel "
+    "quantization, MXFP4 GEMMs on FP8 tensor cores), fp8_blockwise, or emulated (the reference, runs anywhere)",
     "calibration": "AdaHOP recipes: reuse this adahop_calibration.json (from an earlier run) instead of calibrating",
     "data": "training text: a .txt/.jsonl/.jsonl.xz/.parquet file, a glob, a directory (train-*/val-* shards split themselves), "
     "'shakespeare' or hf:NAME[:SPLIT]; several joined with commas. Default: the packaged tiny-shakespeare",
@@ -47,7 +48,8 @@ HELP = {
     "dtype": "autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32",
     "compile": "torch.compile the model",
     "numerics": "how quantization runs, same bits in each: eager (reference ops), compiled (torch.compile'd "
-    "reference), triton (fp4train's kernels where they exist)",
+    "reference), triton (fp4train's kernels where they exist); default: triton with the triton backend (the default "
+    "on a GPU machine), eager elsewhere",
     "progress": "show a progress bar",
     "tensorboard": "write TensorBoard logs",
 }

@@ -11,9 +11,10 @@ from __future__ import annotations
 import re
 from typing import Callable
 
+import torch
 import torch.nn as nn
 
-from . import backends
+from . import backends, formats
 from . import recipes as _recipes
 from .linear.module import QuantizedLinear
 from .recipes.spec import Recipe
@@ -36,14 +37,19 @@ def convert(
         recipe: a preset name (``fp4train.recipes.names()``), a recipe file, or a Recipe.
         filter: ``filter(name, module) -> bool``; only modules for which it returns True are
             converted (on top of the recipe's own overrides).
-        backend: GEMM backend name; default: the recipe's.
+        backend: GEMM backend name (``fp4train.backends.names()`` or ``"auto"``); default: the
+            recipe's, ``"auto"`` for the presets: ``triton`` on a machine with a CUDA GPU (which
+            also switches the numerics to ``"triton"`` - same bits, faster - unless
+            ``fp4train.formats.set_numerics`` chose a mode), ``emulated`` elsewhere.
 
     Returns ``model``. Raises ``ValueError`` naming every layer whose shape the recipe cannot
     run, with the fix, before changing anything.
     """
     recipe = _recipes.get(recipe)
-    backend = backend or recipe.backend
-    backends.get(backend)  # fail early on a bad name
+    backend = backends.resolve(backend or recipe.backend)  # "auto": triton on a GPU machine, emulated elsewhere
+    wanted = getattr(backends.get(backend), "numerics", None)
+    if wanted and torch.cuda.is_available():
+        formats.prefer_numerics(wanted)  # the same bits, only faster; an explicit set_numerics() wins
     if isinstance(model, nn.Linear):
         raise TypeError("convert() swaps submodules in place; wrap a bare nn.Linear, e.g. nn.Sequential(linear)")
 

@@ -38,3 +38,28 @@ def test_split_needs_blocks_along_the_inner_dim_and_bf16_tensors():
     assert _bf16_factors(torch.randn(4, 4).bfloat16()) is not None
     with pytest.raises(ValueError, match="2D"):
         fp4train.quantize(torch.randn(2, 3, 32), "mxfp4").scaled_bf16()
+
+
+def test_auto_backend_is_triton_on_a_gpu_machine_and_emulated_elsewhere(monkeypatch):
+    import fp4train.formats as formats
+    from fp4train import backends
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64))
+    fp4train.convert(model, "mxfp4")  # the presets' backend is "auto"
+    assert fp4train.recipes.get("mxfp4").backend == "auto"
+    assert backends.resolve("auto") == "emulated" and model[0].backend.name == "emulated"
+    with pytest.raises(ValueError, match="unknown GEMM backend 'fast'.*emulated, fp8_blockwise, triton.*'auto'"):
+        backends.resolve("fast")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(formats, "_CHOSEN", False)
+    try:
+        assert backends.resolve("auto") == "triton"
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64))
+        fp4train.convert(model, "mxfp4")
+        assert model[0].backend.name == "triton" and formats.numerics() == "triton"  # same bits, the fast way
+        formats.set_numerics("eager")  # an explicit choice wins over the backend's preference
+        fp4train.convert(torch.nn.Sequential(torch.nn.Linear(64, 64)), "mxfp4")
+        assert formats.numerics() == "eager"
+    finally:
+        formats.set_numerics("eager")

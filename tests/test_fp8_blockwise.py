@@ -24,19 +24,20 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.parametrize("recipe", ["mxfp4", "hadamard_mxfp4"])
-def test_fp8_blockwise_layer_matches_emulated(recipe, layer_run, spec_of):
+@pytest.mark.parametrize("backend", ["fp8_blockwise", "triton"])
+def test_fp8_blockwise_layer_matches_emulated(recipe, backend, layer_run, spec_of):
     torch.manual_seed(0)
     lin = nn.Linear(256, 128).to(DEV)
     x = torch.randn(128, 256, device=DEV)
     x[:, 7] *= 30
     dy = torch.randn(128, 128, device=DEV)
-    outs = [layer_run(lin, spec_of(recipe), x, dy, backend=b) for b in ("emulated", "fp8_blockwise")]
+    outs = [layer_run(lin, spec_of(recipe), x, dy, backend=b) for b in ("emulated", backend)]
     for a, b in zip(*outs):
         if DEV == "cpu":
             assert torch.equal(a, b)
         else:
             torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-3)
-    assert int(get("fp8_blockwise").inexact) == 0
+    assert int(get(backend).inexact) == 0
 
 
 def test_folded_operand_orientation():
@@ -63,3 +64,28 @@ def test_saved_x_is_folded_from_its_packed_codes():
     torch.testing.assert_close(f.dequantize(), saved.t().dequantize(torch.float32), rtol=0, atol=0)
     assert be.fold_saved(saved) is None  # blocks along dim 0 of the logical operand: not a B operand
     assert be.fold_saved(fp4train.quantize(x, "mxfp4", block=(32, 32))) is None
+
+
+def test_a_torch_without_blockwise_fp8_gemms_falls_back_once_with_a_warning(monkeypatch):
+    from fp4train.backends import fp8_blockwise as fb
+
+    be = get("triton")
+    q = fp4train.recipes.QuantSpec("mxfp4")
+    a = be.operand(torch.randn(64, 256, device=DEV), q, axis=1, role=0, seed=None)
+    b = be.operand(torch.randn(128, 256, device=DEV), q, axis=1, role=1, seed=None)
+    calls = []
+
+    def unsupported(*args):
+        calls.append(1)
+        raise RuntimeError("scaled_mm: blockwise scaling is not supported")
+
+    monkeypatch.setattr(fb, "blockwise_fp8_mm", unsupported)
+    monkeypatch.setattr(fb.Fp8BlockwiseBackend, "_blockwise", staticmethod(lambda a, b: True))  # as if on a GPU
+    monkeypatch.setattr(fb, "_BLOCKWISE_OK", None)
+    ref = get("emulated").gemm(a.scaled_bf16(), b.scaled_bf16(), torch.float32)
+    with pytest.warns(RuntimeWarning, match="cannot run blockwise-scaled FP8 GEMMs.*not supported.*BF16 tensor cores"):
+        y = be.gemm(a, b, torch.float32)
+    assert torch.equal(y, ref) and be.gemm(a, b, torch.float32).shape == (64, 128) and len(calls) == 1  # learnt once
+    monkeypatch.setattr(fb, "_BLOCKWISE_OK", True)  # it ran before: a later failure is a real error
+    with pytest.raises(RuntimeError, match="not supported"):
+        be.gemm(a, b, torch.float32)

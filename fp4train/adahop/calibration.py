@@ -86,7 +86,7 @@ class Calibration:
                           for layer in sorted(self.strategies))
         keep = base.overrides if base is not None else ()
         return Recipe(name=name, linear=LinearSpec(), description=f"AdaHOP, calibrated over {self.steps} steps ({self.mode})",
-                      overrides=keep + overrides, backend=base.backend if base is not None else "emulated")
+                      overrides=keep + overrides, backend=base.backend if base is not None else "auto")
 
     def strategy_counts(self) -> dict[str, int]:
         """How many GEMMs got each strategy, e.g. ``{"plain": 108, "iht": 163, "oe": 23}``."""

@@ -3,16 +3,31 @@
 A backend has one method, ``gemm(a, b, out_dtype) -> a @ b.T``, taking plain tensors or
 :class:`~fp4train.formats.QuantizedTensor` s blocked along the inner (last) dimension.
 ``emulated`` (dequantize + FP32 matmul) runs everywhere and is the reference;
-``fp8_blockwise`` runs MXFP4 GEMMs on FP8 tensor cores (CUDA; emulated elsewhere). A backend
-may also prepare its own operands (``operand(x, q, axis=, role=, seed=)``).
+``fp8_blockwise`` runs MXFP4 GEMMs on FP8 tensor cores (CUDA; emulated elsewhere); ``triton``
+is that plus Triton-kernel quantization of every operand - the fast path. A backend may also
+prepare its own operands (``operand(x, q, axis=, role=, seed=)``).
+
+``"auto"`` (recipes' default) is ``triton`` where a CUDA GPU is present, ``emulated`` elsewhere.
 """
 
 from __future__ import annotations
 
+import torch
+
 from .emulated import EmulatedBackend
 from .fp8_blockwise import Fp8BlockwiseBackend
+from .triton import TritonBackend
 
-_BACKENDS = {"emulated": EmulatedBackend(), "fp8_blockwise": Fp8BlockwiseBackend()}
+_BACKENDS = {"emulated": EmulatedBackend(), "fp8_blockwise": Fp8BlockwiseBackend(), "triton": TritonBackend()}
+AUTO = "auto"
+
+
+def resolve(name: str) -> str:
+    """A backend name with ``"auto"`` resolved: ``triton`` on a machine with a CUDA GPU, else ``emulated``."""
+    if name == AUTO:
+        return "triton" if torch.cuda.is_available() else "emulated"
+    get(name)  # fail early on a bad name
+    return name
 
 
 def names() -> list[str]:
@@ -23,7 +38,7 @@ def get(name: str):
     """The backend called ``name``."""
     if name in _BACKENDS:
         return _BACKENDS[name]
-    raise ValueError(f"unknown GEMM backend {name!r}; available: {', '.join(names())}")
+    raise ValueError(f"unknown GEMM backend {name!r}; available: {', '.join(names())} (or {AUTO!r})")
 
 
-__all__ = ["EmulatedBackend", "Fp8BlockwiseBackend", "get", "names"]
+__all__ = ["AUTO", "EmulatedBackend", "Fp8BlockwiseBackend", "TritonBackend", "get", "names", "resolve"]

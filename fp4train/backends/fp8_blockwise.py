@@ -21,6 +21,7 @@ exact in BF16 there).
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, replace
 
 import torch
@@ -84,6 +85,7 @@ def _scaling(*names):
 
 
 _FP32_OUT: bool | None = None  # does this torch's blockwise scaled_mm give FP32 output? learnt on first use
+_BLOCKWISE_OK: bool | None = None  # does blockwise scaled_mm run here at all? learnt on first use
 
 
 def blockwise_fp8_mm(a: FoldedFP8, b: FoldedFP8, out_dtype: torch.dtype) -> torch.Tensor:
@@ -147,12 +149,29 @@ class Fp8BlockwiseBackend:
 
         return FoldedOperand(fold_packed_mxfp4(q.codes, q.scales, group_rows=128, counter=self._counter(q.device)))
 
+    @staticmethod
+    def _blockwise(a, b) -> bool:
+        """Do ``a`` and ``b`` make the FP8 blockwise GEMM's operands (1x128 A, 128x128 B, on CUDA)?"""
+        return (isinstance(a, FoldedOperand) and isinstance(b, FoldedOperand) and a.block_axis == 1 and b.block_axis == 1
+                and a.data.group_rows == 1 and b.data.group_rows == 128 and a.device.type == "cuda")
+
     def gemm(self, a, b, out_dtype: torch.dtype) -> torch.Tensor:
+        global _BLOCKWISE_OK
         if isinstance(a, FoldedOperand) and isinstance(b, QuantizedTensor):
             b = self.fold_saved(b) or b
-        if (isinstance(a, FoldedOperand) and isinstance(b, FoldedOperand) and a.block_axis == 1 and b.block_axis == 1
-                and a.data.group_rows == 1 and b.data.group_rows == 128 and a.device.type == "cuda"):
-            return blockwise_fp8_mm(a.data, b.data, out_dtype)
+        if _BLOCKWISE_OK is not False and self._blockwise(a, b):
+            try:
+                y = blockwise_fp8_mm(a.data, b.data, out_dtype)
+                _BLOCKWISE_OK = True
+                return y
+            except torch.OutOfMemoryError:
+                raise
+            except (RuntimeError, NotImplementedError, AttributeError, TypeError) as e:
+                if _BLOCKWISE_OK:  # it ran before: a real error, not a missing feature
+                    raise
+                _BLOCKWISE_OK = False
+                warnings.warn(f"fp4train: this PyTorch/GPU cannot run blockwise-scaled FP8 GEMMs ({type(e).__name__}: {e}); "
+                              "MXFP4 GEMMs run on BF16 tensor cores instead (same values, slower)", RuntimeWarning, stacklevel=2)
         a = a.scaled_bf16() if isinstance(a, FoldedOperand) else a
         b = b.scaled_bf16() if isinstance(b, FoldedOperand) else b
         return self.fallback.gemm(a, b, out_dtype)

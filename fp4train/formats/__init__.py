@@ -21,11 +21,21 @@ def set_compiled(enabled: bool = True) -> None:
 
 NUMERICS = ("eager", "compiled", "triton")
 _MODE = "eager"
+_CHOSEN = False  # did anyone call set_numerics()? (then prefer_numerics() leaves the mode alone)
 
 
 def numerics() -> str:
-    """The mode :func:`set_numerics` set last."""
+    """The mode :func:`set_numerics` (or :func:`prefer_numerics`) set last."""
     return _MODE
+
+
+def prefer_numerics(mode: str) -> None:
+    """Switch to ``mode`` unless a mode was chosen with :func:`set_numerics` - what a backend
+    that has a faster way to the same bits asks for (``convert(..., backend="triton")``)."""
+    global _CHOSEN
+    if not _CHOSEN and _MODE != mode:
+        set_numerics(mode)
+        _CHOSEN = False
 
 
 def set_numerics(mode: str) -> None:
@@ -46,10 +56,10 @@ def set_numerics(mode: str) -> None:
     from .qtensor import set_split_kernel
     from .quantize import set_kernels  # the module, not the quantize() function of the same name
 
-    global _MODE
+    global _MODE, _CHOSEN
     if mode not in NUMERICS:
         raise ValueError(f"unknown numerics {mode!r}; choose one of {NUMERICS}")
-    _MODE = mode
+    _MODE, _CHOSEN = mode, True
     cuda = torch.cuda.is_available()
     # triton on a GPU: the compiled path wherever no kernel covers a request
     set_compiled(mode == "compiled" or (mode == "triton" and cuda))

@@ -241,7 +241,8 @@ class Recipe:
     description: str = ""
     overrides: tuple[Override, ...] = DEFAULT_OVERRIDES
     keep_last_blocks: float = 0.0
-    backend: str = "emulated"
+    #: GEMM backend: "auto" (triton on a CUDA machine, emulated elsewhere) or a name in fp4train.backends
+    backend: str = "auto"
     #: AdaHOP: "rules" or "measured" makes the trainer run ``calibration_steps`` steps with
     #: ``linear`` (BF16) while recording outlier patterns, then replace this recipe by the
     #: calibrated one (fp4train.adahop.calibration). None: no calibration.

@@ -45,7 +45,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     compile: bool = False
-    numerics: str = "eager"  # eager | compiled | triton: how quantization runs (same bits in each)
+    numerics: str | None = None  # eager | compiled | triton (same bits in each); None: the backend's (triton on a GPU)
     progress: bool = True
     tensorboard: bool = True
     extra: dict = field(default_factory=dict)  # free-form notes carried into the run's config.json
@@ -62,7 +62,7 @@ class TrainConfig:
                 problems.append(f"{k} must be >= 0, got {getattr(self, k)}")
         if self.lr <= 0:
             problems.append(f"lr must be > 0, got {self.lr}")
-        if self.numerics not in ("eager", "compiled", "triton"):
+        if self.numerics not in (None, "eager", "compiled", "triton"):
             problems.append(f"numerics must be eager, compiled or triton, got {self.numerics!r}")
         if self.dtype not in ("auto", "bf16", "fp32"):
             problems.append(f"dtype must be auto, bf16 or fp32, got {self.dtype!r}")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .. import models
+from .. import backends, formats, models
 from .. import recipes as _recipes
 from ..adahop.calibration import Calibration, PatternRecorder
 from ..timing import code_commit
@@ -83,7 +83,8 @@ class Trainer:
         random.seed(cfg.seed)
         from ..formats import set_numerics
 
-        set_numerics(cfg.numerics)
+        if cfg.numerics is not None:
+            set_numerics(cfg.numerics)
         self.tokenizer = load_tokenizer(cfg.tokenizer)
         self.train_split, self.val_split = load_splits(
             cfg.data, cfg.val_data, self.tokenizer, val_fraction=cfg.val_fraction, cache_dir=cfg.cache_dir,
@@ -290,7 +291,8 @@ class Trainer:
             "tokens_per_s": (sum(tok_rates) / len(tok_rates)) if tok_rates else None,
             "peak_mem_gib": peak, "device": str(self.device),
             "gpu": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
-            "numerics": cfg.numerics, "commit": code_commit(), "torch": torch.__version__,
+            "numerics": formats.numerics(), "backend": backends.resolve(cfg.backend or self.recipe.backend),
+            "commit": code_commit(), "torch": torch.__version__,
         }
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
         self.log(f"fp4train: done - val loss {val_loss:.4f}" + (f", {summary['tokens_per_s']:,.0f} tokens/s" if summary["tokens_per_s"] else "")
