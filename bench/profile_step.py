@@ -40,16 +40,9 @@ def _step(model, opt, x, y, device):
 
 def _calibrate(model, recipe, opt, x, y, device, steps):
     """AdaHOP: record outlier patterns over BF16 steps, then convert to the calibrated recipe."""
-    from fp4train.adahop.calibration import PatternRecorder
+    from fp4train.adahop.calibration import calibrate_in_place
 
-    rec = PatternRecorder.for_recipe(model, recipe).attach()
-    for _ in range(steps):
-        _step(model, opt, x, y, device)
-        rec.steps += 1
-    rec.detach()
-    cal = rec.result()
-    fp4train.convert(model, cal.recipe(recipe.name, base=recipe))
-    return cal.strategy_counts()
+    return calibrate_in_place(model, recipe, lambda: _step(model, opt, x, y, device), steps).strategy_counts()
 
 
 def profile(model_name, recipe_name, batch, seq, steps, warmup, compile_, calib_steps, top, device):

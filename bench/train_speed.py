@@ -49,20 +49,17 @@ def convert(model, recipe: str, backend: str | None):
 
 
 def measure(model_name: str, recipe: str, batch: int, seq: int, steps: int, warmup: int, compile_: bool, device,
-            backend: str | None = None) -> dict:
+            backend: str | None = None, calibration_steps: int = 3) -> dict:
     torch.manual_seed(0)
     model = models.build(model_name, max_seq_len=max(seq, 512)).to(device)
     convert(model, recipe, backend)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
-    fwd = torch.compile(model) if compile_ else model
     idx = torch.randint(0, model.config.vocab_size, (batch, seq + 1), device=device)
     x, y = idx[:, :-1], idx[:, 1:]
     cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
     last = {}
 
-    def step():
+    def step(fwd=model):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
             loss = fwd(x, y)
         loss.backward()
@@ -70,18 +67,28 @@ def measure(model_name: str, recipe: str, batch: int, seq: int, steps: int, warm
         opt.zero_grad(set_to_none=True)
         last["loss"] = loss
 
+    strategies = None
+    rec = fp4train.recipes.get(recipe) if recipe != TORCHAO else None
+    if rec is not None and rec.calibrate:  # AdaHOP: calibrate on BF16 steps first, as the trainer does, then time
+        from fp4train.adahop.calibration import calibrate_in_place
+
+        strategies = calibrate_in_place(model, rec, step, calibration_steps, backend=backend).strategy_counts()
+    fwd = torch.compile(model) if compile_ else model
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+
     t_first = time.perf_counter()
     for _ in range(warmup):  # compilation, autotuning, allocator warm-up
-        step()
+        step(fwd)
     if cuda:
         torch.cuda.synchronize(device)
     warm_s = time.perf_counter() - t_first
-    med = median_time(step, steps, warmup=0, cuda=cuda)
+    med = median_time(lambda: step(fwd), steps, warmup=0, cuda=cuda)
     loss = last["loss"]
     return {
         "recipe": recipe, "tokens_per_s": batch * seq / med, "step_ms": med * 1e3,
         "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
-        "warmup_s": warm_s, "loss": loss.item(),
+        "warmup_s": warm_s, "loss": loss.item(), **({"adahop_strategies": strategies} if strategies else {}),
     }
 
 

@@ -112,10 +112,12 @@ def test_train_speed_measures_bf16_first_and_records_a_failing_recipe(tmp_path, 
 
     monkeypatch.setattr(mod, "convert", convert)
     out = tmp_path / "s.json"
-    mod.main(["--model", "tiny", "--recipes", "mxfp4,torchao_fp8_rowwise", "--batch-size", "2", "--seq-len", "32",
+    mod.main(["--model", "tiny", "--recipes", "mxfp4,torchao_fp8_rowwise,adahop", "--batch-size", "2", "--seq-len", "32",
               "--steps", "2", "--warmup", "1", "--json", str(out)])
     rows = json.loads(out.read_text())["results"]
-    assert [r["recipe"] for r in rows] == ["bf16", "mxfp4", "torchao_fp8_rowwise"]
+    assert [r["recipe"] for r in rows] == ["bf16", "mxfp4", "torchao_fp8_rowwise", "adahop"]
+    # AdaHOP is timed after its calibration, with every quantized GEMM given a strategy
+    assert sum(rows[3]["adahop_strategies"].values()) == 3 * 7 * 2 and rows[3]["tokens_per_s"] > 0  # 3 GEMMs, 7 linears, 2 blocks
     assert rows[1]["tokens_per_s"] > 0 and rows[1]["speedup_vs_bf16"] == rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"]
     assert rows[2] == {"recipe": "torchao_fp8_rowwise", "error": "RuntimeError: torchao_fp8_rowwise needs torchao"}
 

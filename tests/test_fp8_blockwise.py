@@ -23,7 +23,7 @@ from fp4train.backends.fp8_blockwise import FoldedOperand  # noqa: E402
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.mark.parametrize("recipe", ["mxfp4", "hadamard_mxfp4"])
+@pytest.mark.parametrize("recipe", ["mxfp4", "hadamard_mxfp4", "adahop-oe", "tib2d", "nvfp4"])
 @pytest.mark.parametrize("backend", ["fp8_blockwise", "triton"])
 def test_fp8_blockwise_layer_matches_emulated(recipe, backend, layer_run, spec_of):
     torch.manual_seed(0)

@@ -201,3 +201,21 @@ class PatternRecorder:
                     cal.errors.setdefault(name, {})[gemm] = errs
                     cal.strategies[name][gemm] = min(errs, key=errs.get)
         return cal
+
+
+def calibrate_in_place(model: nn.Module, recipe, train_step, steps: int, *, backend: str | None = None) -> Calibration:
+    """Record outlier patterns over ``steps`` calls of ``train_step()`` (the model's BF16 steps),
+    then convert ``model`` to the calibrated recipe - what the trainer does over its first steps,
+    for scripts that drive the steps themselves (benchmarks). Returns the calibration."""
+    from ..convert import convert
+
+    rec = PatternRecorder.for_recipe(model, recipe).attach()
+    try:
+        for _ in range(steps):
+            train_step()
+            rec.steps += 1
+    finally:
+        rec.detach()
+    cal = rec.result()
+    convert(model, cal.recipe(recipe.name, base=recipe), backend=backend)
+    return cal

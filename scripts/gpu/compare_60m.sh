@@ -43,7 +43,7 @@ if [ "${3:-}" = pytest ]; then  # alone: beside three training runs they did not
 fi
 timeout -s INT $(( $2 - 25 - $(date +%s) + T0 )) python3 -m fp4train compare --model 60m --data .data/enwiki --recipes "$RECIPES" --seeds 0,1 \
   --lr 1.2e-3 --warmup-steps 64 --max-steps 640 --seq-len 1024 --batch-size 32 \
-  --eval-every 64 --eval-batches 16 --ckpt-every 64 --numerics ${NUMERICS:-triton} --gpus "$SLOTS" --out $WORK \
+  --eval-every 64 --eval-batches 16 --ckpt-every 64 --numerics ${NUMERICS:-triton} --backend emulated --gpus "$SLOTS" --out $WORK \
   > $OUT/compare.log 2>&1
 echo "compare exit $?" >> $OUT/compare.log
 sleep 2
