@@ -58,8 +58,8 @@ def oe_gemm(
     a_res, a_row, a_col = split(a, ext.a_rows, ext.inner)
     b_res, b_row, b_col = split(b, ext.b_rows, ext.inner)
     c = residual_gemm(a_res, b_res).float()
-    if ext.inner is not None:
-        c = c + a_col.float() @ b_col.float().T  # rank-|S| update
+    if ext.inner is not None:  # rank-|S| update, added by the GEMM itself (C += A_S B_S^T): no extra pass over C
+        c.addmm_(a_col.float(), b_col.float().T)
     if ext.a_rows is not None:
         c[ext.a_rows] = a_row.float() @ b.float().T
     if ext.b_rows is not None:
