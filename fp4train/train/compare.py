@@ -160,7 +160,8 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
         "model": first["model"], "tokens_per_run": first["tokens"], "steps": first["steps"], "seeds": seeds,
         "device": first["device"], "gpu": first.get("gpu"), "date": time.strftime("%Y-%m-%d"),
         "bf16_seed_spread_pct": spread, "recipes": summary, "unfinished": unfinished,
-        "numerics": sorted({x.get("numerics") or "eager" for x in runs}), "runs_per_gpu": runs_per_gpu,
+        "numerics": sorted({x.get("numerics") or "eager" for x in runs}),
+        "backends": sorted({x.get("backend") or "emulated" for x in runs}), "runs_per_gpu": runs_per_gpu,
         "runs": [{k: v for k, v in x.items() if k != "curve"} for x in runs],
     }
     (out / "report.json").write_text(json.dumps(report, indent=1))
@@ -180,7 +181,7 @@ def _markdown(rep: dict) -> str:
         f"# Recipe comparison: `{rep['model']}`, {rep['tokens_per_run']:,} tokens per run, seeds {rep['seeds']}",
         "",
         f"Hardware: {hw}. Date: {rep['date']}. Validation loss at the end of training; gap = loss / BF16 loss − 1 at "
-        f"the same seed. Tokens/s: emulated backend, numerics {', '.join(rep.get('numerics', []))}"
+        f"the same seed. Tokens/s: backend {', '.join(rep.get('backends', ['emulated']))}, numerics {', '.join(rep.get('numerics', []))}"
         + (f", {rep['runs_per_gpu']} runs sharing each GPU at once (compare them with each other only; "
            "`bench/train_speed.py` measures speed)." if rep.get("runs_per_gpu", 1) > 1 else "."),
         "",
