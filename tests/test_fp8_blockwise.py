@@ -89,3 +89,19 @@ def test_a_torch_without_blockwise_fp8_gemms_falls_back_once_with_a_warning(monk
     monkeypatch.setattr(fb, "_BLOCKWISE_OK", True)  # it ran before: a later failure is a real error
     with pytest.raises(RuntimeError, match="not supported"):
         be.gemm(a, b, torch.float32)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("role", [0, 1])
+def test_32x32_tiles_fold_for_either_role_and_orientation(transposed, role):
+    """tib2d's W and dY: one 32x32-tile quantization, folded for each GEMM that uses it."""
+    be = get("fp8_blockwise")
+    x = torch.randn(256, 384, device=DEV) * torch.logspace(-3, 3, 256, device=DEV)[:, None]
+    q = fp4train.quantize(x, "mxfp4", block=(32, 32), scale="ceil")
+    view = q.t() if transposed else q
+    f = be.fold_tiles(view, role)
+    assert isinstance(f, FoldedOperand) and f.shape == view.shape and f.block_axis == 1
+    assert f.data.group_rows == (1 if role == 0 else 128) and f.data.scales.shape[0] == view.shape[0] // f.data.group_rows
+    torch.testing.assert_close(f.dequantize(), view.dequantize(torch.float32), rtol=0, atol=0)  # exact
+    assert be.fold_tiles(fp4train.quantize(x[:200], "mxfp4", block=(32, 32)), role) is None  # 200 rows: not whole groups
+    assert be.fold_tiles(fp4train.quantize(x, "mxfp4"), role) is None  # 1x32 blocks: not tiles

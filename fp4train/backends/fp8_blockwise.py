@@ -127,6 +127,13 @@ class Fp8BlockwiseBackend:
         if x.ndim != 2 or q.format != "mxfp4" or q.four_over_six:
             return None
         kw = q.quantize_kwargs()
+        if q.is_2d:
+            # 32x32 tiles: quantized once, packed; gemm() folds them for each use (either orientation)
+            if tuple(kw["block"]) != (32, 32) or x.shape[0] % 128 or x.shape[1] % 128:
+                return None
+            from ..kernels import quantize_mxfp4_2d
+
+            return quantize_mxfp4_2d(x.detach(), scale=kw.get("scale", "floor"), rounding=kw.get("rounding", "nearest"), seed=seed)
         if kw.get("block") not in (None, 32) or x.shape[axis] % 128:
             return None
         from ..kernels.mx_fold import quantize_mxfp4_fp8
@@ -149,6 +156,43 @@ class Fp8BlockwiseBackend:
 
         return FoldedOperand(fold_packed_mxfp4(q.codes, q.scales, group_rows=128, counter=self._counter(q.device)))
 
+    def fold_tiles(self, q: QuantizedTensor, role: int) -> FoldedOperand | None:
+        """A packed MXFP4 operand with 32x32 tiles folded for GEMM operand ``role`` (0: A, 1x128
+        groups; 1: B, 128x128), whichever way it is viewed; None unless both dims are multiples of 128.
+
+        A tile's scale is the scale of each 1x32 row piece in it, so the stored codes with the tile
+        scales repeated down the rows are 1x32 MXFP4 along the stored columns - what
+        :func:`~fp4train.kernels.mx_fold.fold_packed_mxfp4` folds. Viewed transposed (the inner dim
+        is the stored rows), the stored tensor is folded with 128x128 groups - a group maps onto a
+        group under transposition - and the E4M3 bytes and group scales are transposed (one byte
+        per element); as an A operand its 128x128 scales are repeated per row (1x128 groups with
+        equal scales: the same values, a wider span for the exactness rule)."""
+        lay = q.layout
+        if q.fmt != "mxfp4" or q.ndim != 2 or not lay.is_2d or lay.block != (32, 32) or not _kernels_usable(q.codes):
+            return None
+        rows, cols = lay.shape
+        if rows % 128 or cols % 128:
+            return None
+        from ..kernels.mx_fold import fold_packed_mxfp4
+
+        row_scales = q.scales.repeat_interleave(32, 0)  # [rows, cols / 32]: each row piece's tile scale
+        counter = self._counter(q.device)
+        if not q.transposed:  # inner dim = the stored columns
+            return FoldedOperand(fold_packed_mxfp4(q.codes, row_scales, group_rows=1 if role == 0 else 128, counter=counter))
+        f = fold_packed_mxfp4(q.codes, row_scales, group_rows=128, counter=counter)
+        codes, scales = f.codes.t().contiguous(), f.scales.t().contiguous()
+        if role == 0:
+            return FoldedOperand(FoldedFP8(codes, scales.repeat_interleave(128, 0), 1, f.inexact))
+        return FoldedOperand(FoldedFP8(codes, scales, 128, f.inexact))
+
+    def _fold(self, op, role: int):
+        """``op`` as a FoldedOperand for ``role`` if it can be one, else None."""
+        if isinstance(op, FoldedOperand):
+            return op
+        if isinstance(op, QuantizedTensor) and op.fmt == "mxfp4":
+            return self.fold_tiles(op, role) if op.layout.is_2d else (self.fold_saved(op) if role == 1 else None)
+        return None
+
     @staticmethod
     def _blockwise(a, b) -> bool:
         """Do ``a`` and ``b`` make the FP8 blockwise GEMM's operands (1x128 A, 128x128 B, on CUDA)?"""
@@ -157,8 +201,11 @@ class Fp8BlockwiseBackend:
 
     def gemm(self, a, b, out_dtype: torch.dtype) -> torch.Tensor:
         global _BLOCKWISE_OK
-        if isinstance(a, FoldedOperand) and isinstance(b, QuantizedTensor):
-            b = self.fold_saved(b) or b
+        foldable = lambda op: isinstance(op, FoldedOperand) or (isinstance(op, QuantizedTensor) and op.fmt == "mxfp4")  # noqa: E731
+        if _BLOCKWISE_OK is not False and foldable(a) and foldable(b):
+            fa, fb = self._fold(a, 0), self._fold(b, 1)
+            if fa is not None and fb is not None:
+                a, b = fa, fb  # both on FP8 tensor cores, or (CPU, another view) both exact in BF16 below
         if _BLOCKWISE_OK is not False and self._blockwise(a, b):
             try:
                 y = blockwise_fp8_mm(a.data, b.data, out_dtype)
