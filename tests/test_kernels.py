@@ -342,3 +342,26 @@ def test_fold_of_packed_mxfp4_equals_reference_fold(group_rows):
     assert torch.equal(got.codes, ref.codes)
     torch.testing.assert_close(got.scales, ref.scales, rtol=0, atol=0, equal_nan=True)
     assert int(got.inexact) == ref.inexact > 0
+
+
+@pytest.mark.parametrize("scale,rounding", [(("floor", "floor"), ("nearest", "nearest")), (("ceil", "floor"), ("nearest", "stochastic"))])
+def test_fold_and_columns_kernel_is_both_reference_operands(scale, rounding):
+    """X read once: the fprop operand (MXFP4 along K folded into 1x128 FP8 groups) and the wgrad
+    operand (MXFP4 along M, packed), each equal to its own reference bit for bit."""
+    from fp4train.formats.fold import fold
+    from fp4train.kernels.mx_fold import quantize_mxfp4_fp8_and_columns
+
+    x = _special(64, 256, 21)
+    x[40:44, 128:] *= 2.0**-20  # blocks far below their group's largest: inexact after folding
+    seeds = (5, 2**41 + 3)
+    counter = torch.zeros((), dtype=torch.int32, device=DEV)
+    folded, cols = quantize_mxfp4_fp8_and_columns(x.to(DEV), scale=scale, rounding=rounding, seed=seeds, counter=counter)
+    ref_r = fp4train.quantize(x, "mxfp4", axis=-1, scale=scale[0], rounding=rounding[0], seed=seeds[0])
+    ref_c = fp4train.quantize(x, "mxfp4", axis=0, scale=scale[1], rounding=rounding[1], seed=seeds[1])
+    want = fold(ref_r, group_rows=1)
+    assert torch.equal(folded.codes.cpu(), want.codes)
+    torch.testing.assert_close(folded.scales.cpu(), want.scales, rtol=0, atol=0, equal_nan=True)
+    assert int(counter) == want.inexact > 0
+    assert cols.layout == ref_c.layout and torch.equal(cols.codes.cpu(), ref_c.codes) and torch.equal(cols.scales.cpu(), ref_c.scales)
+    with pytest.raises(ValueError, match="M % 32 == 0 and K % 128 == 0"):
+        quantize_mxfp4_fp8_and_columns(torch.randn(64, 96, device=DEV))

@@ -12,9 +12,12 @@ The backend prepares its own operands (:meth:`operand`): MXFP4 requests with 1x3
 the GEMM's inner dimension, floor or ceil scales, nearest or stochastic rounding, whose inner
 dimension is a multiple of 128, quantize and fold in one Triton pass
 (:func:`fp4train.kernels.quantize_mxfp4_fp8`), bit-identical to quantize-then-fold of the
-reference. The X that forward saved for wgrad stays packed MXFP4 (4.25 bits per element) and is folded
-in backward from its codes (:meth:`fold_saved`, one pass). Everything else - and any GEMM without
-two folded operands, and every CPU GEMM - goes to the ``emulated`` backend (a folded operand is
+reference. Where fprop and wgrad both take X as 1x32 MXFP4, one pass makes both (:meth:`operand_pair`).
+The X that forward saved for wgrad stays packed MXFP4 (4.25 bits per element) and is folded
+in backward from its codes (:meth:`fold_saved`, one pass). 32x32-tile operands (tib2d's W and dY)
+are quantized once, kept packed and folded for each GEMM that uses them (:meth:`fold_tiles`).
+Everything else - and any GEMM without two folded operands, and every CPU GEMM - goes to the
+``emulated`` backend (a folded operand is
 exact in BF16 there).
 """
 
@@ -142,6 +145,24 @@ class Fp8BlockwiseBackend:
         folded = quantize_mxfp4_fp8(src, group_rows=1 if role == 0 else 128, scale=kw.get("scale", "floor"),
                                     rounding=kw.get("rounding", "nearest"), seed=seed, counter=self._counter(x.device))
         return FoldedOperand(folded, transposed=axis % 2 == 0)
+
+    def operand_pair(self, x: torch.Tensor, qa, qb, *, seeds: tuple[int | None, int | None]):
+        """X ``[M, K]`` read once for its two GEMMs: (fprop's A operand, MXFP4 along K folded into FP8,
+        wgrad's X, MXFP4 along M packed - what the layer saves), or None where the specs or the shape
+        do not allow it (both MXFP4 with 1x32 blocks, M % 32 == 0, K % 128 == 0)."""
+        if x.ndim != 2 or not _kernels_usable(x) or x.shape[0] % 32 or x.shape[1] % 128:
+            return None
+        kws = []
+        for q in (qa, qb):
+            if not q.quantized or q.format != "mxfp4" or q.four_over_six or q.quantize_kwargs().get("block") not in (None, 32):
+                return None
+            kws.append(q.quantize_kwargs())
+        from ..kernels.mx_fold import quantize_mxfp4_fp8_and_columns
+
+        folded, cols = quantize_mxfp4_fp8_and_columns(
+            x.detach(), scale=tuple(k.get("scale", "floor") for k in kws), rounding=tuple(k.get("rounding", "nearest") for k in kws),
+            seed=seeds, counter=self._counter(x.device))
+        return FoldedOperand(folded), cols
 
     def fold_saved(self, q: QuantizedTensor) -> FoldedOperand | None:
         """A packed MXFP4 operand (the X that forward saved for wgrad) folded as a B operand, in one

@@ -20,8 +20,10 @@ import triton
 import triton.language as tl
 
 from ..formats.fold import FoldedFP8
+from ..formats.layout import BlockLayout
+from ..formats.qtensor import QuantizedTensor
 from .e4m3 import e4m3_rtne
-from .mx_quantize import _e2m1_codes, _keys, _pow2, _scale_exponent, _uniforms
+from .mx_quantize import _e2m1_codes, _keys, _pow2, _scale_exponent, _store_columns, _uniforms
 
 
 @triton.jit(do_not_specialize=["key", "key2"])
@@ -142,3 +144,60 @@ def fold_packed_mxfp4(codes: torch.Tensor, scales: torch.Tensor, *, group_rows: 
         _packed_fold_kernel[(triton.cdiv(R, rb), K // 128)](codes, scales, out, out_s, counter, R, codes.stride(0),
                                                             scales.stride(0), out.stride(0), out_s.stride(0), GR=group_rows)
     return FoldedFP8(out, out_s, group_rows, counter)
+
+
+@triton.jit(do_not_specialize=["key_r", "key2_r", "key_c", "key2_c"])
+def _fold_and_columns_kernel(x_ptr, codes_ptr, scales_ptr, count_ptr, cc_ptr, cs_ptr, M, K, sx, sc, ss, scc, scs,
+                             key_r, key2_r, key_c, key2_c,
+                             CEIL_R: tl.constexpr, SR_R: tl.constexpr, CEIL_C: tl.constexpr, SR_C: tl.constexpr):
+    """One read of a [32, 128] tile of X -> its fprop operand (MXFP4 along K folded into FP8 with 1x128
+    groups) and its wgrad operand (MXFP4 along M, packed)."""
+    pm = tl.program_id(0)
+    m = pm * 32 + tl.arange(0, 32)
+    kk = tl.program_id(1) * 128 + tl.arange(0, 128)
+    x = tl.load(x_ptr + m[:, None] * sx + kk[None, :]).to(tl.float32)
+    a = tl.abs(x)
+    finite = a < float("inf")
+    af = tl.where(finite, a, 0.0)
+    bad = tl.where(finite, 0, 1)
+    # along K, as _fold_kernel with GR=1 (rows m, columns kk)
+    amax = tl.max(tl.reshape(af, [32, 4, 32]), axis=2)
+    nan_b = tl.max(tl.reshape(bad, [32, 4, 32]), axis=2) > 0
+    e = _scale_exponent(amax, CEIL_R)
+    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
+    v = tl.reshape(x, [32, 4, 32]) * inv[:, :, None]
+    u = v
+    if SR_R:
+        u = tl.reshape(_uniforms(m[:, None] * K + kk[None, :], key_r, key2_r), [32, 4, 32])
+    code = tl.where(nan_b[:, :, None], 0, _e2m1_codes(v, u, SR_R))
+    _fold_store(code, tl.where(nan_b, 128, e), nan_b, m, m < M, codes_ptr, scales_ptr, count_ptr, sc, ss, 32, 1)
+    # along M
+    _store_columns(x, af, bad, m, kk, kk < K, pm, M, key_c, key2_c, cc_ptr, cs_ptr, scc, scs, CEIL_C, SR_C, 128)
+
+
+def quantize_mxfp4_fp8_and_columns(
+    x: torch.Tensor, *, scale: tuple[str, str] = ("floor", "floor"), rounding: tuple[str, str] = ("nearest", "nearest"),
+    seed: tuple[int | None, int | None] = (None, None), counter: torch.Tensor | None = None,
+) -> tuple[FoldedFP8, QuantizedTensor]:
+    """X ``[M, K]`` read once for both GEMMs that use it: its fprop operand, MXFP4 along K folded into FP8
+    with 1x128 groups (= ``quantize_mxfp4_fp8(x, group_rows=1, ...)``), and its wgrad operand, MXFP4
+    along M packed (= ``quantize(x, "mxfp4", axis=0, ...)``), each bit for bit; ``scale``, ``rounding``
+    and ``seed`` are (along K, along M) pairs. M must be a multiple of 32 and K of 128."""
+    if x.ndim != 2 or x.shape[0] % 32 or x.shape[1] % 128 or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"quantize_mxfp4_fp8_and_columns takes a 2D float tensor [M, K] with M % 32 == 0 and K % 128 == 0, "
+                         f"got {x.dtype} {tuple(x.shape)}")
+    x = x.contiguous()
+    M, K = x.shape
+    codes = torch.empty(M, K, dtype=torch.uint8, device=x.device)
+    scales = torch.empty(M, K // 128, dtype=torch.float32, device=x.device)
+    cc = torch.empty(K, M // 2, dtype=torch.uint8, device=x.device)
+    cs = torch.empty(K, M // 32, dtype=torch.uint8, device=x.device)
+    counter = torch.zeros((), dtype=torch.int32, device=x.device) if counter is None else counter
+    sr_r, k_r, k2_r = _keys(rounding[0], seed[0])
+    sr_c, k_c, k2_c = _keys(rounding[1], seed[1])
+    if M and K:
+        _fold_and_columns_kernel[(M // 32, K // 128)](
+            x, codes, scales, counter, cc, cs, M, K, x.stride(0), codes.stride(0), scales.stride(0), cc.stride(0), cs.stride(0),
+            k_r, k2_r, k_c, k2_c, CEIL_R=scale[0] == "ceil", SR_R=sr_r, CEIL_C=scale[1] == "ceil", SR_C=sr_c)
+    cols = QuantizedTensor("mxfp4", cc, cs, None, BlockLayout((M, K), (32,), 0), x.dtype)
+    return FoldedFP8(codes, scales, 1, counter), cols

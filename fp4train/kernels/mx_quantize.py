@@ -200,6 +200,14 @@ def _mxfp4_dual_kernel(
     tl.store(rs_ptr + m[:, None] * stride_rs + kb[None, :], tl.where(nan_r, 255, e_r + 127).to(tl.uint8), mask=(kb < K // 32)[None, :])
 
     # ---- along M: 32x1 blocks of each column (the wgrad layout, stored as X^T [K, M]) ----
+    _store_columns(x, af, bad, m, kk, kmask, pm, M, key_c, key2_c, cc_ptr, cs_ptr, stride_cc, stride_cs, CEIL_C, SR_C, BK)
+
+
+@triton.jit
+def _store_columns(x, af, bad, m, kk, kmask, pm, M, key_c, key2_c, cc_ptr, cs_ptr, stride_cc, stride_cs,
+                   CEIL_C: tl.constexpr, SR_C: tl.constexpr, BK: tl.constexpr):
+    """MXFP4 of a [32, BK] tile of X (rows ``m``, columns ``kk``; ``af`` = finite |x|, ``bad`` = NaN/Inf)
+    along M: 32x1 blocks down each column, stored packed as X^T [K, M/2] with E8M0 scales [K, M/32]."""
     amax_c = tl.max(af, axis=0)
     nan_c = tl.max(bad, axis=0) > 0
     e_c = _scale_exponent(amax_c, CEIL_C)

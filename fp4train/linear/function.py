@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..counter_rng import derive_seed
 from ..recipes.spec import LinearSpec
 from .operands import (
     DGRAD,
@@ -21,27 +22,43 @@ from .operands import (
 )
 
 
-def fprop(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: torch.dtype):
+def fprop(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: torch.dtype, *, save_x: bool | None = None):
     """GEMM 1, fprop: ``Y[M,N] = X[M,K] @ W[N,K]^T (+ b)``, both operands along K.
 
-    Returns Y and the two prepared operands (the caller may keep them for backward). Also the
-    whole forward of the layer when no gradient is needed (inference, evaluation).
+    Returns Y and the two prepared operands (the caller may keep them for backward); when
+    ``save_x`` is given, a fourth value: X prepared for wgrad where ``save_x`` is True and a
+    backend's ``operand_pair`` made it in the same pass as fprop's, else None. Also the whole forward of the layer when no gradient is needed
+    (inference, evaluation).
     """
     g = spec.fprop
     if g.outliers is not None:  # AdaHOP outlier extraction: nothing prepared to reuse
         y = gemm_with_outliers(x2, weight, g, seed=seed, gemm=FPROP, compute_dtype=out_dtype, backend=backend, out_dtype=out_dtype)
-        return (y + bias.to(out_dtype) if bias is not None else y), None, None
+        y = y + bias.to(out_dtype) if bias is not None else y
+        return (y, None, None, None) if save_x is not None else (y, None, None)
     # an operand that backward reuses (one 2D tiling shared with another GEMM) is kept packed
     keep_x = shares_quantization(g.a, g.transform, spec.wgrad.b, spec.wgrad.transform) and spec.wgrad.outliers is None
     keep_w = shares_quantization(g.b, g.transform, spec.dgrad.b, spec.dgrad.transform) and spec.dgrad.outliers is None
     kx = dict(axis=1, transform=g.transform, seed=seed, gemm=FPROP, operand=OP_A, compute_dtype=out_dtype)
     kw = dict(axis=1, transform=g.transform, seed=seed, gemm=FPROP, operand=OP_B, compute_dtype=out_dtype)
-    xa = prepare(x2, g.a, **kx) if keep_x else prepare_now(x2, g.a, **kx, backend=backend)
+    xa = x_saved = None
+    pair = getattr(backend, "operand_pair", None)
+    if save_x and pair is not None and not keep_x and spec.wgrad.outliers is None and g.transform is None and spec.wgrad.transform is None:
+        # X read once for fprop (along K) and wgrad (along M), where the backend can
+        both = pair(x2, g.a, spec.wgrad.b, seeds=(_sr_seed(g.a, seed, FPROP, OP_A), _sr_seed(spec.wgrad.b, seed, WGRAD, OP_B)))
+        if both is not None:
+            xa, x_saved = both
+    if xa is None:
+        xa = prepare(x2, g.a, **kx) if keep_x else prepare_now(x2, g.a, **kx, backend=backend)
     wb = prepare(weight, g.b, **kw) if keep_w else prepare_now(weight, g.b, **kw, backend=backend)
     y = backend.gemm(xa, wb, out_dtype)
     if bias is not None:
         y = y + bias.to(out_dtype)
-    return y, xa, wb
+    return (y, xa, wb, x_saved) if save_x is not None else (y, xa, wb)
+
+
+def _sr_seed(q, seed: int, gemm: int, operand: int) -> int | None:
+    """The stochastic-rounding seed :func:`prepare` gives this operand (None for nearest rounding)."""
+    return derive_seed(seed, gemm, operand) if q.quantized and q.stochastic else None
 
 
 class QuantizedLinearFunction(torch.autograd.Function):
@@ -83,12 +100,14 @@ class QuantizedLinearFunction(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])
         cdt = out_dtype
         with torch.autocast(x.device.type, enabled=False):
-            y, xa, wb = fprop(x2, weight, bias, spec, backend, seed, out_dtype)
+            y, xa, wb, x_pair = fprop(x2, weight, bias, spec, backend, seed, out_dtype, save_x=bool(ctx.needs_input_grad[1]))
             g, w3 = spec.fprop, spec.wgrad
             x_saved = w_saved = None
             if ctx.needs_input_grad[1]:
                 # X for GEMM 3 (wgrad, along M), prepared now and saved packed
-                if w3.outliers is not None:
+                if x_pair is not None:
+                    x_saved = x_pair  # made in fprop's pass over X
+                elif w3.outliers is not None:
                     x_saved = x2  # outlier extraction in wgrad picks rows of X and dY together: X stays unpacked
                 elif xa is not None and shares_quantization(g.a, g.transform, w3.b, w3.transform):
                     x_saved = xa
