@@ -35,6 +35,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("quantize_speed needs a CUDA GPU")
+    from fp4train.kernels.mx_fold import quantize_mxfp4_fp8_and_columns
     from fp4train.kernels import (block_hadamard, fp8_rowwise_values, mxfp4_values, mxfp8_values, nvfp4_values,
                                   quantize_mxfp4, quantize_mxfp4_dual, quantize_mxfp4_fp8, quantize_mxfp8, quantize_mxfp8_2d,
                                   quantize_nvfp4)
@@ -44,7 +45,8 @@ def main(argv=None):
     n = x.numel()
     moved = {"copy": 2 * 2 * n, "mxfp4": 2 * n + n // 2 + n // 32, "nvfp4": 2 * n + n // 2 + n // 16,
              "mxfp4 both layouts": 2 * n + 2 * (n // 2 + n // 32), "mxfp8": 2 * n + n + n // 32,
-             "values": 2 * n + 2 * n, "fold": 2 * n + n + n // 32}
+             "values": 2 * n + 2 * n, "fold": 2 * n + n + n // 32,
+             "fold + columns": 2 * n + n + n // 32 + n // 2 + n // 32}
     results = {}
     t = median_time(lambda: y.copy_(x), args.repeats)
     results["copy"] = {"ms": t * 1e3, "GBps": moved["copy"] / t / 1e9}
@@ -69,6 +71,8 @@ def main(argv=None):
         # MXFP4 folded into FP8 + 1x128 group scales (the FP8 tensor-core GEMM operand)
         "triton mxfp4 -> fp8 1x128": ("fold", lambda: quantize_mxfp4_fp8(x, group_rows=1)),
         "triton mxfp4 -> fp8 128x128": ("fold", lambda: quantize_mxfp4_fp8(x, group_rows=128)),
+        # the layer's X: fprop's folded operand and wgrad's packed X from one read
+        "triton X -> fp8 1x128 + mxfp4 along M": ("fold + columns", lambda: quantize_mxfp4_fp8_and_columns(x)),
     }.items():
         t = median_time(fn, args.repeats)
         gbps = moved[kind] / t / 1e9
