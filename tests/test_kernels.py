@@ -365,3 +365,21 @@ def test_fold_and_columns_kernel_is_both_reference_operands(scale, rounding):
     assert cols.layout == ref_c.layout and torch.equal(cols.codes.cpu(), ref_c.codes) and torch.equal(cols.scales.cpu(), ref_c.scales)
     with pytest.raises(ValueError, match="M % 32 == 0 and K % 128 == 0"):
         quantize_mxfp4_fp8_and_columns(torch.randn(64, 96, device=DEV))
+
+
+@pytest.mark.parametrize("block,signed", [(32, False), (16, True), (128, False)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group_rows", [1, 128])
+def test_fold_kernel_with_fused_hadamard_equals_transform_then_quantize_then_fold(block, signed, dtype, group_rows):
+    from fp4train.formats.fold import fold
+    from fp4train.kernels import quantize_mxfp4_fp8
+    from fp4train.transforms.hadamard import signs
+
+    x = _special(130, 256, 8).to(dtype)
+    ref = fold(fp4train.quantize(fp4train.hadamard(x, block, axis=-1, seed=7 if signed else None), "mxfp4", rounding="stochastic",
+                                 seed=3), group_rows)
+    got = quantize_mxfp4_fp8(x.to(DEV), group_rows=group_rows, rounding="stochastic", seed=3, hadamard_block=block,
+                             hadamard_signs=signs(7, block) if signed else None)
+    assert torch.equal(got.codes.cpu(), ref.codes)
+    torch.testing.assert_close(got.scales.cpu(), ref.scales, rtol=0, atol=0, equal_nan=True)
+    assert int(got.inexact) == ref.inexact

@@ -123,13 +123,18 @@ class Fp8BlockwiseBackend:
             self.inexact = torch.zeros((), dtype=torch.int32, device=device)
         return self.inexact
 
-    def operand(self, x: torch.Tensor, q, *, axis: int, role: int, seed: int | None):
-        """The folded operand for an MXFP4 request (``role`` 0: GEMM operand A, 1: B), or None."""
+    def operand(self, x: torch.Tensor, q, *, axis: int, role: int, seed: int | None, transform=None, transform_seed=None):
+        """The folded operand for an MXFP4 request (``role`` 0: GEMM operand A, 1: B), or None.
+        ``transform`` (a TransformSpec along ``axis``, signs from ``transform_seed``): fused into the
+        same pass (block Hadamard up to 128, float32/bfloat16 input), or None to have it done first."""
         if not _kernels_usable(x):
             return None
         if x.ndim != 2 or q.format != "mxfp4" or q.four_over_six:
             return None
         kw = q.quantize_kwargs()
+        if transform is not None:
+            if q.is_2d or transform.block > 128 or x.dtype not in (torch.float32, torch.bfloat16):
+                return None
         if q.is_2d:
             # 32x32 tiles: quantized once, packed; gemm() folds them for each use (either orientation)
             if tuple(kw["block"]) != (32, 32) or x.shape[0] % 128 or x.shape[1] % 128:
@@ -142,8 +147,14 @@ class Fp8BlockwiseBackend:
         from ..kernels.mx_fold import quantize_mxfp4_fp8
 
         src = x.detach() if axis % 2 == 1 else x.detach().t()  # blocks along the stored last dim
+        had = {}
+        if transform is not None:
+            from ..transforms.hadamard import signs
+
+            had = dict(hadamard_block=transform.block,
+                       hadamard_signs=signs(transform_seed, transform.block, device=x.device) if transform_seed is not None else None)
         folded = quantize_mxfp4_fp8(src, group_rows=1 if role == 0 else 128, scale=kw.get("scale", "floor"),
-                                    rounding=kw.get("rounding", "nearest"), seed=seed, counter=self._counter(x.device))
+                                    rounding=kw.get("rounding", "nearest"), seed=seed, counter=self._counter(x.device), **had)
         return FoldedOperand(folded, transposed=axis % 2 == 0)
 
     def operand_pair(self, x: torch.Tensor, qa, qb, *, seeds: tuple[int | None, int | None]):

@@ -15,6 +15,8 @@ device (no host synchronisation) into ``counter``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -23,19 +25,43 @@ from ..formats.fold import FoldedFP8
 from ..formats.layout import BlockLayout
 from ..formats.qtensor import QuantizedTensor
 from .e4m3 import e4m3_rtne
+from .hadamard import _butterfly
 from .mx_quantize import _e2m1_codes, _keys, _pow2, _scale_exponent, _store_columns, _uniforms
 
 
+@triton.jit
+def _round_bf16(y):
+    """FP32 -> the nearest-even BF16 value, as FP32 (in integers: the interpreter's float cast truncates)."""
+    bits = y.to(tl.uint32, bitcast=True)
+    rne = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    return tl.where(is_nan, y, rne.to(tl.float32, bitcast=True))
+
+
 @triton.jit(do_not_specialize=["key", "key2"])
-def _fold_kernel(x_ptr, codes_ptr, scales_ptr, count_ptr, R, K, sx, sc, ss, key, key2,
-                 CEIL: tl.constexpr, SR: tl.constexpr, GR: tl.constexpr):
-    """Program (i, j): rows i*GR .. +GR, columns j*128 .. +128 (GR=1 handles 16 rows of 1x128 groups)."""
+def _fold_kernel(x_ptr, d_ptr, codes_ptr, scales_ptr, count_ptr, R, K, sx, sc, ss, key, key2,
+                 CEIL: tl.constexpr, SR: tl.constexpr, GR: tl.constexpr,
+                 HAD: tl.constexpr, LOG_HAD: tl.constexpr, HAS_D: tl.constexpr, NORM: tl.constexpr, ROUND_BF16: tl.constexpr):
+    """Program (i, j): rows i*GR .. +GR, columns j*128 .. +128 (GR=1 handles 16 rows of 1x128 groups).
+    ``HAD`` > 0: first the block-HAD Hadamard transform along the rows (signs ``d`` if HAS_D), exactly as
+    kernels/hadamard.py does it, rounded to BF16 when the input is BF16 (the reference transforms into
+    the input's dtype, then quantizes)."""
     RB: tl.constexpr = 16 if GR == 1 else GR
     r = tl.program_id(0) * RB + tl.arange(0, RB)
     c = tl.program_id(1) * 128 + tl.arange(0, 128)
     rmask = r < R
     mask = rmask[:, None]
     x = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAD > 0:
+        NB: tl.constexpr = RB * (128 // HAD)
+        y = tl.reshape(x, [NB, HAD])
+        if HAS_D:
+            y = y * tl.load(d_ptr + tl.arange(0, HAD))[None, :]
+        for s in tl.static_range(LOG_HAD):
+            y = _butterfly(y, NB, HAD, 1 << s)
+        x = tl.reshape(y * NORM, [RB, 128])
+        if ROUND_BF16:
+            x = _round_bf16(x)
     a = tl.abs(x)
     finite = a < float("inf")
     x3 = tl.reshape(x, [RB, 4, 32])
@@ -105,14 +131,23 @@ def _packed_fold_kernel(pc_ptr, ps_ptr, codes_ptr, scales_ptr, count_ptr, R, spc
 
 
 def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor", rounding: str = "nearest",
-                       seed: int | None = None, counter: torch.Tensor | None = None) -> FoldedFP8:
+                       seed: int | None = None, counter: torch.Tensor | None = None,
+                       hadamard_block: int | None = None, hadamard_signs: torch.Tensor | None = None) -> FoldedFP8:
     """MXFP4 (1x32 along the last dim) folded into FP8 with ``group_rows`` x 128 groups; see the module
     docstring. ``counter``: an int32 device tensor that the inexact-element count is added to (one is
-    made if None); :attr:`FoldedFP8.inexact` is that tensor."""
+    made if None); :attr:`FoldedFP8.inexact` is that tensor. ``hadamard_block`` (a power of two up to
+    128): the block Hadamard transform along the last dim first, with ``hadamard_signs`` (RHT) if given -
+    ``fold(quantize(hadamard(x, block, seed), "mxfp4", ...))`` bit for bit, for float32 and bfloat16 ``x``."""
     if x.ndim != 2 or x.shape[1] % 128 or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"quantize_mxfp4_fp8 takes a 2D float tensor whose last dim is a multiple of 128, got {x.dtype} {tuple(x.shape)}")
     if group_rows not in (1, 128):
         raise ValueError(f"group_rows must be 1 or 128, got {group_rows}")
+    had = hadamard_block or 0
+    if had and (had < 2 or had > 128 or had & (had - 1) or x.dtype == torch.float16):
+        raise ValueError(f"quantize_mxfp4_fp8: a fused Hadamard block must be a power of two in [2, 128] on float32/bfloat16 "
+                         f"input, got block {had} on {x.dtype}")
+    d = None if hadamard_signs is None else hadamard_signs.to(device=x.device, dtype=torch.float32).contiguous()
+    norm = float(torch.tensor(1.0 / math.sqrt(had), dtype=torch.float32)) if had else 1.0  # the reference's FP32 constant
     x = x.contiguous()
     R, K = x.shape
     codes = torch.empty(R, K, dtype=torch.uint8, device=x.device)
@@ -121,8 +156,10 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     sr, key, key2 = _keys(rounding, seed)
     rb = 16 if group_rows == 1 else 128
     if R and K:
-        _fold_kernel[(triton.cdiv(R, rb), K // 128)](x, codes, scales, counter, R, K, x.stride(0), codes.stride(0),
-                                                     scales.stride(0), key, key2, CEIL=scale == "ceil", SR=sr, GR=group_rows)
+        _fold_kernel[(triton.cdiv(R, rb), K // 128)](x, d if d is not None else x, codes, scales, counter, R, K, x.stride(0),
+                                                     codes.stride(0), scales.stride(0), key, key2, CEIL=scale == "ceil", SR=sr,
+                                                     GR=group_rows, HAD=had, LOG_HAD=max(had.bit_length() - 1, 0),
+                                                     HAS_D=d is not None, NORM=norm, ROUND_BF16=had > 0 and x.dtype == torch.bfloat16)
     return FoldedFP8(codes, scales, group_rows, counter)
 
 

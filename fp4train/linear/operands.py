@@ -76,8 +76,9 @@ def prepare_now(
 ) -> Operand:
     """:func:`prepare` for an operand that a GEMM multiplies at once (nothing saves it).
 
-    A ``backend`` with an ``operand`` method (``fp8_blockwise``) is asked first: it may return
-    the operand in its own form (MXFP4 folded into FP8 group scales), after the transform.
+    A ``backend`` with an ``operand`` method (``fp8_blockwise``, ``triton``) is asked first: it may
+    return the operand in its own form (MXFP4 folded into FP8 group scales), with the transform
+    fused into the same pass where it can, else after the transform.
 
     Under ``set_numerics("compiled")`` the quantization and the split into BF16 values and
     factors (:meth:`QuantizedTensor.scaled_bf16`) run as one compiled graph, which never
@@ -95,9 +96,13 @@ def prepare_now(
     if not q.quantized or x.ndim != 2 or (mode == "eager" and own is None):
         return prepare(x, q, axis=axis, transform=transform, seed=seed, gemm=gemm, operand=operand,
                        compute_dtype=compute_dtype)
+    sr_seed = derive_seed(seed, gemm, operand) if q.stochastic else None
+    if own is not None and transform is not None:  # the backend may fuse the transform into its quantization
+        t_seed = derive_seed(seed, gemm, OP_TRANSFORM) if transform.random_signs else None
+        if (op := own(x, q, axis=axis, role=operand, seed=sr_seed, transform=transform, transform_seed=t_seed)) is not None:
+            return op
     # transformed once, outside any graph: a Triton kernel on GPUs (fp4train.transforms.hadamard.set_kernel)
     x = _transform(x, transform, axis=axis, seed=seed, gemm=gemm)
-    sr_seed = derive_seed(seed, gemm, operand) if q.stochastic else None
     if own is not None and (op := own(x, q, axis=axis, role=operand, seed=sr_seed)) is not None:
         return op
     kw = q.quantize_kwargs()
