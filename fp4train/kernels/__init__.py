@@ -5,12 +5,11 @@ the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``, small shapes
 """
 
 from .mx_fold import quantize_mxfp4_fp8
-from .mx_quantize import quantize_mxfp4, quantize_mxfp4_2d, quantize_mxfp4_dual
+from .mx_quantize import quantize_mxfp4, quantize_mxfp4_2d, quantize_mxfp4_dual, quantize_mxfp8, quantize_mxfp8_2d
 from .fp4_decode import decode_fp4_scaled
 from .fp8_values import fp8_rowwise_values
 from .hadamard import block_hadamard
 from .mx_values import mxfp4_values, mxfp8_values
-from .mxfp8_quantize import quantize_mxfp8, quantize_mxfp8_2d
 from .nvfp4_quantize import quantize_nvfp4
 from .nvfp4_values import nvfp4_values
 

@@ -1,15 +1,18 @@
-"""Fused MXFP4 quantization in Triton: one pass from BF16/FP32 to packed E2M1 codes + E8M0 scales.
+"""Fused MX quantization in Triton: one pass from BF16/FP32 to element codes + E8M0 scales.
 
-Same signature and bit-identical results as the reference ``fp4train.quantize(x, "mxfp4",
-axis=-1, scale=..., rounding=..., seed=...)`` for a 2D tensor whose last dim is a multiple of 32
-(the case of every GEMM operand after the layer's own padding): same scale rule (exponent from
-the float's bits; ``ceil`` one more exactly when the mantissa exceeds 1.5), same RTNE threshold
-table, same stochastic-rounding uniforms (the counter hash of :mod:`fp4train.counter_rng`,
+MXFP4 (E2M1 codes packed two per byte) and MXFP8 (E4M3 codes, a byte each), in 1x32 blocks along
+the last dim or 32x32 tiles, with the same signatures and bit-identical results as the reference
+``fp4train.quantize(x, "mxfp4" | "mxfp8", ...)`` for 2D tensors (1x32: last dim a multiple of 32,
+the case of every GEMM operand after the layer's own padding): same scale rule (exponent from the
+float's bits; ``ceil`` one more exactly when the mantissa exceeds the element's largest, 1.5 for
+E2M1 and 1.75 for E4M3), same rounding (E2M1's RTNE threshold table; E4M3 RTNE in integers,
+:mod:`.e4m3`), same stochastic-rounding uniforms (the counter hash of :mod:`fp4train.counter_rng`,
 recomputed in-kernel from the element's blocked index), same NaN/Inf rule (a block holding one
-gets the NaN scale 0xFF and zero codes).
+gets the NaN scale 0xFF and zero codes). The element type is a constexpr (``ELEM``) of one kernel
+per geometry; ``quantize_mxfp4_dual`` writes both layouts of X from one read.
 
-One program quantizes ``BLOCKS`` consecutive 32-element blocks of one row: it reads each element
-once and writes half a byte per element plus one scale byte per block.
+A 1x32 program quantizes ``BLOCKS`` consecutive 32-element blocks of one row: it reads each
+element once and writes its code plus one scale byte per block.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import triton.language as tl
 from .. import counter_rng
 from ..formats.layout import BlockLayout
 from ..formats.qtensor import QuantizedTensor
+from .e4m3 import e4m3_codes
 
 _GOLDEN = 0x9E3779B9
 _MASK32 = 0xFFFFFFFF
@@ -66,6 +70,36 @@ def _scale_exponent(amax, CEIL: tl.constexpr):
     return _mx_scale_exponent(amax, CEIL, 2, 0x400000)
 
 
+E2M1, E4M3 = 0, 1  # the ELEM constexpr of the MX kernels: MXFP4 or MXFP8
+
+
+@triton.jit
+def _mx_exponent(amax, CEIL: tl.constexpr, ELEM: tl.constexpr):
+    """The E8M0 exponent for MXFP4 (ELEM 0) or MXFP8 (ELEM 1: E4M3, emax 8, largest mantissa 1.75)."""
+    if ELEM == 0:
+        e = _mx_scale_exponent(amax, CEIL, 2, 0x400000)
+    else:
+        e = _mx_scale_exponent(amax, CEIL, 8, 0x600000)
+    return e
+
+
+@triton.jit
+def _mx_store_codes(code_ptr, row_offs, col0, v, u, keep, mask, SR: tl.constexpr, ELEM: tl.constexpr,
+                    ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Round scaled elements ``v`` [ROWS, COLS] (columns ``col0 ..``) onto the element grid and store
+    their codes (zero where ``keep`` is False): E2M1 packed two per byte (element 2j in the low nibble),
+    E4M3 one byte each. ``row_offs``: the rows' offsets in ``code_ptr`` ([ROWS, 1])."""
+    if ELEM == 0:
+        code = tl.where(keep, _e2m1_codes(v, u, SR), 0)
+        lo, hi = tl.split(tl.reshape(code, [ROWS, COLS // 2, 2]))
+        pmask = tl.max(tl.reshape(mask.to(tl.int32), [ROWS, COLS // 2, 2]), axis=2) > 0  # a pair is in or out together
+        pc = col0 // 2 + tl.arange(0, COLS // 2)
+        tl.store(code_ptr + row_offs + pc[None, :], (lo | (hi << 4)).to(tl.uint8), mask=pmask)
+    else:
+        code = tl.where(keep, e4m3_codes(v, u, SR), 0)
+        tl.store(code_ptr + row_offs + (col0 + tl.arange(0, COLS))[None, :], code.to(tl.uint8), mask=mask)
+
+
 @triton.jit
 def _e2m1_codes(v, u, SR: tl.constexpr):
     """E2M1 codes (int32, sign in bit 3) of scaled values: RTNE thresholds, or SR with uniforms u."""
@@ -93,12 +127,13 @@ def _uniforms(idx, key, key2):
 
 
 @triton.jit(do_not_specialize=["key", "key2"])
-def _mxfp4_kernel(
+def _mx_kernel(
     x_ptr, codes_ptr, scales_ptr,
     n_blocks_row, stride_x, stride_c, stride_s,
     key, key2,
-    CEIL: tl.constexpr, SR: tl.constexpr, BLOCKS: tl.constexpr,
+    CEIL: tl.constexpr, SR: tl.constexpr, BLOCKS: tl.constexpr, ELEM: tl.constexpr,
 ):
+    """``BLOCKS`` consecutive 32-element blocks of one row."""
     row = tl.program_id(0)
     b0 = tl.program_id(1) * BLOCKS
     blk = b0 + tl.arange(0, BLOCKS)  # block index within the row
@@ -113,50 +148,58 @@ def _mxfp4_kernel(
     nan_block = tl.max(tl.where(finite, 0, 1), axis=1) > 0
     amax = tl.max(tl.where(finite, a, 0.0), axis=1)
 
-    e = _scale_exponent(amax, CEIL)
+    e = _mx_exponent(amax, CEIL, ELEM)
     inv = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2**-e, always a normal float here
     v = x * inv[:, None]
     u = v  # unused unless SR
     if SR:
         u = _uniforms((row * n_blocks_row + blk)[:, None] * 32 + j[None, :], key, key2)
-    code = _e2m1_codes(v, u, SR)
-    code = tl.where(nan_block[:, None], 0, code)
-
-    pairs = tl.reshape(code, [BLOCKS, 16, 2])
-    c_lo, c_hi = tl.split(pairs)
-    packed = (c_lo | (c_hi << 4)).to(tl.uint8)
-    poffs = blk[:, None] * 16 + tl.arange(0, 16)[None, :]
-    tl.store(codes_ptr + row * stride_c + poffs, packed, mask=m)
+    # blocks [BLOCKS, 32] stored as one row of BLOCKS * 32 elements from column b0 * 32
+    _mx_store_codes(codes_ptr, row * stride_c, b0 * 32, tl.reshape(v, [1, BLOCKS * 32]), tl.reshape(u, [1, BLOCKS * 32]),
+                    tl.reshape(tl.broadcast_to(~nan_block[:, None], [BLOCKS, 32]), [1, BLOCKS * 32]),
+                    tl.reshape(tl.broadcast_to(m, [BLOCKS, 32]), [1, BLOCKS * 32]), SR, ELEM, 1, BLOCKS * 32)
     sbyte = tl.where(nan_block, 255, e + 127).to(tl.uint8)
     tl.store(scales_ptr + row * stride_s + blk, sbyte, mask=bmask)
+
+
+def _check(name: str, x: torch.Tensor, scale: str, rounding: str) -> torch.Tensor:
+    if x.ndim != 2:
+        raise ValueError(f"{name} needs a 2D tensor, got {tuple(x.shape)}")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"{name} takes float32/bfloat16/float16, got {x.dtype}")
+    if scale not in ("floor", "ceil") or rounding not in ("nearest", "stochastic"):
+        raise ValueError(f"bad scale {scale!r} or rounding {rounding!r}")
+    return x.contiguous()
+
+
+def _quantize_1d(fmt: str, x, scale, rounding, seed, blocks_per_program) -> QuantizedTensor:
+    name = f"quantize_{fmt}"
+    if x.ndim == 2 and x.shape[1] % 32:
+        raise ValueError(f"{name} needs a 2D tensor whose last dim is a multiple of 32, got {tuple(x.shape)}")
+    x = _check(name, x, scale, rounding)
+    rows, k = x.shape
+    nb = k // 32
+    elem = E2M1 if fmt == "mxfp4" else E4M3
+    codes = torch.empty(rows, k // 2 if elem == E2M1 else k, dtype=torch.uint8, device=x.device)
+    scales = torch.empty(rows, nb, dtype=torch.uint8, device=x.device)
+    sr, key, key2 = _keys(rounding, seed)
+    if rows and nb:
+        _mx_kernel[(rows, triton.cdiv(nb, blocks_per_program))](
+            x, codes, scales, nb, x.stride(0), codes.stride(0), scales.stride(0), key, key2,
+            CEIL=scale == "ceil", SR=sr, BLOCKS=blocks_per_program, ELEM=elem)
+    return QuantizedTensor(fmt, codes, scales, None, BlockLayout(tuple(x.shape), (32,), 1), x.dtype)
 
 
 def quantize_mxfp4(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None,
                    blocks_per_program: int = 4) -> QuantizedTensor:
     """MXFP4 along the last dim of a 2D tensor (last dim a multiple of 32), fused; see the module docstring."""
-    if x.ndim != 2 or x.shape[1] % 32:
-        raise ValueError(f"quantize_mxfp4 needs a 2D tensor whose last dim is a multiple of 32, got {tuple(x.shape)}")
-    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise TypeError(f"quantize_mxfp4 takes float32/bfloat16/float16, got {x.dtype}")
-    if scale not in ("floor", "ceil") or rounding not in ("nearest", "stochastic"):
-        raise ValueError(f"bad scale {scale!r} or rounding {rounding!r}")
-    x = x.contiguous()
-    rows, k = x.shape
-    nb = k // 32
-    codes = torch.empty(rows, k // 2, dtype=torch.uint8, device=x.device)
-    scales = torch.empty(rows, nb, dtype=torch.uint8, device=x.device)
-    sr = rounding == "stochastic"
-    if sr and seed is None:
-        seed = counter_rng.fresh_seed()
-    s = int(seed or 0)
-    key = (s * _GOLDEN) & _MASK32
-    key2 = ((s >> 32) ^ 0x85EBCA6B) & _MASK32
-    grid = (rows, triton.cdiv(nb, blocks_per_program))
-    if rows and nb:
-        _mxfp4_kernel[grid](x, codes, scales, nb, x.stride(0), codes.stride(0), scales.stride(0), key, key2,
-                            CEIL=scale == "ceil", SR=sr, BLOCKS=blocks_per_program)
-    layout = BlockLayout(tuple(x.shape), (32,), 1)
-    return QuantizedTensor("mxfp4", codes, scales, None, layout, x.dtype)
+    return _quantize_1d("mxfp4", x, scale, rounding, seed, blocks_per_program)
+
+
+def quantize_mxfp8(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None,
+                   blocks_per_program: int = 4) -> QuantizedTensor:
+    """MXFP8 (E4M3 elements, one code byte each) along the last dim, as :func:`quantize_mxfp4`."""
+    return _quantize_1d("mxfp8", x, scale, rounding, seed, blocks_per_program)
 
 
 @triton.jit(do_not_specialize=["key_r", "key2_r", "key_c", "key2_c"])
@@ -264,11 +307,11 @@ def quantize_mxfp4_dual(
 
 
 @triton.jit(do_not_specialize=["key", "key2"])
-def _mxfp4_tile_kernel(
+def _mx_tile_kernel(
     x_ptr, codes_ptr, scales_ptr, R, C, n_tc, stride_x, stride_c, stride_s, key, key2,
-    CEIL: tl.constexpr, SR: tl.constexpr,
+    CEIL: tl.constexpr, SR: tl.constexpr, ELEM: tl.constexpr,
 ):
-    """One 32x32 tile -> one E8M0 scale and 1024 codes (packed along the columns)."""
+    """One 32x32 tile -> one E8M0 scale and 1024 codes (E2M1 packed along the columns, or E4M3)."""
     tr = tl.program_id(0)
     tc = tl.program_id(1)
     r = tr * 32 + tl.arange(0, 32)
@@ -279,7 +322,7 @@ def _mxfp4_tile_kernel(
     finite = a < float("inf")
     nan_tile = tl.max(tl.max(tl.where(finite, 0, 1), axis=1), axis=0) > 0
     amax = tl.max(tl.max(tl.where(finite, a, 0.0), axis=1), axis=0)
-    e = _scale_exponent(amax, CEIL)
+    e = _mx_exponent(amax, CEIL, ELEM)
     inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
     v = x * inv
     u = v
@@ -287,28 +330,31 @@ def _mxfp4_tile_kernel(
         # the reference's blocked layout: tile (tr, tc) is block tr * n_tc + tc, element (i, j) at i * 32 + j
         i = tl.arange(0, 32)
         u = _uniforms((tr * n_tc + tc) * 1024 + i[:, None] * 32 + i[None, :], key, key2)
-    code = _e2m1_codes(v, u, SR)
-    code = tl.where(nan_tile, 0, code)
-    lo, hi = tl.split(tl.reshape(code, [32, 16, 2]))
-    pc = tc * 16 + tl.arange(0, 16)
-    tl.store(codes_ptr + r[:, None] * stride_c + pc[None, :], (lo | (hi << 4)).to(tl.uint8))
+    keep = tl.full([32, 32], 1, tl.int1) & ~nan_tile
+    _mx_store_codes(codes_ptr, r[:, None] * stride_c, tc * 32, v, u, keep, tl.full([32, 32], 1, tl.int1), SR, ELEM, 32, 32)
     tl.store(scales_ptr + tr * stride_s + tc, tl.where(nan_tile, 255, e + 127).to(tl.uint8))
+
+
+def _quantize_tiles(fmt: str, x, scale, rounding, seed) -> QuantizedTensor:
+    x = _check(f"quantize_{fmt}_2d", x, scale, rounding)
+    R, C = x.shape
+    layout = BlockLayout((R, C), (32, 32), None)
+    rp, cp = layout.canonical_shape
+    elem = E2M1 if fmt == "mxfp4" else E4M3
+    codes = torch.empty(rp, cp // 2 if elem == E2M1 else cp, dtype=torch.uint8, device=x.device)
+    scales = torch.empty(rp // 32, cp // 32, dtype=torch.uint8, device=x.device)
+    sr, key, key2 = _keys(rounding, seed)
+    if rp and cp:
+        _mx_tile_kernel[(rp // 32, cp // 32)](x, codes, scales, R, C, cp // 32, x.stride(0), codes.stride(0), scales.stride(0),
+                                             key, key2, CEIL=scale == "ceil", SR=sr, ELEM=elem)
+    return QuantizedTensor(fmt, codes, scales, None, layout, x.dtype)
 
 
 def quantize_mxfp4_2d(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None) -> QuantizedTensor:
     """MXFP4 with 32x32 tiles (transposition-invariant) of a 2D tensor, any shape (padded like the reference)."""
-    if x.ndim != 2:
-        raise ValueError(f"quantize_mxfp4_2d needs a 2D tensor, got {tuple(x.shape)}")
-    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise TypeError(f"quantize_mxfp4_2d takes float32/bfloat16/float16, got {x.dtype}")
-    x = x.contiguous()
-    R, C = x.shape
-    layout = BlockLayout((R, C), (32, 32), None)
-    rp, cp = layout.canonical_shape
-    codes = torch.empty(rp, cp // 2, dtype=torch.uint8, device=x.device)
-    scales = torch.empty(rp // 32, cp // 32, dtype=torch.uint8, device=x.device)
-    sr, key, key2 = _keys(rounding, seed)
-    if rp and cp:
-        _mxfp4_tile_kernel[(rp // 32, cp // 32)](x, codes, scales, R, C, cp // 32, x.stride(0), codes.stride(0), scales.stride(0),
-                                                key, key2, CEIL=scale == "ceil", SR=sr)
-    return QuantizedTensor("mxfp4", codes, scales, None, layout, x.dtype)
+    return _quantize_tiles("mxfp4", x, scale, rounding, seed)
+
+
+def quantize_mxfp8_2d(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None) -> QuantizedTensor:
+    """MXFP8 with 32x32 tiles of a 2D tensor, any shape (padded like the reference)."""
+    return _quantize_tiles("mxfp8", x, scale, rounding, seed)

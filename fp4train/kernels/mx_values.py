@@ -23,10 +23,8 @@ import triton
 import triton.language as tl
 
 from ..formats.qtensor import ScaledBF16
-from .mx_quantize import _e2m1_codes, _keys, _mx_scale_exponent, _pow2, _uniforms
-from .mxfp8_quantize import E4M3_CEIL_MANTISSA_BITS, E4M3_EMAX, _e4m3_codes, _e4m3_value
-
-E2M1, E4M3 = 0, 1  # the ELEM constexpr of the kernels below
+from .e4m3 import e4m3_codes, e4m3_value
+from .mx_quantize import E2M1, E4M3, _e2m1_codes, _keys, _mx_exponent, _pow2, _uniforms
 
 
 @triton.jit
@@ -47,19 +45,10 @@ def _mx_values(v, u, e, SR: tl.constexpr, ELEM: tl.constexpr):
     if ELEM == 0:
         q = _e2m1_value(_e2m1_codes(v, u, SR))
     else:
-        code = _e4m3_codes(v, u, SR)
-        mag = _e4m3_value(code & 127)
+        code = e4m3_codes(v, u, SR)
+        mag = e4m3_value(code & 127)
         q = tl.where((code & 128) != 0, -mag, mag)
     return q * _pow2(e)
-
-
-@triton.jit
-def _exponent(amax, CEIL: tl.constexpr, ELEM: tl.constexpr):
-    if ELEM == 0:
-        e = _mx_scale_exponent(amax, CEIL, 2, 0x400000)
-    else:
-        e = _mx_scale_exponent(amax, CEIL, E4M3_EMAX, E4M3_CEIL_MANTISSA_BITS)
-    return e
 
 
 @triton.jit(do_not_specialize=["key", "key2"])
@@ -76,7 +65,7 @@ def _rows_kernel(x_ptr, y_ptr, M, K, sx, sy, key, key2,
     x3 = tl.reshape(x, [RB, NB, 32])
     amax = tl.max(tl.reshape(tl.where(finite, a, 0.0), [RB, NB, 32]), axis=2)
     bad = tl.max(tl.reshape(tl.where(finite, 0, 1), [RB, NB, 32]), axis=2) > 0
-    e = _exponent(amax, CEIL, ELEM)
+    e = _mx_exponent(amax, CEIL, ELEM)
     inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
     v = x3 * inv[:, :, None]
     u = v
@@ -100,7 +89,7 @@ def _cols_kernel(x_ptr, y_ptr, M, K, sx, sy, key, key2,
     finite = a < float("inf")
     amax = tl.max(tl.where(finite, a, 0.0), axis=0)
     bad = tl.max(tl.where(finite, 0, 1), axis=0) > 0
-    e = _exponent(amax, CEIL, ELEM)
+    e = _mx_exponent(amax, CEIL, ELEM)
     inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
     v = x * inv[None, :]
     u = v
@@ -125,7 +114,7 @@ def _tiles_kernel(x_ptr, y_ptr, R, C, n_tc, sx, sy, key, key2, CEIL: tl.constexp
     finite = a < float("inf")
     amax = tl.max(tl.max(tl.where(finite, a, 0.0), axis=1), axis=0)
     bad = tl.max(tl.max(tl.where(finite, 0, 1), axis=1), axis=0) > 0
-    e = _exponent(amax, CEIL, ELEM)
+    e = _mx_exponent(amax, CEIL, ELEM)
     inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
     v = x * inv
     u = v
