@@ -36,6 +36,8 @@ def main(argv=None):
     if not torch.cuda.is_available():
         raise SystemExit("quantize_speed needs a CUDA GPU")
     from fp4train.kernels.mx_fold import quantize_mxfp4_fp8_and_columns
+    from fp4train.kernels.mx_quantize import quantize_mxfp4_columns
+    from fp4train.kernels.nvfp4_quantize import quantize_nvfp4_columns
     from fp4train.kernels import (block_hadamard, fp8_rowwise_values, mxfp4_values, mxfp8_values, nvfp4_values,
                                   quantize_mxfp4, quantize_mxfp4_dual, quantize_mxfp4_fp8, quantize_mxfp8, quantize_mxfp8_2d,
                                   quantize_nvfp4)
@@ -57,6 +59,8 @@ def main(argv=None):
         "triton mxfp4 ceil": ("mxfp4", lambda: quantize_mxfp4(x, scale="ceil")),
         "triton mxfp4 both layouts (one read)": ("mxfp4 both layouts", lambda: quantize_mxfp4_dual(x)),
         "triton nvfp4 nearest (+amax)": ("nvfp4", lambda: quantize_nvfp4(x)),
+        "triton mxfp4 along dim 0": ("mxfp4", lambda: quantize_mxfp4_columns(x)),
+        "triton nvfp4 along dim 0 (+amax)": ("nvfp4", lambda: quantize_nvfp4_columns(x)),
         "triton mxfp8 nearest": ("mxfp8", lambda: quantize_mxfp8(x)),
         "triton mxfp8 stochastic": ("mxfp8", lambda: quantize_mxfp8(x, rounding="stochastic", seed=1)),
         "triton mxfp8 32x32": ("mxfp8", lambda: quantize_mxfp8_2d(x)),

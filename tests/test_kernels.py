@@ -383,3 +383,19 @@ def test_fold_kernel_with_fused_hadamard_equals_transform_then_quantize_then_fol
     assert torch.equal(got.codes.cpu(), ref.codes)
     torch.testing.assert_close(got.scales.cpu(), ref.scales, rtol=0, atol=0, equal_nan=True)
     assert int(got.inexact) == ref.inexact
+
+
+@pytest.mark.parametrize("fmt,rounding", [("mxfp4", "nearest"), ("mxfp4", "stochastic"), ("nvfp4", "nearest"), ("nvfp4", "stochastic")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_column_kernels_quantize_along_dim_0_without_a_transposed_copy(fmt, rounding, dtype):
+    from fp4train.kernels.mx_quantize import quantize_mxfp4_columns
+    from fp4train.kernels.nvfp4_quantize import quantize_nvfp4_columns
+
+    x = _special(64, 100, 12).to(dtype)  # K not a multiple of the program's 64 columns: a partial last program
+    ref = fp4train.quantize(x, fmt, axis=0, rounding=rounding, seed=2**36 + 1)
+    kw = dict(rounding=rounding, seed=2**36 + 1)
+    got = quantize_mxfp4_columns(x.to(DEV), scale="floor", **kw) if fmt == "mxfp4" else quantize_nvfp4_columns(x.to(DEV), **kw)
+    assert got.layout == ref.layout and torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
+    if fmt == "nvfp4":
+        assert torch.equal(got.tensor_scale.cpu(), ref.tensor_scale)
+    torch.testing.assert_close(got.dequantize().cpu(), ref.dequantize(), rtol=0, atol=0, equal_nan=True)

@@ -177,6 +177,11 @@ def _kernel_quantize(x, fmt, block, axis, scale, rounding, seed, four_over_six):
         return None
     from .. import kernels
 
+    if layout.axis == 0 and fmt in ("mxfp4", "nvfp4") and (fmt == "mxfp4" or scale == "floor"):
+        # along dim 0 straight from the row-major tensor (no transposed copy); the same codes and layout
+        if fmt == "mxfp4":
+            return kernels.mx_quantize.quantize_mxfp4_columns(x.detach(), scale=scale, rounding=rounding, seed=seed)
+        return kernels.nvfp4_quantize.quantize_nvfp4_columns(x.detach(), rounding=rounding, seed=seed)
     src = x.detach() if layout.axis == 1 else x.detach().t()
     if fmt in ("mxfp4", "mxfp8"):
         one_d = kernels.quantize_mxfp4 if fmt == "mxfp4" else kernels.quantize_mxfp8

@@ -267,6 +267,38 @@ def _store_columns(x, af, bad, m, kk, kmask, pm, M, key_c, key2_c, cc_ptr, cs_pt
     tl.store(cs_ptr + kk * stride_cs + pm, tl.where(nan_c, 255, e_c + 127).to(tl.uint8), mask=kmask)
 
 
+@triton.jit(do_not_specialize=["key", "key2"])
+def _mxfp4_cols_kernel(x_ptr, cc_ptr, cs_ptr, M, K, stride_x, stride_cc, stride_cs, key, key2,
+                       CEIL: tl.constexpr, SR: tl.constexpr, BK: tl.constexpr):
+    """A [32, BK] tile of X -> MXFP4 along M (32x1 blocks down the columns), stored as X^T packed."""
+    pm = tl.program_id(0)
+    m = pm * 32 + tl.arange(0, 32)
+    kk = tl.program_id(1) * BK + tl.arange(0, BK)
+    kmask = kk < K
+    x = tl.load(x_ptr + m[:, None] * stride_x + kk[None, :], mask=kmask[None, :], other=0.0).to(tl.float32)
+    a = tl.abs(x)
+    finite = a < float("inf")
+    _store_columns(x, tl.where(finite, a, 0.0), tl.where(finite, 0, 1), m, kk, kmask, pm, M, key, key2,
+                   cc_ptr, cs_ptr, stride_cc, stride_cs, CEIL, SR, BK)
+
+
+def quantize_mxfp4_columns(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None,
+                           block_cols: int = 64) -> QuantizedTensor:
+    """MXFP4 along dim 0 of a 2D tensor (``quantize(x, "mxfp4", axis=0, ...)`` bit for bit; dim 0 a
+    multiple of 32) straight from ``x``'s row-major layout - no transposed copy of ``x``."""
+    x = _check("quantize_mxfp4_columns", x, scale, rounding)
+    if x.shape[0] % 32:
+        raise ValueError(f"quantize_mxfp4_columns needs dim 0 to be a multiple of 32, got {tuple(x.shape)}")
+    M, K = x.shape
+    cc = torch.empty(K, M // 2, dtype=torch.uint8, device=x.device)
+    cs = torch.empty(K, M // 32, dtype=torch.uint8, device=x.device)
+    sr, key, key2 = _keys(rounding, seed)
+    if M and K:
+        _mxfp4_cols_kernel[(M // 32, triton.cdiv(K, block_cols))](x, cc, cs, M, K, x.stride(0), cc.stride(0), cs.stride(0),
+                                                                   key, key2, CEIL=scale == "ceil", SR=sr, BK=block_cols)
+    return QuantizedTensor("mxfp4", cc, cs, None, BlockLayout((M, K), (32,), 0), x.dtype)
+
+
 def _keys(rounding: str, seed: int | None) -> tuple[bool, int, int]:
     sr = rounding == "stochastic"
     if sr and seed is None:

@@ -75,3 +75,52 @@ def quantize_nvfp4(x: torch.Tensor, *, rounding: str = "nearest", seed: int | No
         _nvfp4_kernel[grid](x, s_enc, codes, scales, nb, x.stride(0), codes.stride(0), scales.stride(0), key, key2,
                             SR=sr, BLOCKS=blocks_per_program)
     return QuantizedTensor("nvfp4", codes, scales, s_enc.reshape(()), BlockLayout(tuple(x.shape), (16,), 1), x.dtype)
+
+
+@triton.jit(do_not_specialize=["key", "key2"])
+def _nvfp4_cols_kernel(x_ptr, s_enc_ptr, cc_ptr, cs_ptr, M, K, stride_x, stride_cc, stride_cs, key, key2,
+                       SR: tl.constexpr, BK: tl.constexpr):
+    """A [16, BK] tile of X -> NVFP4 along M (16x1 blocks down the columns), stored as X^T packed."""
+    pm = tl.program_id(0)
+    m = pm * 16 + tl.arange(0, 16)
+    kk = tl.program_id(1) * BK + tl.arange(0, BK)
+    kmask = kk < K
+    x = tl.load(x_ptr + m[:, None] * stride_x + kk[None, :], mask=kmask[None, :], other=0.0).to(tl.float32)
+    s_enc = tl.load(s_enc_ptr)
+    finite = tl.abs(x) < float("inf")
+    nan_block = tl.max(tl.where(finite, 0, 1), axis=0) > 0
+    x = tl.where(finite, x, 0.0)
+    amax = tl.max(tl.abs(x), axis=0)
+    sb_code, sb = e4m3_rtne(tl.minimum(tl.math.div_rn(amax, 6.0) * s_enc, 448.0))
+    v = tl.math.div_rn(x * s_enc, tl.where(sb == 0.0, 1.0, sb)[None, :])
+    v = tl.trans(tl.where((sb == 0.0)[None, :], 0.0, v))  # [BK, 16]: one block per row, as stored
+    u = v
+    if SR:
+        u = _uniforms(kk[:, None] * M + m[None, :], key, key2)  # blocked index along axis 0: k * M + m
+    code = tl.where(nan_block[:, None], 0, _e2m1_codes(v, u, SR))
+    lo, hi = tl.split(tl.reshape(code, [BK, 8, 2]))
+    pc = pm * 8 + tl.arange(0, 8)
+    tl.store(cc_ptr + kk[:, None] * stride_cc + pc[None, :], (lo | (hi << 4)).to(tl.uint8), mask=kmask[:, None])
+    tl.store(cs_ptr + kk * stride_cs + pm, tl.where(nan_block, 0x7F, sb_code).to(tl.uint8), mask=kmask)
+
+
+def quantize_nvfp4_columns(x: torch.Tensor, *, rounding: str = "nearest", seed: int | None = None,
+                           block_cols: int = 64) -> QuantizedTensor:
+    """NVFP4 along dim 0 of a 2D tensor (``quantize(x, "nvfp4", axis=0, ...)`` bit for bit; dim 0 a
+    multiple of 16) straight from ``x``'s row-major layout - no transposed copy of ``x``."""
+    if x.ndim != 2 or x.shape[0] % 16:
+        raise ValueError(f"quantize_nvfp4_columns needs a 2D tensor whose dim 0 is a multiple of 16, got {tuple(x.shape)}")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"quantize_nvfp4_columns takes float32/bfloat16/float16, got {x.dtype}")
+    if rounding not in ("nearest", "stochastic"):
+        raise ValueError(f"bad rounding {rounding!r}")
+    x = x.contiguous()
+    M, K = x.shape
+    s_enc = ref_nvfp4.tensor_scale(x).reshape(1).contiguous()
+    cc = torch.empty(K, M // 2, dtype=torch.uint8, device=x.device)
+    cs = torch.empty(K, M // 16, dtype=torch.uint8, device=x.device)
+    sr, key, key2 = _keys(rounding, seed)
+    if M and K:
+        _nvfp4_cols_kernel[(M // 16, triton.cdiv(K, block_cols))](x, s_enc, cc, cs, M, K, x.stride(0), cc.stride(0), cs.stride(0),
+                                                                   key, key2, SR=sr, BK=block_cols)
+    return QuantizedTensor("nvfp4", cc, cs, s_enc.reshape(()), BlockLayout((M, K), (16,), 0), x.dtype)
