@@ -29,8 +29,8 @@ SHAPES = {  # (N, K) per layer
     "llama-3.2-1b": {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)},
     "llama-3-8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)},
 }
-DEFAULT_VARIANTS = ("mxfp4:triton:emulated,mxfp4:triton:fp8_blockwise,nvfp4:triton:emulated,"
-                    "hadamard_mxfp4:triton:fp8_blockwise,tib2d:triton:emulated,fp8_rowwise:triton:emulated")
+DEFAULT_VARIANTS = ("mxfp4:triton:emulated,mxfp4:triton:triton,hadamard_mxfp4:triton:triton,tib2d:triton:triton,"
+                    "nvfp4:triton:triton,fp8_rowwise:triton:triton")
 
 
 

@@ -82,7 +82,7 @@ def build(e2e: list[dict], gemm: dict | None, linear: dict | None, quantize: dic
     targets.append(_target("FP4 GEMM at 8192^3 vs cuBLAS BF16", square and square["speedup_vs_bf16"], 1.4))
 
     if linear:
-        rows8b = [r for r in linear["results"] if r["model"] == "Llama-3-8B"]
+        rows8b = [r for r in linear["results"] if r["model"].lower() == "llama-3-8b"]
         variants = sorted({v for r in rows8b for v in r["variants"]})
         for v in variants:
             sp = [r["variants"][v]["speedup_vs_bf16"] for r in rows8b if v in r["variants"]]

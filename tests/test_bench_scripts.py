@@ -138,9 +138,9 @@ def test_summary_checks_the_targets_and_says_how_far_off(tmp_path, capsys):
                             {"recipe": "adahop", "error": "OutOfMemoryError: CUDA out of memory"}]),
         "gemm": {**meta, "results": [{"model": "square", "layer": "8192^3", "speedup_vs_bf16": 1.5}]},
         "linear": {**meta, "results": [
-            {"model": "Llama-3-8B", "layer": "qkv", "bf16_saved_bytes": 400,
+            {"model": "llama-3-8b", "layer": "qkv", "bf16_saved_bytes": 400,
              "variants": {"mxfp4:triton:fp8_blockwise": {"speedup_vs_bf16": 1.0, "saved_bytes": 100}}},
-            {"model": "Llama-3-8B", "layer": "up", "bf16_saved_bytes": 800,
+            {"model": "llama-3-8b", "layer": "up", "bf16_saved_bytes": 800,
              "variants": {"mxfp4:triton:fp8_blockwise": {"speedup_vs_bf16": 1.21, "saved_bytes": 200}}}]},
         "quantize": {**meta, "results": {"copy": {"ms": 1, "GBps": 4000},
                                          "triton mxfp4 nearest": {"ms": 1, "GBps": 2600, "fraction_of_copy": 0.65},
