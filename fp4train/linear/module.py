@@ -60,6 +60,13 @@ class QuantizedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.spec.quantized:
             return F.linear(x, self.weight, self.bias)
+        return self._quantized(x)
+
+    # torch.compile of a model stops at quantized linears and runs them as they are: their numerics
+    # are fp4train's kernels or reference ops (the same bits), not a re-compilation of them - and
+    # tracing them would cost minutes per model for nothing. The rest of the model compiles.
+    @torch.compiler.disable
+    def _quantized(self, x: torch.Tensor) -> torch.Tensor:
         dev = x.device.type
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         seed = fresh_seed() if self.spec.needs_seed else 0
