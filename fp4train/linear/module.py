@@ -40,6 +40,7 @@ class QuantizedLinear(nn.Linear):
         self._configure(spec, backend, recipe_name)
 
     def _configure(self, spec: LinearSpec, backend: str, recipe_name: str) -> None:
+        _make_uncompiled()
         self.spec = spec
         self.backend_name = backend
         self.backend = backends.get(backend)
@@ -60,12 +61,8 @@ class QuantizedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.spec.quantized:
             return F.linear(x, self.weight, self.bias)
-        return self._quantized(x)
+        return _UNCOMPILED(self, x)
 
-    # torch.compile of a model stops at quantized linears and runs them as they are: their numerics
-    # are fp4train's kernels or reference ops (the same bits), not a re-compilation of them - and
-    # tracing them would cost minutes per model for nothing. The rest of the model compiles.
-    @torch.compiler.disable
     def _quantized(self, x: torch.Tensor) -> torch.Tensor:
         dev = x.device.type
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
@@ -80,3 +77,16 @@ class QuantizedLinear(nn.Linear):
     def extra_repr(self) -> str:
         r = f", recipe={self.recipe_name}" if self.recipe_name else ""
         return super().extra_repr() + r + f", backend={self.backend_name}"
+
+
+# torch.compile of a model stops at quantized linears and runs them as they are: their numerics are
+# fp4train's kernels or reference ops (the same bits), not a re-compilation of them - and tracing them
+# would cost minutes per model for nothing. The rest of the model compiles. The disabled wrapper is
+# made when the first layer is, not at import (torch.compiler.disable imports dynamo: ~1 s).
+_UNCOMPILED = None
+
+
+def _make_uncompiled() -> None:
+    global _UNCOMPILED
+    if _UNCOMPILED is None:
+        _UNCOMPILED = torch.compiler.disable(QuantizedLinear._quantized)
