@@ -113,13 +113,17 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
-    ap.add_argument("--numerics", default="eager", choices=["eager", "compiled", "triton"],
-                    help="how quantization runs (same bits): eager, compiled or triton")
-    ap.add_argument("--backend", default=None, help="GEMM backend for fp4train's recipes (default: the recipe's)")
+    ap.add_argument("--numerics", default=None, choices=["eager", "compiled", "triton"],
+                    help="how quantization runs (same bits): eager, compiled or triton (default: the backend's - "
+                    "triton with the triton backend, eager otherwise)")
+    ap.add_argument("--backend", default=None, help="GEMM backend for fp4train's recipes (default: the recipe's, "
+                    "'auto': triton on a GPU machine, emulated elsewhere)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    fp4train.formats.set_numerics(args.numerics)
+    if args.numerics is not None:
+        fp4train.formats.set_numerics(args.numerics)
+    backend = fp4train.backends.resolve(args.backend or "auto")
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     rows = []
     recipes = [r for r in args.recipes.split(",") if r]
@@ -132,17 +136,20 @@ def main(argv=None):
             raise SystemExit(f"the bf16 baseline failed ({rows[0]['error']}); no speed can be compared - try a smaller --batch-size")
         if "error" in res:
             print(f"{args.model} {r:>15}: FAILED - {res['error']}", flush=True)
-            continue
-        res["speedup_vs_bf16"] = res["tokens_per_s"] / rows[0]["tokens_per_s"]
-        rel = f" ({res['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}x bf16)"
-        mem = f", peak {res['peak_mem_gib']:.2f} GiB" if res["peak_mem_gib"] else ""
-        print(f"{args.model} {r:>15}: {res['tokens_per_s']:>12,.0f} tokens/s{rel}, step {res['step_ms']:.1f} ms{mem}, warmup {res['warmup_s']:.1f}s", flush=True)
-    out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit(), "torch": torch.__version__,
-           "model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len, "compile": args.compile,
-           "numerics": args.numerics, "backend": args.backend or "emulated", "results": rows}
-    path = args.json or ROOT / "bench/results" / f"train_speed-{args.model}-{gpu.replace(' ', '_')}{'-compile' if args.compile else ''}{'' if args.numerics == 'eager' else '-' + args.numerics}{'-' + args.backend if args.backend else ''}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
+        else:
+            res["speedup_vs_bf16"] = res["tokens_per_s"] / rows[0]["tokens_per_s"]
+            mem = f", peak {res['peak_mem_gib']:.2f} GiB" if res["peak_mem_gib"] else ""
+            print(f"{args.model} {r:>15}: {res['tokens_per_s']:>12,.0f} tokens/s ({res['speedup_vs_bf16']:.2f}x bf16), "
+                  f"step {res['step_ms']:.1f} ms{mem}, warmup {res['warmup_s']:.1f}s", flush=True)
+        numerics = fp4train.formats.numerics()  # what the recipes ran with (the backend may have chosen it)
+        out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit(), "torch": torch.__version__,
+               "model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len, "compile": args.compile,
+               "numerics": numerics, "backend": backend, "results": rows}
+        name = (f"train_speed-{args.model}-{gpu.replace(' ', '_')}{'-compile' if args.compile else ''}"
+                f"{'' if numerics == 'eager' else '-' + numerics}{'-' + args.backend if args.backend else ''}.json")
+        path = args.json or ROOT / "bench/results" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=1) + "\n")  # after every recipe: a run cut short keeps what it measured
 
 
 if __name__ == "__main__":
