@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from ..counter_rng import derive_seed
 from ..recipes.spec import LinearSpec
 from .operands import (
     DGRAD,
@@ -18,23 +17,23 @@ from .operands import (
     prepare,
     prepare_now,
     shares_quantization,
+    sr_seed,
     unpack_operand,
 )
 
 
-def fprop(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: torch.dtype, *, save_x: bool | None = None):
+def fprop(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: torch.dtype, *, save_x: bool = False):
     """GEMM 1, fprop: ``Y[M,N] = X[M,K] @ W[N,K]^T (+ b)``, both operands along K.
 
-    Returns Y and the two prepared operands (the caller may keep them for backward); when
-    ``save_x`` is given, a fourth value: X prepared for wgrad where ``save_x`` is True and a
-    backend's ``operand_pair`` made it in the same pass as fprop's, else None. Also the whole forward of the layer when no gradient is needed
-    (inference, evaluation).
+    Returns ``(Y, xa, wb, x_wgrad)``: the two prepared operands (the caller may keep them for
+    backward) and, with ``save_x``, X prepared for wgrad where a backend's ``operand_pair`` made
+    it in the same pass as fprop's (else None). Also the whole forward of the layer when no
+    gradient is needed (inference, evaluation).
     """
     g = spec.fprop
     if g.outliers is not None:  # AdaHOP outlier extraction: nothing prepared to reuse
         y = gemm_with_outliers(x2, weight, g, seed=seed, gemm=FPROP, compute_dtype=out_dtype, backend=backend, out_dtype=out_dtype)
-        y = y + bias.to(out_dtype) if bias is not None else y
-        return (y, None, None, None) if save_x is not None else (y, None, None)
+        return (y + bias.to(out_dtype) if bias is not None else y), None, None, None
     # an operand that backward reuses (one 2D tiling shared with another GEMM) is kept packed
     keep_x = shares_quantization(g.a, g.transform, spec.wgrad.b, spec.wgrad.transform) and spec.wgrad.outliers is None
     keep_w = shares_quantization(g.b, g.transform, spec.dgrad.b, spec.dgrad.transform) and spec.dgrad.outliers is None
@@ -44,7 +43,7 @@ def fprop(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: tor
     pair = getattr(backend, "operand_pair", None)
     if save_x and pair is not None and not keep_x and spec.wgrad.outliers is None and g.transform is None and spec.wgrad.transform is None:
         # X read once for fprop (along K) and wgrad (along M), where the backend can
-        both = pair(x2, g.a, spec.wgrad.b, seeds=(_sr_seed(g.a, seed, FPROP, OP_A), _sr_seed(spec.wgrad.b, seed, WGRAD, OP_B)))
+        both = pair(x2, g.a, spec.wgrad.b, seeds=(sr_seed(g.a, seed, FPROP, OP_A), sr_seed(spec.wgrad.b, seed, WGRAD, OP_B)))
         if both is not None:
             xa, x_saved = both
     if xa is None:
@@ -53,12 +52,7 @@ def fprop(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: tor
     y = backend.gemm(xa, wb, out_dtype)
     if bias is not None:
         y = y + bias.to(out_dtype)
-    return (y, xa, wb, x_saved) if save_x is not None else (y, xa, wb)
-
-
-def _sr_seed(q, seed: int, gemm: int, operand: int) -> int | None:
-    """The stochastic-rounding seed :func:`prepare` gives this operand (None for nearest rounding)."""
-    return derive_seed(seed, gemm, operand) if q.quantized and q.stochastic else None
+    return y, xa, wb, x_saved
 
 
 class QuantizedLinearFunction(torch.autograd.Function):

@@ -71,7 +71,7 @@ class QuantizedLinear(nn.Linear):
             return QuantizedLinearFunction.apply(x, self.weight, self.bias, self.spec, self.backend, seed, out_dtype)
         # no gradient will be asked for: GEMM 1 alone, nothing prepared or saved for backward
         with torch.autocast(x.device.type, enabled=False):
-            y, _, _ = fprop(x.reshape(-1, x.shape[-1]), self.weight, self.bias, self.spec, self.backend, seed, out_dtype)
+            y, *_ = fprop(x.reshape(-1, x.shape[-1]), self.weight, self.bias, self.spec, self.backend, seed, out_dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -50,8 +50,13 @@ def prepare(
     x = _transform(x, transform, axis=axis, seed=seed, gemm=gemm)
     if not q.quantized:
         return x.to(compute_dtype)
-    sr_seed = derive_seed(seed, gemm, operand) if q.stochastic else None
-    return quantize(x, q.format, axis=axis, seed=sr_seed, **q.quantize_kwargs())
+    return quantize(x, q.format, axis=axis, seed=sr_seed(q, seed, gemm, operand), **q.quantize_kwargs())
+
+
+def sr_seed(q: QuantSpec, seed: int, gemm: int, operand: int) -> int | None:
+    """The stochastic-rounding seed of an operand: ``derive_seed(seed, gemm, operand)``, None for
+    nearest rounding (or no quantization)."""
+    return derive_seed(seed, gemm, operand) if q.quantized and q.stochastic else None
 
 
 def _transform(x: torch.Tensor, transform: TransformSpec | None, *, axis: int, seed: int, gemm: int) -> torch.Tensor:
@@ -96,35 +101,35 @@ def prepare_now(
     if not q.quantized or x.ndim != 2 or (mode == "eager" and own is None):
         return prepare(x, q, axis=axis, transform=transform, seed=seed, gemm=gemm, operand=operand,
                        compute_dtype=compute_dtype)
-    sr_seed = derive_seed(seed, gemm, operand) if q.stochastic else None
+    op_seed = sr_seed(q, seed, gemm, operand)
     if own is not None and transform is not None:  # the backend may fuse the transform into its quantization
         t_seed = derive_seed(seed, gemm, OP_TRANSFORM) if transform.random_signs else None
-        if (op := own(x, q, axis=axis, role=operand, seed=sr_seed, transform=transform, transform_seed=t_seed)) is not None:
+        if (op := own(x, q, axis=axis, role=operand, seed=op_seed, transform=transform, transform_seed=t_seed)) is not None:
             return op
     # transformed once, outside any graph: a Triton kernel on GPUs (fp4train.transforms.hadamard.set_kernel)
     x = _transform(x, transform, axis=axis, seed=seed, gemm=gemm)
-    if own is not None and (op := own(x, q, axis=axis, role=operand, seed=sr_seed)) is not None:
+    if own is not None and (op := own(x, q, axis=axis, role=operand, seed=op_seed)) is not None:
         return op
     kw = q.quantize_kwargs()
-    if mode == "triton" and (v := _kernel_values(x, q, kw, axis, sr_seed)) is not None:
+    if mode == "triton" and (v := _kernel_values(x, q, kw, axis, op_seed)) is not None:
         return v
     if not (mode == "compiled" or (mode == "triton" and x.is_cuda)):
         return prepare(x, q, axis=axis, transform=None, seed=seed, gemm=gemm, operand=operand, compute_dtype=compute_dtype)
     block, ax = geometry(x, FORMATS[q.format], axis, kw.get("block"))
     values, scale, divisor = _fused()(
-        x.detach(), sr_keys(sr_seed) if q.stochastic else None, fmt=q.format,
+        x.detach(), sr_keys(op_seed) if q.stochastic else None, fmt=q.format,
         block=block, block_axis=ax, scale=kw.get("scale", "floor"), four_over_six=kw.get("four_over_six", False),
     )
     return ScaledBF16(values, scale, divisor, ax)
 
 
-def _kernel_values(x, q: QuantSpec, kw: dict, axis: int, sr_seed: int | None) -> ScaledBF16 | None:
+def _kernel_values(x, q: QuantSpec, kw: dict, axis: int, seed: int | None) -> ScaledBF16 | None:
     """The Triton fake-quantization kernel's result, or None where none covers the request
     (MXFP4/MXFP8 1x32 along either axis or 32x32 tiles; NVFP4 1x16 along either axis; FP8
     rowwise with nearest rounding)."""
     if kw.get("four_over_six") or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return None
-    block, rounding, seed = kw.get("block"), kw.get("rounding", "nearest"), sr_seed
+    block, rounding = kw.get("block"), kw.get("rounding", "nearest")
     if q.format in ("mxfp4", "mxfp8"):
         if isinstance(block, (tuple, list)):
             if tuple(block) != (32, 32):
