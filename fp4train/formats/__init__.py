@@ -32,10 +32,8 @@ def numerics() -> str:
 def prefer_numerics(mode: str) -> None:
     """Switch to ``mode`` unless a mode was chosen with :func:`set_numerics` - what a backend
     that has a faster way to the same bits asks for (``convert(..., backend="triton")``)."""
-    global _CHOSEN
     if not _CHOSEN and _MODE != mode:
-        set_numerics(mode)
-        _CHOSEN = False
+        _apply_numerics(mode)
 
 
 def set_numerics(mode: str) -> None:
@@ -46,20 +44,28 @@ def set_numerics(mode: str) -> None:
       ``torch.compile`` (fused); the quantized linear prepares each operand that a GEMM uses
       at once in one compiled graph (:func:`fp4train.linear.operands.prepare_now`); on a GPU
       the block Hadamard transform of 2D tensors runs as a Triton kernel;
-    * ``"triton"``: fp4train's Triton kernels where one exists for the request (MXFP4 1x32 and
-      NVFP4 1x16 along either axis of a 2D tensor with whole blocks, MXFP4 32x32 tiles; the
-      block Hadamard transform of 2D GPU tensors; MXFP4, NVFP4 and FP8-rowwise fake quantization
-      straight to BF16 for the quantized linear), elsewhere the compiled path on a GPU and the reference on a
-      CPU (where Triton runs interpreted, for tests).
+    * ``"triton"``: fp4train's Triton kernels where one exists for the request (MXFP4 and MXFP8
+      1x32 and 32x32, NVFP4 1x16, along either axis of a 2D tensor with whole blocks; the block
+      Hadamard transform of 2D GPU tensors; fake quantization straight to BF16 for the quantized
+      linear; docs/formats.md lists them), elsewhere the compiled path on a GPU and the reference
+      on a CPU (where Triton runs interpreted, for tests).
+
+    A mode set here is kept: backends that prefer another (:func:`prefer_numerics`) leave it.
     """
+    global _CHOSEN
+    _apply_numerics(mode)
+    _CHOSEN = True
+
+
+def _apply_numerics(mode: str) -> None:
     from ..transforms.hadamard import set_kernel as set_transform_kernel
     from .qtensor import set_split_kernel
     from .quantize import set_kernels  # the module, not the quantize() function of the same name
 
-    global _MODE, _CHOSEN
+    global _MODE
     if mode not in NUMERICS:
         raise ValueError(f"unknown numerics {mode!r}; choose one of {NUMERICS}")
-    _MODE, _CHOSEN = mode, True
+    _MODE = mode
     cuda = torch.cuda.is_available()
     # triton on a GPU: the compiled path wherever no kernel covers a request
     set_compiled(mode == "compiled" or (mode == "triton" and cuda))
@@ -71,6 +77,7 @@ def set_numerics(mode: str) -> None:
         set_split_kernel(decode_fp4_scaled)  # packed MXFP4/NVFP4 (the saved X) -> BF16 values in one pass
     else:
         set_split_kernel(None)
+
 
 __all__ = [
     "BlockLayout",

@@ -202,7 +202,6 @@ class ScaledBF16:
         """Transpose (a view; the scale stays with its axis)."""
         return replace(self, values=self.values.mT, block_axis=None if self.block_axis is None else 1 - self.block_axis)
 
-
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         x = self.values.float()
         if self.scale is not None:

@@ -158,39 +158,32 @@ def set_kernels(enabled: bool = True) -> None:
 
 
 def _kernel_quantize(x, fmt, block, axis, scale, rounding, seed, four_over_six):
-    """The Triton kernel's result for this request, or None when no kernel covers it
-    (MXFP4/MXFP8 1x32 or 32x32, NVFP4 1x16; 2D tensors).
+    """The Triton kernel's result for this request, or None when no kernel covers it: 2D tensors,
+    MXFP4/MXFP8 in 1x32 blocks or 32x32 tiles, NVFP4 (floor scales, no 4/6) in 1x16 blocks.
 
-    A quantization along axis 0 is the kernel's along the last axis of ``x.T``: its canonical
-    layout and its stochastic-rounding indices (``k * M + m``) are the same.
+    1D blocks along dim 1 run the row kernels; along dim 0, MXFP4 and NVFP4 have column kernels
+    that read the row-major tensor as it is, and MXFP8 runs its row kernel on ``x.T`` (the same
+    canonical layout and stochastic-rounding indices ``k * M + m``).
     """
-    if fmt in ("mxfp4", "mxfp8") and x.ndim == 2 and block == (32, 32) and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
-        from .. import kernels
-
-        tiles = kernels.quantize_mxfp4_2d if fmt == "mxfp4" else kernels.quantize_mxfp8_2d
-        return tiles(x.detach(), scale=scale, rounding=rounding, seed=seed)
-    b = {"mxfp4": 32, "mxfp8": 32, "nvfp4": 16}.get(fmt)
-    if b is None or x.ndim != 2 or block != (b,) or four_over_six:
-        return None
-    layout = BlockLayout(tuple(x.shape), block, axis)
-    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16) or x.shape[layout.axis] % b or 0 in x.shape:
+    if x.ndim != 2 or four_over_six or x.dtype not in (torch.float32, torch.bfloat16, torch.float16) or 0 in x.shape:
         return None
     from .. import kernels
 
-    if layout.axis == 0 and fmt in ("mxfp4", "nvfp4") and (fmt == "mxfp4" or scale == "floor"):
-        # along dim 0 straight from the row-major tensor (no transposed copy); the same codes and layout
-        if fmt == "mxfp4":
-            return kernels.mx_quantize.quantize_mxfp4_columns(x.detach(), scale=scale, rounding=rounding, seed=seed)
-        return kernels.nvfp4_quantize.quantize_nvfp4_columns(x.detach(), rounding=rounding, seed=seed)
-    src = x.detach() if layout.axis == 1 else x.detach().t()
-    if fmt in ("mxfp4", "mxfp8"):
-        one_d = kernels.quantize_mxfp4 if fmt == "mxfp4" else kernels.quantize_mxfp8
-        q = one_d(src, scale=scale, rounding=rounding, seed=seed)
-    elif scale == "floor":
-        q = kernels.quantize_nvfp4(src, rounding=rounding, seed=seed)
-    else:
+    if fmt in ("mxfp4", "mxfp8") and block == (32, 32):
+        tiles = kernels.quantize_mxfp4_2d if fmt == "mxfp4" else kernels.quantize_mxfp8_2d
+        return tiles(x.detach(), scale=scale, rounding=rounding, seed=seed)
+    b = {"mxfp4": 32, "mxfp8": 32, "nvfp4": 16}.get(fmt)
+    if b is None or block != (b,) or x.shape[axis] % b or (fmt == "nvfp4" and scale != "floor"):
         return None
-    return QuantizedTensor(fmt, q.codes, q.scales, q.tensor_scale, layout, x.dtype)
+    kw = dict(rounding=rounding, seed=seed)
+    if fmt != "nvfp4":
+        kw["scale"] = scale
+    if axis == 0 and fmt != "mxfp8":
+        columns = kernels.mx_quantize.quantize_mxfp4_columns if fmt == "mxfp4" else kernels.nvfp4_quantize.quantize_nvfp4_columns
+        return columns(x.detach(), **kw)
+    rows = {"mxfp4": kernels.quantize_mxfp4, "mxfp8": kernels.quantize_mxfp8, "nvfp4": kernels.quantize_nvfp4}[fmt]
+    q = rows(x.detach() if axis == 1 else x.detach().t(), **kw)
+    return QuantizedTensor(fmt, q.codes, q.scales, q.tensor_scale, BlockLayout(tuple(x.shape), block, axis), x.dtype)
 
 
 def set_compiled(enabled: bool = True) -> None:
