@@ -62,22 +62,27 @@ def _fold_kernel(x_ptr, d_ptr, codes_ptr, scales_ptr, count_ptr, R, K, sx, sc, s
         x = tl.reshape(y * NORM, [RB, 128])
         if ROUND_BF16:
             x = _round_bf16(x)
+    _fold_rows(x, r, rmask, c, K, key, key2, codes_ptr, scales_ptr, count_ptr, sc, ss, CEIL, SR, RB, GR)
+
+
+@triton.jit
+def _fold_rows(x, r, rmask, c, K, key, key2, codes_ptr, scales_ptr, count_ptr, sc, ss,
+               CEIL: tl.constexpr, SR: tl.constexpr, RB: tl.constexpr, GR: tl.constexpr):
+    """A [RB, 128] tile of X (rows ``r``, columns ``c``) quantized to MXFP4 along the rows (four 1x32
+    blocks) and folded into E4M3 + group scales (:func:`_fold_store`)."""
     a = tl.abs(x)
     finite = a < float("inf")
-    x3 = tl.reshape(x, [RB, 4, 32])
     amax = tl.max(tl.reshape(tl.where(finite, a, 0.0), [RB, 4, 32]), axis=2)
     bad = tl.max(tl.reshape(tl.where(finite, 0, 1), [RB, 4, 32]), axis=2) > 0
     e = _scale_exponent(amax, CEIL)  # [RB, 4]
     inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
-    v = x3 * inv[:, :, None]
+    v = tl.reshape(x, [RB, 4, 32]) * inv[:, :, None]
     u = v
     if SR:
         u = tl.reshape(_uniforms(r[:, None] * K + c[None, :], key, key2), [RB, 4, 32])
-    code = _e2m1_codes(v, u, SR)
-    code = tl.where(bad[:, :, None], 0, code)
+    code = tl.where(bad[:, :, None], 0, _e2m1_codes(v, u, SR))
     # the reference's fold reads the block exponent from the scale byte: a NaN block (0xFF) counts as 128
-    eb = tl.where(bad, 128, e)
-    _fold_store(code, eb, bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, RB, GR)
+    _fold_store(code, tl.where(bad, 128, e), bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, RB, GR)
 
 
 @triton.jit
@@ -193,23 +198,11 @@ def _fold_and_columns_kernel(x_ptr, codes_ptr, scales_ptr, count_ptr, cc_ptr, cs
     m = pm * 32 + tl.arange(0, 32)
     kk = tl.program_id(1) * 128 + tl.arange(0, 128)
     x = tl.load(x_ptr + m[:, None] * sx + kk[None, :]).to(tl.float32)
+    _fold_rows(x, m, m < M, kk, K, key_r, key2_r, codes_ptr, scales_ptr, count_ptr, sc, ss, CEIL_R, SR_R, 32, 1)  # along K
     a = tl.abs(x)
     finite = a < float("inf")
-    af = tl.where(finite, a, 0.0)
-    bad = tl.where(finite, 0, 1)
-    # along K, as _fold_kernel with GR=1 (rows m, columns kk)
-    amax = tl.max(tl.reshape(af, [32, 4, 32]), axis=2)
-    nan_b = tl.max(tl.reshape(bad, [32, 4, 32]), axis=2) > 0
-    e = _scale_exponent(amax, CEIL_R)
-    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
-    v = tl.reshape(x, [32, 4, 32]) * inv[:, :, None]
-    u = v
-    if SR_R:
-        u = tl.reshape(_uniforms(m[:, None] * K + kk[None, :], key_r, key2_r), [32, 4, 32])
-    code = tl.where(nan_b[:, :, None], 0, _e2m1_codes(v, u, SR_R))
-    _fold_store(code, tl.where(nan_b, 128, e), nan_b, m, m < M, codes_ptr, scales_ptr, count_ptr, sc, ss, 32, 1)
-    # along M
-    _store_columns(x, af, bad, m, kk, kk < K, pm, M, key_c, key2_c, cc_ptr, cs_ptr, scc, scs, CEIL_C, SR_C, 128)
+    _store_columns(x, tl.where(finite, a, 0.0), tl.where(finite, 0, 1), m, kk, kk < K, pm, M, key_c, key2_c,
+                   cc_ptr, cs_ptr, scc, scs, CEIL_C, SR_C, 128)  # along M
 
 
 def quantize_mxfp4_fp8_and_columns(

@@ -54,16 +54,22 @@ def _nvfp4_kernel(
     tl.store(scales_ptr + row * stride_s + blk, tl.where(nan_block, 0x7F, sb_code).to(tl.uint8), mask=bmask)
 
 
+def _check(name: str, x: torch.Tensor, dim: int, rounding: str) -> torch.Tensor:
+    """``x`` contiguous, after checking a 2D float tensor whose ``dim`` holds whole 16-element blocks."""
+    if x.ndim != 2 or x.shape[dim] % 16:
+        what = "last dim" if dim == 1 else "dim 0"
+        raise ValueError(f"{name} needs a 2D tensor whose {what} is a multiple of 16, got {tuple(x.shape)}")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"{name} takes float32/bfloat16/float16, got {x.dtype}")
+    if rounding not in ("nearest", "stochastic"):
+        raise ValueError(f"bad rounding {rounding!r}")
+    return x.contiguous()
+
+
 def quantize_nvfp4(x: torch.Tensor, *, rounding: str = "nearest", seed: int | None = None,
                    blocks_per_program: int = 8) -> QuantizedTensor:
     """NVFP4 along the last dim of a 2D tensor (last dim a multiple of 16), fused; see the module docstring."""
-    if x.ndim != 2 or x.shape[1] % 16:
-        raise ValueError(f"quantize_nvfp4 needs a 2D tensor whose last dim is a multiple of 16, got {tuple(x.shape)}")
-    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise TypeError(f"quantize_nvfp4 takes float32/bfloat16/float16, got {x.dtype}")
-    if rounding not in ("nearest", "stochastic"):
-        raise ValueError(f"bad rounding {rounding!r}")
-    x = x.contiguous()
+    x = _check("quantize_nvfp4", x, 1, rounding)
     rows, k = x.shape
     nb = k // 16
     s_enc = ref_nvfp4.tensor_scale(x).reshape(1).contiguous()
@@ -108,13 +114,7 @@ def quantize_nvfp4_columns(x: torch.Tensor, *, rounding: str = "nearest", seed: 
                            block_cols: int = 64) -> QuantizedTensor:
     """NVFP4 along dim 0 of a 2D tensor (``quantize(x, "nvfp4", axis=0, ...)`` bit for bit; dim 0 a
     multiple of 16) straight from ``x``'s row-major layout - no transposed copy of ``x``."""
-    if x.ndim != 2 or x.shape[0] % 16:
-        raise ValueError(f"quantize_nvfp4_columns needs a 2D tensor whose dim 0 is a multiple of 16, got {tuple(x.shape)}")
-    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise TypeError(f"quantize_nvfp4_columns takes float32/bfloat16/float16, got {x.dtype}")
-    if rounding not in ("nearest", "stochastic"):
-        raise ValueError(f"bad rounding {rounding!r}")
-    x = x.contiguous()
+    x = _check("quantize_nvfp4_columns", x, 0, rounding)
     M, K = x.shape
     s_enc = ref_nvfp4.tensor_scale(x).reshape(1).contiguous()
     cc = torch.empty(K, M // 2, dtype=torch.uint8, device=x.device)
