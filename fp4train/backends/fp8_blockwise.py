@@ -17,8 +17,7 @@ The X that forward saved for wgrad stays packed MXFP4 (4.25 bits per element) an
 in backward from its codes (:meth:`fold_saved`, one pass). 32x32-tile operands (tib2d's W and dY)
 are quantized once, kept packed and folded for each GEMM that uses them (:meth:`fold_tiles`).
 Everything else - and any GEMM without two folded operands, and every CPU GEMM - goes to the
-``emulated`` backend (a folded operand is
-exact in BF16 there).
+``emulated`` backend (a folded operand is exact in BF16 there).
 """
 
 from __future__ import annotations
@@ -61,7 +60,6 @@ class FoldedOperand:
 
     def t(self) -> FoldedOperand:
         return replace(self, transposed=not self.transposed)
-
 
     def scaled_bf16(self) -> ScaledBF16:
         """Exact BF16 values (E4M3 value x power-of-two scale has <= 4 significant bits)."""
@@ -163,11 +161,11 @@ class Fp8BlockwiseBackend:
         do not allow it (both MXFP4 with 1x32 blocks, M % 32 == 0, K % 128 == 0)."""
         if x.ndim != 2 or not _kernels_usable(x) or x.shape[0] % 32 or x.shape[1] % 128:
             return None
-        kws = []
-        for q in (qa, qb):
-            if not q.quantized or q.format != "mxfp4" or q.four_over_six or q.quantize_kwargs().get("block") not in (None, 32):
-                return None
-            kws.append(q.quantize_kwargs())
+        if any(not q.quantized or q.format != "mxfp4" or q.four_over_six for q in (qa, qb)):
+            return None
+        kws = [qa.quantize_kwargs(), qb.quantize_kwargs()]
+        if any(k.get("block") not in (None, 32) for k in kws):
+            return None
         from ..kernels.mx_fold import quantize_mxfp4_fp8_and_columns
 
         folded, cols = quantize_mxfp4_fp8_and_columns(
@@ -179,10 +177,7 @@ class Fp8BlockwiseBackend:
         """A packed MXFP4 operand (the X that forward saved for wgrad) folded as a B operand, in one
         pass over its codes; None unless its stored layout is the GEMM's (1x32 blocks along the
         inner dim, which is a multiple of 128)."""
-        lay = q.layout
-        if q.fmt != "mxfp4" or q.ndim != 2 or lay.is_2d or not _kernels_usable(q.codes) or q.block_axis != 1:
-            return None
-        if (lay.axis == 1) == q.transposed or lay.shape[lay.axis] % 128:  # stored rows must be the logical rows
+        if not self._saved_foldable(q):
             return None
         from ..kernels.mx_fold import fold_packed_mxfp4
 
@@ -199,11 +194,7 @@ class Fp8BlockwiseBackend:
         group under transposition - and the E4M3 bytes and group scales are transposed (one byte
         per element); as an A operand its 128x128 scales are repeated per row (1x128 groups with
         equal scales: the same values, a wider span for the exactness rule)."""
-        lay = q.layout
-        if q.fmt != "mxfp4" or q.ndim != 2 or not lay.is_2d or lay.block != (32, 32) or not _kernels_usable(q.codes):
-            return None
-        rows, cols = lay.shape
-        if rows % 128 or cols % 128:
+        if not self._tiles_foldable(q):
             return None
         from ..kernels.mx_fold import fold_packed_mxfp4
 
@@ -217,13 +208,34 @@ class Fp8BlockwiseBackend:
             return FoldedOperand(FoldedFP8(codes, scales.repeat_interleave(128, 0), 1, f.inexact))
         return FoldedOperand(FoldedFP8(codes, scales, 128, f.inexact))
 
-    def _fold(self, op, role: int):
-        """``op`` as a FoldedOperand for ``role`` if it can be one, else None."""
+    @staticmethod
+    def _saved_foldable(q: QuantizedTensor) -> bool:
+        """1x32 MXFP4 stored with its blocks along the logical inner dim (a multiple of 128)."""
+        lay = q.layout
+        if q.fmt != "mxfp4" or q.ndim != 2 or lay.is_2d or not _kernels_usable(q.codes) or q.block_axis != 1:
+            return False
+        return (lay.axis == 1) != q.transposed and lay.shape[lay.axis] % 128 == 0  # stored rows = logical rows
+
+    @staticmethod
+    def _tiles_foldable(q: QuantizedTensor) -> bool:
+        """32x32-tile MXFP4 with both dims multiples of 128."""
+        lay = q.layout
+        return (q.fmt == "mxfp4" and q.ndim == 2 and lay.is_2d and lay.block == (32, 32) and _kernels_usable(q.codes)
+                and lay.shape[0] % 128 == 0 and lay.shape[1] % 128 == 0)
+
+    def _can_fold(self, op, role: int) -> bool:
+        """Can ``op`` be the FoldedOperand of ``role`` (checks only, nothing launched)?"""
+        if isinstance(op, FoldedOperand):
+            return True
+        if not isinstance(op, QuantizedTensor):
+            return False
+        return self._tiles_foldable(op) if op.layout.is_2d else (role == 1 and self._saved_foldable(op))
+
+    def _fold(self, op, role: int) -> FoldedOperand:
+        """``op`` (one that :meth:`_can_fold`) as the FoldedOperand of ``role``."""
         if isinstance(op, FoldedOperand):
             return op
-        if isinstance(op, QuantizedTensor) and op.fmt == "mxfp4":
-            return self.fold_tiles(op, role) if op.layout.is_2d else (self.fold_saved(op) if role == 1 else None)
-        return None
+        return self.fold_tiles(op, role) if op.layout.is_2d else self.fold_saved(op)
 
     @staticmethod
     def _blockwise(a, b) -> bool:
@@ -233,11 +245,8 @@ class Fp8BlockwiseBackend:
 
     def gemm(self, a, b, out_dtype: torch.dtype) -> torch.Tensor:
         global _BLOCKWISE_OK
-        foldable = lambda op: isinstance(op, FoldedOperand) or (isinstance(op, QuantizedTensor) and op.fmt == "mxfp4")  # noqa: E731
-        if _BLOCKWISE_OK is not False and foldable(a) and foldable(b):
-            fa, fb = self._fold(a, 0), self._fold(b, 1)
-            if fa is not None and fb is not None:
-                a, b = fa, fb  # both on FP8 tensor cores, or (CPU, another view) both exact in BF16 below
+        if _BLOCKWISE_OK is not False and self._can_fold(a, 0) and self._can_fold(b, 1):
+            a, b = self._fold(a, 0), self._fold(b, 1)  # both on FP8 tensor cores, or (CPU, another view) exact in BF16 below
         if _BLOCKWISE_OK is not False and self._blockwise(a, b):
             try:
                 y = blockwise_fp8_mm(a.data, b.data, out_dtype)
