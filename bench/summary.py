@@ -101,17 +101,13 @@ def build(e2e: list[dict], gemm: dict | None, linear: dict | None, quantize: dic
         peer = table.get(PEER, {})
         for recipe in FAST_RECIPES:
             r = table.get(recipe, {})
-            ok = "tokens_per_s" in r and "tokens_per_s" in bf16
-            note = r.get("error", "")
-            targets.append(_target(f"end to end {model}, {recipe}: tokens/s vs BF16", ok and r["tokens_per_s"] / bf16["tokens_per_s"] or None,
-                                   goal, note=note))
-            if "tokens_per_s" in peer and "tokens_per_s" in r:
-                targets.append(_target(f"end to end {model}, {recipe}: tokens/s vs {PEER}", r["tokens_per_s"] / peer["tokens_per_s"], 1.0))
-            else:
-                targets.append(_target(f"end to end {model}, {recipe}: tokens/s vs {PEER}", None, 1.0, note=peer.get("error", "")))
-            mem = ok and r.get("peak_mem_gib") and bf16.get("peak_mem_gib")
-            targets.append(_target(f"end to end {model}, {recipe}: peak memory BF16 / recipe (same batch)",
-                                   mem and bf16["peak_mem_gib"] / r["peak_mem_gib"] or None, 1.3))
+            speed = r["tokens_per_s"] / bf16["tokens_per_s"] if "tokens_per_s" in r and "tokens_per_s" in bf16 else None
+            targets.append(_target(f"end to end {model}, {recipe}: tokens/s vs BF16", speed, goal, note=r.get("error", "")))
+            vs_peer = r["tokens_per_s"] / peer["tokens_per_s"] if "tokens_per_s" in r and "tokens_per_s" in peer else None
+            targets.append(_target(f"end to end {model}, {recipe}: tokens/s vs {PEER}", vs_peer, 1.0,
+                                   note="" if vs_peer is not None else peer.get("error", "")))
+            mem = bf16["peak_mem_gib"] / r["peak_mem_gib"] if r.get("peak_mem_gib") and bf16.get("peak_mem_gib") else None
+            targets.append(_target(f"end to end {model}, {recipe}: peak memory BF16 / recipe (same batch)", mem, 1.3))
     return out
 
 

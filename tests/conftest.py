@@ -4,7 +4,8 @@ import pytest
 import torch
 
 if not torch.cuda.is_available():
-    # Triton decides at import whether it interprets; set it before anything imports Triton
+    # Triton kernels run in Triton's interpreter on a CPU (small shapes). Triton decides at import
+    # whether it interprets, so this is set here, before any test module imports it.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 

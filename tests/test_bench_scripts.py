@@ -172,3 +172,37 @@ def test_summary_checks_the_targets_and_says_how_far_off(tmp_path, capsys):
     (tmp_path / "other.json").write_text(json.dumps({**files["gemm"], "gpu": "NVIDIA H100"}))
     with pytest.raises(SystemExit, match="different GPUs"):
         mod.main(["--e2e", str(tmp_path / "e2e1b.json"), "--gemm", str(tmp_path / "other.json"), "--json", str(out)])
+
+
+def test_bf16_repeat_numbers_in_readme_and_log_are_the_committed_runs():
+    """The same BF16 seed run three times: the values, their range and the step-64 spike quoted in
+    README and LOG come from the committed run folders."""
+    cmp = ROOT / "bench/results/compare-60m-enwiki"
+    dirs = [cmp / "runs/bf16-seed0", ROOT / "bench/results/lr_sweep-60m-enwiki/lr0.0012-seed0", cmp / "earlier-runs/bf16-seed0"]
+    finals = [json.loads((d / "summary.json").read_text())["final_val_loss"] for d in dirs]
+    step64 = [next(json.loads(ln)["loss"] for ln in (d / "metrics.jsonl").read_text().splitlines() if json.loads(ln)["step"] == 64)
+              for d in dirs]
+    readme, log = (ROOT / "README.md").read_text(), (ROOT / "docs/LOG.md").read_text()
+    spread = (max(finals) - min(finals)) / min(finals) * 100
+    assert f"{finals[0]:.4f}, {finals[1]:.4f} (lr sweep) and {finals[2]:.4f}" in readme
+    assert f"{finals[0]:.4f} (here), {finals[1]:.4f} (lr sweep), {finals[2]:.4f}" in log
+    assert f"a {spread:.2f}% range" in readme and f"a {spread:.2f}% range" in log
+    others = f"{step64[0]:.2f} and {step64[1]:.2f}"
+    assert f"was {step64[2]:.2f}, the others' {others}" in readme
+    assert f"was {step64[2]:.2f} at step 64 where the others' were {others}" in log.replace("\n", " ")
+
+
+def test_adahop_early_gap_quoted_in_the_log_is_the_committed_runs():
+    runs = ROOT / "bench/results/compare-60m-enwiki/runs"
+
+    def val_at(recipe, seed, step):
+        recs = map(json.loads, (runs / f"{recipe}-seed{seed}" / "metrics.jsonl").read_text().splitlines())
+        return next(r["val_loss"] for r in recs if r["step"] == step and "val_loss" in r)
+
+    def gap(recipe, step=128):  # mean over the two seeds, % of BF16 at the same seed
+        return sum((val_at(recipe, s, step) / val_at("bf16", s, step) - 1) * 100 for s in (0, 1)) / 2
+
+    others = [gap(r) for r in ("mxfp4", "hadamard_mxfp4", "tib2d")]
+    log = (ROOT / "docs/LOG.md").read_text().replace("\n", " ")
+    assert f"its gap is {gap('adahop'):.1f}%".replace("-", "−") in log
+    assert f"the others' gaps are {min(others):.2f}–{max(others):.2f}% at step 128" in log

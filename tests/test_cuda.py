@@ -110,4 +110,6 @@ def test_gpu_training_resumes_from_a_checkpoint(tmp_path):
     Trainer(cfg).run()
     (tmp_path / "summary.json").unlink()
     Checkpoints(tmp_path)._write_manifest(Checkpoints(tmp_path).entries()[:1])  # back to step 2
-    assert Trainer(cfg, resume=True).run()["steps"] == 4
+    log = []
+    assert Trainer(cfg, resume=True, log=log.append).run()["steps"] == 4
+    assert any(f"resumed {tmp_path} at step 2" in m for m in log)  # continued, not restarted

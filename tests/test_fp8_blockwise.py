@@ -6,14 +6,10 @@ the layer must equal the emulated layer bit for bit. On a GPU the GEMM is ``scal
 (blockwise FP8, another summation order): close, and the inexact count stays zero.
 """
 
-import os
-
 import pytest
 import torch
 import torch.nn as nn
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 import fp4train  # noqa: E402

@@ -4,13 +4,9 @@ On a machine without a GPU the kernels run in Triton's interpreter (small shapes
 they compile. Skipped where Triton is not installed.
 """
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 import triton  # noqa: E402

@@ -1,13 +1,9 @@
 """`--numerics triton`: the layer gives the same bits with Triton kernels as with the reference."""
 
-import os
-
 import pytest
 import torch
 import torch.nn as nn
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 import fp4train  # noqa: E402
