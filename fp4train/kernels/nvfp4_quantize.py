@@ -23,6 +23,20 @@ from .e4m3 import e4m3_rtne
 from .mx_quantize import _e2m1_codes, _keys, _uniforms
 
 
+@triton.jit
+def _nvfp4_blocks(x, s_enc):
+    """Per 16-element block, one block per row of ``x`` ``[n, 16]`` (float32): the scaled elements
+    ``v = (x * s_enc) / sb`` ready for E2M1 rounding, the E4M3 block scale (code and value) and the
+    NaN/Inf flag, in the reference's float order (non-finite elements count as 0 in the amax)."""
+    finite = tl.abs(x) < float("inf")
+    nan_block = tl.max(tl.where(finite, 0, 1), axis=1) > 0
+    x = tl.where(finite, x, 0.0)
+    amax = tl.max(tl.abs(x), axis=1)
+    sb_code, sb = e4m3_rtne(tl.minimum(tl.math.div_rn(amax, 6.0) * s_enc, 448.0))
+    v = tl.math.div_rn(x * s_enc, tl.where(sb == 0.0, 1.0, sb)[:, None])
+    return tl.where((sb == 0.0)[:, None], 0.0, v), sb_code, sb, nan_block
+
+
 @triton.jit(do_not_specialize=["key", "key2"])
 def _nvfp4_kernel(
     x_ptr, s_enc_ptr, codes_ptr, scales_ptr,
@@ -35,14 +49,7 @@ def _nvfp4_kernel(
     bmask = blk < n_blocks_row
     offs = blk[:, None] * 16 + j[None, :]
     x = tl.load(x_ptr + row * stride_x + offs, mask=bmask[:, None], other=0.0).to(tl.float32)
-    s_enc = tl.load(s_enc_ptr)
-    finite = tl.abs(x) < float("inf")
-    nan_block = tl.max(tl.where(finite, 0, 1), axis=1) > 0
-    x = tl.where(finite, x, 0.0)
-    amax = tl.max(tl.abs(x), axis=1)
-    sb_code, sb = e4m3_rtne(tl.minimum(tl.math.div_rn(amax, 6.0) * s_enc, 448.0))
-    v = tl.math.div_rn(x * s_enc, tl.where(sb == 0.0, 1.0, sb)[:, None])
-    v = tl.where((sb == 0.0)[:, None], 0.0, v)
+    v, sb_code, sb, nan_block = _nvfp4_blocks(x, tl.load(s_enc_ptr))
     u = v
     if SR:
         u = _uniforms((row * n_blocks_row + blk)[:, None] * 16 + j[None, :], key, key2)
@@ -92,14 +99,7 @@ def _nvfp4_cols_kernel(x_ptr, s_enc_ptr, cc_ptr, cs_ptr, M, K, stride_x, stride_
     kk = tl.program_id(1) * BK + tl.arange(0, BK)
     kmask = kk < K
     x = tl.load(x_ptr + m[:, None] * stride_x + kk[None, :], mask=kmask[None, :], other=0.0).to(tl.float32)
-    s_enc = tl.load(s_enc_ptr)
-    finite = tl.abs(x) < float("inf")
-    nan_block = tl.max(tl.where(finite, 0, 1), axis=0) > 0
-    x = tl.where(finite, x, 0.0)
-    amax = tl.max(tl.abs(x), axis=0)
-    sb_code, sb = e4m3_rtne(tl.minimum(tl.math.div_rn(amax, 6.0) * s_enc, 448.0))
-    v = tl.math.div_rn(x * s_enc, tl.where(sb == 0.0, 1.0, sb)[None, :])
-    v = tl.trans(tl.where((sb == 0.0)[None, :], 0.0, v))  # [BK, 16]: one block per row, as stored
+    v, sb_code, sb, nan_block = _nvfp4_blocks(tl.trans(x), tl.load(s_enc_ptr))  # [BK, 16]: one block per row, as stored
     u = v
     if SR:
         u = _uniforms(kk[:, None] * M + m[None, :], key, key2)  # blocked index along axis 0: k * M + m

@@ -21,9 +21,9 @@ import triton.language as tl
 
 from ..formats import nvfp4 as ref_nvfp4
 from ..formats.qtensor import ScaledBF16
-from .e4m3 import e4m3_rtne
 from .mx_quantize import _e2m1_codes, _keys, _uniforms
 from .mx_values import _e2m1_value
+from .nvfp4_quantize import _nvfp4_blocks
 
 
 @triton.jit(do_not_specialize=["key", "key2"])
@@ -34,19 +34,11 @@ def _rows_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.conste
     c = tl.program_id(1) * BK + tl.arange(0, BK)
     mask = (r < M)[:, None] & (c < K)[None, :]
     x = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=mask, other=0.0).to(tl.float32)
-    s_enc = tl.load(s_enc_ptr)
-    finite = tl.abs(x) < float("inf")
-    x = tl.reshape(tl.where(finite, x, 0.0), [RB, NB, 16])
-    nan_block = tl.max(tl.reshape(tl.where(finite, 0, 1), [RB, NB, 16]), axis=2) > 0
-    amax = tl.max(tl.abs(x), axis=2)
-    _, sb = e4m3_rtne(tl.minimum(tl.math.div_rn(amax, 6.0) * s_enc, 448.0))
-    v = tl.math.div_rn(x * s_enc, tl.where(sb == 0.0, 1.0, sb)[:, :, None])
-    v = tl.where((sb == 0.0)[:, :, None], 0.0, v)
+    v, _, sb, nan_block = _nvfp4_blocks(tl.reshape(x, [RB * NB, 16]), tl.load(s_enc_ptr))
     u = v
     if SR:
-        u = tl.reshape(_uniforms(r[:, None] * K + c[None, :], key, key2), [RB, NB, 16])
-    val = _e2m1_value(_e2m1_codes(v, u, SR)) * sb[:, :, None]
-    val = tl.where(nan_block[:, :, None], float("nan"), val)
+        u = tl.reshape(_uniforms(r[:, None] * K + c[None, :], key, key2), [RB * NB, 16])
+    val = tl.where(nan_block[:, None], float("nan"), _e2m1_value(_e2m1_codes(v, u, SR)) * sb[:, None])
     tl.store(y_ptr + r[:, None] * sy + c[None, :], tl.reshape(val, [RB, BK]).to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -57,20 +49,12 @@ def _cols_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.conste
     c = tl.program_id(1) * BK + tl.arange(0, BK)
     mask = (c < K)[None, :]
     x = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=mask, other=0.0).to(tl.float32)
-    s_enc = tl.load(s_enc_ptr)
-    finite = tl.abs(x) < float("inf")
-    x = tl.where(finite, x, 0.0)
-    nan_block = tl.max(tl.where(finite, 0, 1), axis=0) > 0
-    amax = tl.max(tl.abs(x), axis=0)
-    _, sb = e4m3_rtne(tl.minimum(tl.math.div_rn(amax, 6.0) * s_enc, 448.0))
-    v = tl.math.div_rn(x * s_enc, tl.where(sb == 0.0, 1.0, sb)[None, :])
-    v = tl.where((sb == 0.0)[None, :], 0.0, v)
+    v, _, sb, nan_block = _nvfp4_blocks(tl.trans(x), tl.load(s_enc_ptr))  # [BK, 16]: one block per row
     u = v
     if SR:
-        u = _uniforms(c[None, :] * M + r[:, None], key, key2)  # blocked index along axis 0: k * M + m
-    val = _e2m1_value(_e2m1_codes(v, u, SR)) * sb[None, :]
-    val = tl.where(nan_block[None, :], float("nan"), val)
-    tl.store(y_ptr + r[:, None] * sy + c[None, :], val.to(y_ptr.dtype.element_ty), mask=mask)
+        u = _uniforms(c[:, None] * M + r[None, :], key, key2)  # blocked index along axis 0: k * M + m
+    val = tl.where(nan_block[:, None], float("nan"), _e2m1_value(_e2m1_codes(v, u, SR)) * sb[:, None])
+    tl.store(y_ptr + r[:, None] * sy + c[None, :], tl.trans(val).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def nvfp4_values(x: torch.Tensor, *, axis: int, rounding: str = "nearest", seed: int | None = None) -> ScaledBF16:
