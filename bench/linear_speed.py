@@ -91,10 +91,14 @@ def main(argv=None):
             rows.append(row)
             print(f"{model:>13} {name:>8} [{args.tokens}x{K}]x[{N}x{K}]^T: bf16 {t_bf16 * 1e3:7.2f} ms | "
                   + " | ".join(f"{k} {r['ms']:.2f} ms ({r['speedup_vs_bf16']:.2f}x)" for k, r in row["variants"].items()), flush=True)
+            _write(args.json, rows)  # after every shape: a run cut short keeps what it measured
+
+
+def _write(path, rows):
     gpu = torch.cuda.get_device_name()
     out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit() or "unknown",
            "torch": torch.__version__, "results": rows}
-    path = args.json or ROOT / "bench/results" / f"linear_speed-{gpu.replace(' ', '_')}.json"
+    path = path or ROOT / "bench/results" / f"linear_speed-{gpu.replace(' ', '_')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
 

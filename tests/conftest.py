@@ -36,6 +36,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _numerics_restored():
+    """Every test starts from the default numerics ("eager", not chosen) and leaves them so: a model
+    converted on a GPU switches the process to "triton" numerics, which must not carry over into
+    the next test's reference computations."""
+    import fp4train.formats as formats
+
+    yield
+    if formats.numerics() != "eager":
+        formats._apply_numerics("eager")
+    formats._CHOSEN = False
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_token_cache(tmp_path_factory):
     """Tokenized data goes to a per-session folder, never the user's ~/.cache."""

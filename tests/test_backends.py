@@ -44,6 +44,7 @@ def test_auto_backend_is_triton_on_a_gpu_machine_and_emulated_elsewhere(monkeypa
     import fp4train.formats as formats
     from fp4train import backends
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU-only machine
     model = torch.nn.Sequential(torch.nn.Linear(64, 64))
     fp4train.convert(model, "mxfp4")  # the presets' backend is "auto"
     assert fp4train.recipes.get("mxfp4").backend == "auto"
@@ -51,8 +52,7 @@ def test_auto_backend_is_triton_on_a_gpu_machine_and_emulated_elsewhere(monkeypa
     with pytest.raises(ValueError, match="unknown GEMM backend 'fast'.*emulated, fp8_blockwise, triton.*'auto'"):
         backends.resolve("fast")
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(formats, "_CHOSEN", False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine
     try:
         assert backends.resolve("auto") == "triton"
         model = torch.nn.Sequential(torch.nn.Linear(64, 64))

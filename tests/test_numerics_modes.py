@@ -71,3 +71,25 @@ def test_triton_numerics_training_curve_equals_eager(tmp_path, restore):
         assert curves[0] == curves[1]
     else:
         torch.testing.assert_close(torch.tensor(curves[1]), torch.tensor(curves[0]), rtol=2e-3, atol=0)
+
+
+def test_cpu_tensors_take_the_reference_under_triton_numerics_without_the_interpreter(monkeypatch):
+    """A model converted on a GPU switches the whole process to triton numerics; a CPU tensor
+    quantized afterwards (e.g. a reference computed on the CPU) must not reach a Triton kernel,
+    which cannot run it outside the interpreter. (Found on the H200: every CPU reference after the
+    first GPU convert() in a test session failed.)"""
+    import fp4train.kernels as kernels
+
+    def no_kernel(*a, **k):
+        raise AssertionError("a CPU tensor reached a Triton kernel")
+
+    x = torch.randn(64, 96)
+    want = {fmt: fp4train.quantize(x, fmt) for fmt in ("mxfp4", "nvfp4", "mxfp8")}
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # as on a GPU machine
+    for name in ("quantize_mxfp4", "quantize_mxfp8", "quantize_nvfp4", "quantize_mxfp4_2d"):
+        monkeypatch.setattr(kernels, name, no_kernel)
+    set_numerics("triton")
+    for fmt, ref in want.items():
+        got = fp4train.quantize(x, fmt)
+        assert torch.equal(got.codes, ref.codes) and torch.equal(got.scales, ref.scales)
+    fp4train.quantize(x, "mxfp4", block=(32, 32))  # the 32x32 tiles too: no kernel

@@ -22,7 +22,6 @@ Everything else - and any GEMM without two folded operands, and every CPU GEMM -
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass, replace
 
@@ -30,6 +29,7 @@ import torch
 
 from ..formats.fold import FoldedFP8
 from ..formats.qtensor import QuantizedTensor, ScaledBF16
+from ..formats.quantize import kernels_usable_on
 from .emulated import EmulatedBackend
 
 
@@ -69,11 +69,6 @@ class FoldedOperand:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         v = self.data.dequantize()
         return (v.mT if self.transposed else v).to(dtype)
-
-
-def _kernels_usable(t: torch.Tensor) -> bool:
-    """Triton kernels run on CUDA tensors, and on CPU ones only under the interpreter (tests)."""
-    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _scaling(*names):
@@ -125,7 +120,7 @@ class Fp8BlockwiseBackend:
         """The folded operand for an MXFP4 request (``role`` 0: GEMM operand A, 1: B), or None.
         ``transform`` (a TransformSpec along ``axis``, signs from ``transform_seed``): fused into the
         same pass (block Hadamard up to 128, float32/bfloat16 input), or None to have it done first."""
-        if not _kernels_usable(x):
+        if not kernels_usable_on(x):
             return None
         if x.ndim != 2 or q.format != "mxfp4" or q.four_over_six:
             return None
@@ -159,7 +154,7 @@ class Fp8BlockwiseBackend:
         """X ``[M, K]`` read once for its two GEMMs: (fprop's A operand, MXFP4 along K folded into FP8,
         wgrad's X, MXFP4 along M packed - what the layer saves), or None where the specs or the shape
         do not allow it (both MXFP4 with 1x32 blocks, M % 32 == 0, K % 128 == 0)."""
-        if x.ndim != 2 or not _kernels_usable(x) or x.shape[0] % 32 or x.shape[1] % 128:
+        if x.ndim != 2 or not kernels_usable_on(x) or x.shape[0] % 32 or x.shape[1] % 128:
             return None
         if any(not q.quantized or q.format != "mxfp4" or q.four_over_six for q in (qa, qb)):
             return None
@@ -212,7 +207,7 @@ class Fp8BlockwiseBackend:
     def _saved_foldable(q: QuantizedTensor) -> bool:
         """1x32 MXFP4 stored with its blocks along the logical inner dim (a multiple of 128)."""
         lay = q.layout
-        if q.fmt != "mxfp4" or q.ndim != 2 or lay.is_2d or not _kernels_usable(q.codes) or q.block_axis != 1:
+        if q.fmt != "mxfp4" or q.ndim != 2 or lay.is_2d or not kernels_usable_on(q.codes) or q.block_axis != 1:
             return False
         return (lay.axis == 1) != q.transposed and lay.shape[lay.axis] % 128 == 0  # stored rows = logical rows
 
@@ -220,7 +215,7 @@ class Fp8BlockwiseBackend:
     def _tiles_foldable(q: QuantizedTensor) -> bool:
         """32x32-tile MXFP4 with both dims multiples of 128."""
         lay = q.layout
-        return (q.fmt == "mxfp4" and q.ndim == 2 and lay.is_2d and lay.block == (32, 32) and _kernels_usable(q.codes)
+        return (q.fmt == "mxfp4" and q.ndim == 2 and lay.is_2d and lay.block == (32, 32) and kernels_usable_on(q.codes)
                 and lay.shape[0] % 128 == 0 and lay.shape[1] % 128 == 0)
 
     def _can_fold(self, op, role: int) -> bool:

@@ -8,6 +8,7 @@ PyTorch and runs on any device; the Triton kernels promise the same codes and sc
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -157,6 +158,13 @@ def set_kernels(enabled: bool = True) -> None:
     _KERNELS = enabled
 
 
+def kernels_usable_on(t: torch.Tensor) -> bool:
+    """Can fp4train's Triton kernels take ``t``? CUDA tensors always; CPU tensors only under
+    Triton's interpreter (tests). Elsewhere a CPU tensor takes the reference path whatever the
+    numerics mode - a model converted on a GPU sets ``triton`` numerics for the whole process."""
+    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def _kernel_quantize(x, fmt, block, axis, scale, rounding, seed, four_over_six):
     """The Triton kernel's result for this request, or None when no kernel covers it: 2D tensors,
     MXFP4/MXFP8 in 1x32 blocks or 32x32 tiles, NVFP4 (floor scales, no 4/6) in 1x16 blocks.
@@ -169,6 +177,8 @@ def _kernel_quantize(x, fmt, block, axis, scale, rounding, seed, four_over_six):
         return None
     from .. import kernels
 
+    if not kernels_usable_on(x):
+        return None
     if fmt in ("mxfp4", "mxfp8") and block == (32, 32):
         tiles = kernels.quantize_mxfp4_2d if fmt == "mxfp4" else kernels.quantize_mxfp8_2d
         return tiles(x.detach(), scale=scale, rounding=rounding, seed=seed)
