@@ -13,7 +13,7 @@ import torch.nn as nn
 pytest.importorskip("triton")
 
 import fp4train  # noqa: E402
-from fp4train.backends import get  # noqa: E402
+from fp4train.backends import fp8_blockwise, get  # noqa: E402
 from fp4train.backends.fp8_blockwise import FoldedOperand  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -31,8 +31,10 @@ def test_fp8_blockwise_layer_matches_emulated(recipe, backend, layer_run, spec_o
     for a, b in zip(*outs):
         if DEV == "cpu":
             assert torch.equal(a, b)
-        else:
-            torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-3)
+        else:  # another summation order; where blockwise scaled_mm gives only BF16, one BF16 rounding (2**-9)
+            bf16_out = backend != "emulated" and fp8_blockwise._FP32_OUT is False
+            tol = 2**-8 if bf16_out else 1e-4
+            torch.testing.assert_close(b, a, rtol=tol, atol=tol * a.abs().max().item())
     assert int(get(backend).inexact) == 0
 
 
