@@ -103,3 +103,14 @@ def test_32x32_tiles_fold_for_either_role_and_orientation(transposed, role):
     torch.testing.assert_close(f.dequantize(), view.dequantize(torch.float32), rtol=0, atol=0)  # exact
     assert be.fold_tiles(fp4train.quantize(x[:200], "mxfp4", block=(32, 32)), role) is None  # 200 rows: not whole groups
     assert be.fold_tiles(fp4train.quantize(x, "mxfp4"), role) is None  # 1x32 blocks: not tiles
+
+
+@pytest.mark.parametrize("k_groups", [1, 2, 3, 4, 5, 8])
+def test_blockwise_scale_b_has_the_padded_layout_scaled_mm_wants(k_groups):
+    """torch 2.11's blockwise scaled_mm (H200) takes B's 128x128 scales as [round_up(K/128, 4), N/128]
+    with the K-groups contiguous; before this, every layer with K/128 not a multiple of 4 failed there."""
+    s = torch.rand(3, k_groups) + 0.5  # [N/128, K/128]
+    got = fp8_blockwise.blockwise_scale_b(s)
+    kp = -(-k_groups // 4) * 4
+    assert got.shape == (kp, 3) and got.stride() == (1, kp)
+    assert torch.equal(got[:k_groups], s.t())

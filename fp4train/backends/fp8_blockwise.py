@@ -84,6 +84,20 @@ _FP32_OUT: bool | None = None  # does this torch's blockwise scaled_mm give FP32
 _BLOCKWISE_OK: bool | None = None  # does blockwise scaled_mm run here at all? learnt on first use
 
 
+def blockwise_scale_b(scales: torch.Tensor) -> torch.Tensor:
+    """B's 128x128 group scales ``[N/128, K/128]`` as blockwise ``scaled_mm`` takes them:
+    ``[round_up(K/128, 4), N/128]`` with the K-groups contiguous (strides ``(1, round_up(K/128, 4))``).
+    The padding groups lie past K and are never read (set to 1). Found on the H200 (torch 2.11): with
+    K/128 not a multiple of 4 (K = 128, 256, 384, ...) scaled_mm refuses the unpadded scales."""
+    nb, kb = scales.shape
+    kp = -(-kb // 4) * 4
+    if kp == kb:
+        return scales.contiguous().t()  # no copy for the usual K (a multiple of 512)
+    padded = scales.new_ones(nb, kp)
+    padded[:, :kb] = scales
+    return padded.t()
+
+
 def blockwise_fp8_mm(a: FoldedFP8, b: FoldedFP8, out_dtype: torch.dtype) -> torch.Tensor:
     """``a @ b.T`` for folded operands: ``a`` with 1x128 groups, ``b`` with 128x128 groups."""
     from torch.nn.functional import scaled_mm
@@ -91,7 +105,7 @@ def blockwise_fp8_mm(a: FoldedFP8, b: FoldedFP8, out_dtype: torch.dtype) -> torc
     global _FP32_OUT
     a8, b8 = a.codes.view(torch.float8_e4m3fn), b.codes.view(torch.float8_e4m3fn)
     args = (a8, b8.t(), a.scales.t().contiguous().t(), _scaling("BlockWise1x128", "Blockwise_1x128"),
-            b.scales.t(), _scaling("BlockWise128x128", "Blockwise_128x128"))
+            blockwise_scale_b(b.scales), _scaling("BlockWise128x128", "Blockwise_128x128"))
     if out_dtype == torch.float32 and _FP32_OUT is not False:
         try:  # FP32 output where the kernel offers it (AdaHOP adds the outlier product to it)
             y = scaled_mm(*args, output_dtype=torch.float32)
@@ -235,8 +249,10 @@ class Fp8BlockwiseBackend:
     @staticmethod
     def _blockwise(a, b) -> bool:
         """Do ``a`` and ``b`` make the FP8 blockwise GEMM's operands (1x128 A, 128x128 B, on CUDA)?"""
+        # scaled_mm also wants A's 1x128 scales [M, K/128] column-major with M a multiple of 4 (K/128 > 1)
         return (isinstance(a, FoldedOperand) and isinstance(b, FoldedOperand) and a.block_axis == 1 and b.block_axis == 1
-                and a.data.group_rows == 1 and b.data.group_rows == 128 and a.device.type == "cuda")
+                and a.data.group_rows == 1 and b.data.group_rows == 128 and a.device.type == "cuda"
+                and (a.data.codes.shape[0] % 4 == 0 or a.data.codes.shape[1] <= 128))
 
     def gemm(self, a, b, out_dtype: torch.dtype) -> torch.Tensor:
         global _BLOCKWISE_OK
