@@ -381,6 +381,33 @@ def test_fold_kernel_with_fused_hadamard_equals_transform_then_quantize_then_fol
     assert int(got.inexact) == ref.inexact
 
 
+@pytest.mark.parametrize("had", [None, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("group_rows", [1, 128])
+def test_fold_kernel_along_dim_0_reads_x_in_place_as_its_transpose(had, dtype, group_rows):
+    """Blocks along x's dim 0 (W along N for dgrad, dY along M for wgrad): the fold of x^T, bit for
+    bit, read through strides - no transposed copy first (a strided copy kernel that took 12% of a
+    1b training step's GPU time on the H200). A non-contiguous x (a column slice) is read as it is."""
+    from fp4train.formats.fold import fold
+    from fp4train.kernels import quantize_mxfp4_fp8
+    from fp4train.transforms.hadamard import signs
+
+    big = _special(256, 200, 12).to(dtype)
+    big[100:104, 3] *= 2.0**-20  # a block far below its group: inexact after folding
+    x = big[:, 8:168]  # [256, 160], row stride 200
+    xt = x.t().contiguous()
+    if had:
+        xt = fp4train.hadamard(xt, had, axis=-1, seed=5)
+    ref = fold(fp4train.quantize(xt, "mxfp4", rounding="stochastic", seed=11), group_rows)
+    got = quantize_mxfp4_fp8(x.to(DEV), axis=0, group_rows=group_rows, rounding="stochastic", seed=11,
+                             hadamard_block=had, hadamard_signs=None if had is None else signs(5, had))
+    assert got.codes.shape == (160, 256) and torch.equal(got.codes.cpu(), ref.codes)
+    torch.testing.assert_close(got.scales.cpu(), ref.scales, rtol=0, atol=0, equal_nan=True)
+    assert int(got.inexact) == ref.inexact
+    with pytest.raises(ValueError, match="dim 0 .the block dim. is a multiple of 128"):
+        quantize_mxfp4_fp8(torch.randn(96, 128, device=DEV), axis=0, group_rows=1)
+
+
 @pytest.mark.parametrize("fmt,rounding", [("mxfp4", "nearest"), ("mxfp4", "stochastic"), ("nvfp4", "nearest"), ("nvfp4", "stochastic")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_column_kernels_quantize_along_dim_0_without_a_transposed_copy(fmt, rounding, dtype):

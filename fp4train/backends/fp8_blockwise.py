@@ -153,14 +153,14 @@ class Fp8BlockwiseBackend:
             return None
         from ..kernels.mx_fold import quantize_mxfp4_fp8
 
-        src = x.detach() if axis % 2 == 1 else x.detach().t()  # blocks along the stored last dim
         had = {}
         if transform is not None:
             from ..transforms.hadamard import signs
 
             had = dict(hadamard_block=transform.block,
                        hadamard_signs=signs(transform_seed, transform.block, device=x.device) if transform_seed is not None else None)
-        folded = quantize_mxfp4_fp8(src, group_rows=1 if role == 0 else 128, scale=kw.get("scale", "floor"),
+        # blocks along dim 0 (W along N for dgrad, dY along M for wgrad): the kernel reads x in place as x^T
+        folded = quantize_mxfp4_fp8(x.detach(), axis=axis, group_rows=1 if role == 0 else 128, scale=kw.get("scale", "floor"),
                                     rounding=kw.get("rounding", "nearest"), seed=seed, counter=self._counter(x.device), **had)
         return FoldedOperand(folded, transposed=axis % 2 == 0)
 

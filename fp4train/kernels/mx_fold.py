@@ -39,10 +39,12 @@ def _round_bf16(y):
 
 
 @triton.jit(do_not_specialize=["key", "key2"])
-def _fold_kernel(x_ptr, d_ptr, codes_ptr, scales_ptr, count_ptr, R, K, sx, sc, ss, key, key2,
+def _fold_kernel(x_ptr, d_ptr, codes_ptr, scales_ptr, count_ptr, R, K, s_r, s_k, sc, ss, key, key2,
                  CEIL: tl.constexpr, SR: tl.constexpr, GR: tl.constexpr,
                  HAD: tl.constexpr, LOG_HAD: tl.constexpr, HAS_D: tl.constexpr, NORM: tl.constexpr, ROUND_BF16: tl.constexpr):
-    """Program (i, j): rows i*GR .. +GR, columns j*128 .. +128 (GR=1 handles 16 rows of 1x128 groups).
+    """Program (i, j): rows i*GR .. +GR, columns j*128 .. +128 (GR=1 handles 16 rows of 1x128 groups) of
+    the operand [R, K] whose element (r, k) is ``x_ptr[r * s_r + k * s_k]``: x itself (``s_k`` = 1) or,
+    for blocks along x's dim 0, x transposed, read in place (``s_r`` = 1: no transposed copy).
     ``HAD`` > 0: first the block-HAD Hadamard transform along the rows (signs ``d`` if HAS_D), exactly as
     kernels/hadamard.py does it, rounded to BF16 when the input is BF16 (the reference transforms into
     the input's dtype, then quantizes)."""
@@ -51,7 +53,7 @@ def _fold_kernel(x_ptr, d_ptr, codes_ptr, scales_ptr, count_ptr, R, K, sx, sc, s
     c = tl.program_id(1) * 128 + tl.arange(0, 128)
     rmask = r < R
     mask = rmask[:, None]
-    x = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + r[:, None] * s_r + c[None, :] * s_k, mask=mask, other=0.0).to(tl.float32)
     if HAD > 0:
         NB: tl.constexpr = RB * (128 // HAD)
         y = tl.reshape(x, [NB, HAD])
@@ -139,14 +141,20 @@ def _packed_fold_kernel(pc_ptr, ps_ptr, codes_ptr, scales_ptr, count_ptr, R, spc
 
 def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor", rounding: str = "nearest",
                        seed: int | None = None, counter: torch.Tensor | None = None,
-                       hadamard_block: int | None = None, hadamard_signs: torch.Tensor | None = None) -> FoldedFP8:
+                       hadamard_block: int | None = None, hadamard_signs: torch.Tensor | None = None,
+                       axis: int = -1) -> FoldedFP8:
     """MXFP4 (1x32 along the last dim) folded into FP8 with ``group_rows`` x 128 groups; see the module
-    docstring. ``counter``: an int32 device tensor that the inexact-element count is added to (one is
+    docstring. ``axis`` 0: blocks along x's dim 0 instead - the result is that of ``x.t()`` (codes
+    ``[x.shape[1], x.shape[0]]``), read from x in place, without the transposed copy. ``counter``: an int32 device tensor that the inexact-element count is added to (one is
     made if None); :attr:`FoldedFP8.inexact` is that tensor. ``hadamard_block`` (a power of two up to
     128): the block Hadamard transform along the last dim first, with ``hadamard_signs`` (RHT) if given -
     ``fold(quantize(hadamard(x, block, seed), "mxfp4", ...))`` bit for bit, for float32 and bfloat16 ``x``."""
-    if x.ndim != 2 or x.shape[1] % 128 or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ValueError(f"quantize_mxfp4_fp8 takes a 2D float tensor whose last dim is a multiple of 128, got {x.dtype} {tuple(x.shape)}")
+    if axis not in (0, 1, -1, -2):
+        raise ValueError(f"quantize_mxfp4_fp8: axis must be 0 or 1 (-2 or -1), got {axis}")
+    along_0 = axis % 2 == 0
+    if x.ndim != 2 or x.shape[0 if along_0 else 1] % 128 or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"quantize_mxfp4_fp8 takes a 2D float tensor whose dim {axis} (the block dim) is a multiple of 128, "
+                         f"got {x.dtype} {tuple(x.shape)}")
     if group_rows not in (1, 128):
         raise ValueError(f"group_rows must be 1 or 128, got {group_rows}")
     had = hadamard_block or 0
@@ -155,16 +163,16 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
                          f"input, got block {had} on {x.dtype}")
     d = None if hadamard_signs is None else hadamard_signs.to(device=x.device, dtype=torch.float32).contiguous()
     norm = float(torch.tensor(1.0 / math.sqrt(had), dtype=torch.float32)) if had else 1.0  # the reference's FP32 constant
-    x = x.contiguous()
-    R, K = x.shape
+    op = x.t() if along_0 else x  # the operand [R, K] with blocks along K: a view, read in place whatever its strides
+    R, K = op.shape
     codes = torch.empty(R, K, dtype=torch.uint8, device=x.device)
     scales = torch.empty(triton.cdiv(R, group_rows), K // 128, dtype=torch.float32, device=x.device)
     counter = torch.zeros((), dtype=torch.int32, device=x.device) if counter is None else counter
     sr, key, key2 = _keys(rounding, seed)
     rb = 16 if group_rows == 1 else 128
     if R and K:
-        _fold_kernel[(triton.cdiv(R, rb), K // 128)](x, d if d is not None else x, codes, scales, counter, R, K, x.stride(0),
-                                                     codes.stride(0), scales.stride(0), key, key2, CEIL=scale == "ceil", SR=sr,
+        _fold_kernel[(triton.cdiv(R, rb), K // 128)](x, d if d is not None else x, codes, scales, counter, R, K, op.stride(0),
+                                                     op.stride(1), codes.stride(0), scales.stride(0), key, key2, CEIL=scale == "ceil", SR=sr,
                                                      GR=group_rows, HAD=had, LOG_HAD=max(had.bit_length() - 1, 0),
                                                      HAS_D=d is not None, NORM=norm, ROUND_BF16=had > 0 and x.dtype == torch.bfloat16)
     return FoldedFP8(codes, scales, group_rows, counter)

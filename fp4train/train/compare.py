@@ -182,7 +182,7 @@ def _markdown(rep: dict) -> str:
         "",
         f"Hardware: {hw}. Date: {rep['date']}. Validation loss at the end of training; gap = loss / BF16 loss − 1 at "
         f"the same seed. Tokens/s: backend {', '.join(rep.get('backends', ['emulated']))}, numerics {', '.join(rep.get('numerics', []))}"
-        + (f", {rep['runs_per_gpu']} runs sharing each GPU at once (compare them with each other only; "
+        + (f", up to {rep['runs_per_gpu']} runs sharing each GPU at once (compare them with each other only; "
            "`bench/train_speed.py` measures speed)." if rep.get("runs_per_gpu", 1) > 1 else "."),
         "",
         "| recipe | val loss (mean) | gap to BF16 % (mean) | gap per seed % | tokens/s | peak mem GiB |",
