@@ -222,3 +222,34 @@ def test_readme_reading_of_the_finished_comparison_follows_its_report():
     assert all(-0.83 < g < 0 for g in r["fp8_rowwise"]["gap_pct_per_seed"].values())
     readme = (ROOT / "README.md").read_text()
     assert "(AdaHOP's seeds\nstraddle NVFP4's)" in readme or "(AdaHOP's seeds straddle NVFP4's)" in readme
+
+
+def test_readme_fast_path_numbers_are_the_committed_h200_results():
+    """Every figure of the README's fast-path paragraph comes from a committed result file."""
+    import math
+
+    readme = (ROOT / "README.md").read_text()
+    res = ROOT / "bench/results"
+    runs = {m: {r["recipe"]: r for r in json.loads((res / f"train_speed-{m}-NVIDIA_H200.json").read_text())["results"]}
+            for m in ("1b", "3b")}
+
+    def cells(m, k):
+        r, base = runs[m].get(k), runs[m]["bf16"]
+        if r is None:
+            return "not reached | — | —"
+        return f"{r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / base['tokens_per_s']:.2f}× | {r['peak_mem_gib']:.1f}"
+
+    for k in ("bf16", "torchao_fp8_rowwise", "fp8_rowwise", "mxfp4", "hadamard_mxfp4", "tib2d", "adahop", "nvfp4"):
+        assert f"| {k} | {cells('1b', k)} | {cells('3b', k)} |" in readme, k
+    g = json.loads((res / "gemm_speed-NVIDIA_H200.json").read_text())["results"][0]
+    assert g["layer"] == "8192^3" and g["inexact_elements_first_fold"] == 0
+    assert (f"{g['mxfp4_fp8_blockwise']:.0f} TFLOP/s, {g['speedup_vs_bf16']:.2f}× cuBLAS BF16\n({g['bf16']:.0f} TFLOP/s) and "
+            f"{g['mxfp4_fp8_blockwise'] / g['fp8_rowwise']:.2f}× cuBLAS FP8 rowwise") in readme
+    q = json.loads((res / "quantize_speed-NVIDIA_H200.json").read_text())["results"]
+    mx = [v["fraction_of_copy"] * 100 for k, v in q.items() if k.startswith("triton mxfp4") and "values" not in k]
+    assert f"reach {min(mx):.0f}–{max(mx):.0f}% of the GPU's copy bandwidth" in readme
+    lin = json.loads((res / "linear_speed-NVIDIA_H200.json").read_text())["results"]
+    sp = [r["variants"]["mxfp4:triton:triton"]["speedup_vs_bf16"] for r in lin if r["model"] == "llama-3-8b"]
+    saved = min(r["bf16_saved_bytes"] / r["variants"]["mxfp4:triton:triton"]["saved_bytes"] for r in lin if r["model"] == "llama-3-8b")
+    assert f"{math.prod(sp) ** (1 / len(sp)):.2f}× BF16 at the\nLlama-3-8B shapes" in readme
+    assert f"{saved:.1f}× smaller than BF16's for MXFP4" in readme

@@ -33,7 +33,7 @@ def test_fp8_blockwise_layer_matches_emulated(recipe, backend, layer_run, spec_o
             assert torch.equal(a, b)
         else:  # another summation order; where blockwise scaled_mm gives only BF16, one BF16 rounding (2**-9)
             bf16_out = backend != "emulated" and fp8_blockwise._FP32_OUT is False
-            tol = 2**-8 if bf16_out else 1e-4
+            tol = 2**-8 if bf16_out else 1e-3  # 1e-3: FP8 tensor-core accumulation (promoted every 128 of K)
             torch.testing.assert_close(b, a, rtol=tol, atol=tol * a.abs().max().item())
     assert int(get(backend).inexact) == 0
 
