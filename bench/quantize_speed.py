@@ -75,6 +75,9 @@ def main(argv=None):
         # MXFP4 folded into FP8 + 1x128 group scales (the FP8 tensor-core GEMM operand)
         "triton mxfp4 -> fp8 1x128": ("fold", lambda: quantize_mxfp4_fp8(x, group_rows=1)),
         "triton mxfp4 -> fp8 128x128": ("fold", lambda: quantize_mxfp4_fp8(x, group_rows=128)),
+        # blocks along dim 0 (W along N, dY along M): x read in place as x^T
+        "triton mxfp4 along dim 0 -> fp8 1x128": ("fold", lambda: quantize_mxfp4_fp8(x, axis=0, group_rows=1)),
+        "triton mxfp4 along dim 0 -> fp8 128x128": ("fold", lambda: quantize_mxfp4_fp8(x, axis=0, group_rows=128)),
         "triton hadamard 32 + mxfp4 -> fp8 1x128 (fused)": ("fold", lambda: quantize_mxfp4_fp8(x, group_rows=1, hadamard_block=32)),
         # the layer's X: fprop's folded operand and wgrad's packed X from one read
         "triton X -> fp8 1x128 + mxfp4 along M": ("fold + columns", lambda: quantize_mxfp4_fp8_and_columns(x)),

@@ -4,6 +4,7 @@ import importlib.util
 import json
 
 import pytest
+import torch
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -253,3 +254,13 @@ def test_readme_fast_path_numbers_are_the_committed_h200_results():
     saved = min(r["bf16_saved_bytes"] / r["variants"]["mxfp4:triton:triton"]["saved_bytes"] for r in lin if r["model"] == "llama-3-8b")
     assert f"{math.prod(sp) ** (1 / len(sp)):.2f}× BF16 at the\nLlama-3-8B shapes" in readme
     assert f"{saved:.1f}× smaller than BF16's for MXFP4" in readme
+
+
+def test_fold_sweep_explains_itself_and_needs_a_gpu(capsys):
+    mod = _load("fold_sweep")
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--help"])
+    assert e.value.code == 0 and "rows-per-program" in capsys.readouterr().out
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+            mod.main([])

@@ -381,6 +381,21 @@ def test_fold_kernel_with_fused_hadamard_equals_transform_then_quantize_then_fol
     assert int(got.inexact) == ref.inexact
 
 
+@pytest.mark.parametrize("axis", [1, 0])
+def test_fold_kernel_launch_tuning_does_not_change_the_bits(axis):
+    """rows_per_program / num_warps (what bench/fold_sweep.py varies) are launch tuning only."""
+    from fp4train.kernels import quantize_mxfp4_fp8
+
+    x = _special(256, 256, 14).to(DEV)
+    want = quantize_mxfp4_fp8(x, axis=axis, group_rows=1, rounding="stochastic", seed=2)
+    for rb, nw in ((1, 1), (4, 2), (32, 8)):
+        got = quantize_mxfp4_fp8(x, axis=axis, group_rows=1, rounding="stochastic", seed=2, rows_per_program=rb, num_warps=nw)
+        assert torch.equal(got.codes, want.codes) and torch.equal(got.scales.isnan(), want.scales.isnan())
+        torch.testing.assert_close(got.scales, want.scales, rtol=0, atol=0, equal_nan=True)
+    with pytest.raises(ValueError, match="power of two"):
+        quantize_mxfp4_fp8(x, group_rows=1, rows_per_program=12)
+
+
 @pytest.mark.parametrize("had", [None, 32])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("group_rows", [1, 128])

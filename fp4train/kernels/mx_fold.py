@@ -40,15 +40,15 @@ def _round_bf16(y):
 
 @triton.jit(do_not_specialize=["key", "key2"])
 def _fold_kernel(x_ptr, d_ptr, codes_ptr, scales_ptr, count_ptr, R, K, s_r, s_k, sc, ss, key, key2,
-                 CEIL: tl.constexpr, SR: tl.constexpr, GR: tl.constexpr,
+                 CEIL: tl.constexpr, SR: tl.constexpr, GR: tl.constexpr, RB: tl.constexpr,
                  HAD: tl.constexpr, LOG_HAD: tl.constexpr, HAS_D: tl.constexpr, NORM: tl.constexpr, ROUND_BF16: tl.constexpr):
-    """Program (i, j): rows i*GR .. +GR, columns j*128 .. +128 (GR=1 handles 16 rows of 1x128 groups) of
+    """Program (i, j): rows i*RB .. +RB, columns j*128 .. +128 (RB = GR for 128x128 groups; any power of
+    two for 1x128 groups, which are per row) of
     the operand [R, K] whose element (r, k) is ``x_ptr[r * s_r + k * s_k]``: x itself (``s_k`` = 1) or,
     for blocks along x's dim 0, x transposed, read in place (``s_r`` = 1: no transposed copy).
     ``HAD`` > 0: first the block-HAD Hadamard transform along the rows (signs ``d`` if HAS_D), exactly as
     kernels/hadamard.py does it, rounded to BF16 when the input is BF16 (the reference transforms into
     the input's dtype, then quantizes)."""
-    RB: tl.constexpr = 16 if GR == 1 else GR
     r = tl.program_id(0) * RB + tl.arange(0, RB)
     c = tl.program_id(1) * 128 + tl.arange(0, 128)
     rmask = r < R
@@ -142,10 +142,12 @@ def _packed_fold_kernel(pc_ptr, ps_ptr, codes_ptr, scales_ptr, count_ptr, R, spc
 def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor", rounding: str = "nearest",
                        seed: int | None = None, counter: torch.Tensor | None = None,
                        hadamard_block: int | None = None, hadamard_signs: torch.Tensor | None = None,
-                       axis: int = -1) -> FoldedFP8:
+                       axis: int = -1, rows_per_program: int = 16, num_warps: int = 4) -> FoldedFP8:
     """MXFP4 (1x32 along the last dim) folded into FP8 with ``group_rows`` x 128 groups; see the module
     docstring. ``axis`` 0: blocks along x's dim 0 instead - the result is that of ``x.t()`` (codes
-    ``[x.shape[1], x.shape[0]]``), read from x in place, without the transposed copy. ``counter``: an int32 device tensor that the inexact-element count is added to (one is
+    ``[x.shape[1], x.shape[0]]``), read from x in place, without the transposed copy.
+    ``rows_per_program`` (1x128 groups only; 128x128 groups take 128) and ``num_warps``: launch
+    tuning, the same bits whatever they are (bench/fold_sweep.py times them). ``counter``: an int32 device tensor that the inexact-element count is added to (one is
     made if None); :attr:`FoldedFP8.inexact` is that tensor. ``hadamard_block`` (a power of two up to
     128): the block Hadamard transform along the last dim first, with ``hadamard_signs`` (RHT) if given -
     ``fold(quantize(hadamard(x, block, seed), "mxfp4", ...))`` bit for bit, for float32 and bfloat16 ``x``."""
@@ -169,11 +171,13 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     scales = torch.empty(triton.cdiv(R, group_rows), K // 128, dtype=torch.float32, device=x.device)
     counter = torch.zeros((), dtype=torch.int32, device=x.device) if counter is None else counter
     sr, key, key2 = _keys(rounding, seed)
-    rb = 16 if group_rows == 1 else 128
+    rb = rows_per_program if group_rows == 1 else 128
+    if rb < 1 or rb & (rb - 1):
+        raise ValueError(f"rows_per_program must be a power of two, got {rows_per_program}")
     if R and K:
         _fold_kernel[(triton.cdiv(R, rb), K // 128)](x, d if d is not None else x, codes, scales, counter, R, K, op.stride(0),
                                                      op.stride(1), codes.stride(0), scales.stride(0), key, key2, CEIL=scale == "ceil", SR=sr,
-                                                     GR=group_rows, HAD=had, LOG_HAD=max(had.bit_length() - 1, 0),
+                                                     GR=group_rows, RB=rb, num_warps=num_warps, HAD=had, LOG_HAD=max(had.bit_length() - 1, 0),
                                                      HAS_D=d is not None, NORM=norm, ROUND_BF16=had > 0 and x.dtype == torch.bfloat16)
     return FoldedFP8(codes, scales, group_rows, counter)
 

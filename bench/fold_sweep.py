@@ -1,0 +1,78 @@
+"""Launch tuning of the MXFP4 -> FP8 fold kernel: which rows-per-program and warps are fastest?
+
+Question: how far does the fold kernel (the FP8 tensor-core operand; the largest cost of a 1b
+training step on the H200, docs/LOG.md session 9) get from its current launch (16 rows per program,
+4 warps) to the copy bandwidth, by launch parameters alone? Input a 16384 x 8192 BF16 tensor; for
+blocks along dim 1 and along dim 0 (read in place as x^T), 1x128 and 128x128 groups, each
+(rows per program, warps) pair is timed with CUDA events (median of ``--repeats``) against the copy
+baseline of the same run. The bits do not depend on these parameters (tests/test_kernels.py).
+Writes ``bench/results/fold_sweep-<gpu>.json``.
+
+    python bench/fold_sweep.py [--rows 16384 --cols 8192 --repeats 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from pathlib import Path
+
+import torch
+
+from fp4train.timing import code_commit, median_time
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", type=int, default=16384)
+    ap.add_argument("--cols", type=int, default=8192)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("fold_sweep needs a CUDA GPU")
+    from fp4train.kernels import quantize_mxfp4_fp8
+
+    x = torch.randn(args.rows, args.cols, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    n = x.numel()
+    moved = 2 * n + n + n // 32  # BF16 in, E4M3 out, scales (an upper bound for them)
+    t_copy = median_time(lambda: y.copy_(x), args.repeats)
+    copy_gbps = 4 * n / t_copy / 1e9
+    counter = torch.zeros((), dtype=torch.int32, device="cuda")
+    rows = []
+    for axis in (1, 0):
+        for gr in (1, 128):
+            for rb in ((4, 8, 16, 32, 64) if gr == 1 else (128,)):
+                for nw in (2, 4, 8, 16):
+                    def run():
+                        quantize_mxfp4_fp8(x, axis=axis, group_rows=gr, rows_per_program=rb, num_warps=nw, counter=counter)
+                    try:
+                        t = median_time(run, args.repeats)
+                    except Exception as e:  # noqa: BLE001 - a launch that does not fit (registers, shared memory) is recorded
+                        rows.append({"axis": axis, "group_rows": gr, "rows_per_program": rb, "num_warps": nw, "error": repr(e)[:200]})
+                        continue
+                    gbps = moved / t / 1e9
+                    rows.append({"axis": axis, "group_rows": gr, "rows_per_program": rb, "num_warps": nw, "ms": t * 1e3,
+                                 "GBps": gbps, "fraction_of_copy": gbps / copy_gbps})
+                    print(f"axis {axis} groups {gr:>3}x128 rows/program {rb:>3} warps {nw:>2}: {t * 1e3:7.3f} ms "
+                          f"{gbps:7.1f} GB/s ({gbps / copy_gbps:.0%} of copy)", flush=True)
+    best = {}
+    for r in rows:
+        key = f"axis {r['axis']}, {r['group_rows']}x128"
+        if "ms" in r and (key not in best or r["ms"] < best[key]["ms"]):
+            best[key] = r
+    for k, r in best.items():
+        print(f"best {k}: rows/program {r['rows_per_program']}, warps {r['num_warps']}: {r['fraction_of_copy']:.0%} of copy")
+    gpu = torch.cuda.get_device_name()
+    out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit() or "unknown", "torch": torch.__version__,
+           "shape": [args.rows, args.cols], "copy_GBps": copy_gbps, "results": rows, "best": best}
+    path = args.json or ROOT / "bench/results" / f"fold_sweep-{gpu.replace(' ', '_')}.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
