@@ -88,7 +88,8 @@ def blockwise_scale_b(scales: torch.Tensor) -> torch.Tensor:
     """B's 128x128 group scales ``[N/128, K/128]`` as blockwise ``scaled_mm`` takes them:
     ``[round_up(K/128, 4), N/128]`` with the K-groups contiguous (strides ``(1, round_up(K/128, 4))``).
     The padding groups lie past K and are never read (set to 1). Found on the H200 (torch 2.11): with
-    K/128 not a multiple of 4 (K = 128, 256, 384, ...) scaled_mm refuses the unpadded scales."""
+    K/128 not a multiple of 4 (K = 128, 256, 384, ...) scaled_mm refuses the unpadded scales; the rule
+    is ATen's ``_scaled_block1x128_block128x128`` check (A's scales: ``[M, K/128]``, strides ``(1, M)``)."""
     nb, kb = scales.shape
     kp = -(-kb // 4) * 4
     if kp == kb:
@@ -249,10 +250,8 @@ class Fp8BlockwiseBackend:
     @staticmethod
     def _blockwise(a, b) -> bool:
         """Do ``a`` and ``b`` make the FP8 blockwise GEMM's operands (1x128 A, 128x128 B, on CUDA)?"""
-        # scaled_mm also wants A's 1x128 scales [M, K/128] column-major with M a multiple of 4 (K/128 > 1)
         return (isinstance(a, FoldedOperand) and isinstance(b, FoldedOperand) and a.block_axis == 1 and b.block_axis == 1
-                and a.data.group_rows == 1 and b.data.group_rows == 128 and a.device.type == "cuda"
-                and (a.data.codes.shape[0] % 4 == 0 or a.data.codes.shape[1] <= 128))
+                and a.data.group_rows == 1 and b.data.group_rows == 128 and a.device.type == "cuda")
 
     def gemm(self, a, b, out_dtype: torch.dtype) -> torch.Tensor:
         global _BLOCKWISE_OK
