@@ -381,6 +381,34 @@ def test_fold_kernel_with_fused_hadamard_equals_transform_then_quantize_then_fol
     assert int(got.inexact) == ref.inexact
 
 
+@pytest.mark.parametrize("group_rows", [1, 128])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_fold_kernel_near_and_general_paths_each_equal_the_reference(group_rows, rounding):
+    """The fold kernel codes a tile whose (nonzero) blocks all lie within 11 binades of their group's
+    top by integer arithmetic (the usual case), any other tile by the general E4M3 rounding with the
+    inexact count. One tensor with both kinds of tile, and tiles exactly at the limit (d = 11, near;
+    d = 12, general: there E2M1's 0.5 becomes an E4M3 subnormal): each equal to the reference fold."""
+    from fp4train.formats.fold import fold
+    from fp4train.kernels import quantize_mxfp4_fp8
+
+    g = torch.Generator().manual_seed(31)
+    x = (torch.randn(512, 256, generator=g) * 0.9).clamp(-3.9, 3.9)  # block exponents 0 or below: group top e = 0
+    x[0:16, 0:32] *= 2.0**-14  # rows 0..127: blocks 14 binades down -> general path (E4M3 subnormals)
+    x[130, 160:192] *= 2.0**-30  # rows 128..255: far below -> inexact elements
+    x[300, 64:96] = 0.0  # rows 256..383: an all-zero block does not force the general path
+    grid = torch.tensor([4.0, 0.5, 1.0, 1.5, 2.0, 3.0, -0.5, -4.0])  # every E2M1 magnitude at scale 1
+    for row, k in ((272, 11), (400, 12)):  # one block exactly k binades below its group's top (4.0 -> e = 0)
+        x[row, 0] = 4.0
+        x[row, 32:64] = 0.0
+        x[row, 32:40] = grid * 2.0**-k
+    ref = fold(fp4train.quantize(x, "mxfp4", rounding=rounding, seed=4), group_rows)
+    got = quantize_mxfp4_fp8(x.to(DEV), group_rows=group_rows, rounding=rounding, seed=4)
+    assert torch.equal(got.codes.cpu(), ref.codes)
+    torch.testing.assert_close(got.scales.cpu(), ref.scales, rtol=0, atol=0)
+    assert int(got.inexact) == ref.inexact > 0
+    assert int(ref.codes[400, 33]) & 0x7F == 4  # 0.5 * 2**-12 relative: the E4M3 subnormal 2**-7 (the general path's case)
+
+
 @pytest.mark.parametrize("axis", [1, 0])
 def test_fold_kernel_launch_tuning_does_not_change_the_bits(axis):
     """rows_per_program / num_warps (what bench/fold_sweep.py varies) are launch tuning only."""

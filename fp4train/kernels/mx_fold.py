@@ -101,20 +101,11 @@ def _fold_store(code, eb, bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, s
         g = tl.max(tl.max(eb, axis=1), axis=0)  # one group per tile
         nan_g = tl.max(tl.max(bad.to(tl.int32), axis=1), axis=0) > 0
     d = g - eb  # [RB, 4], >= 0
-    mag = code & 7
-    q2 = tl.where(mag < 2, mag, (2 + (mag & 1)) << tl.maximum((mag >> 1) - 1, 0))  # 2*|q| as an integer: 0,1,2,3,4,6,8,12
-    k = 5 - d[:, :, None]  # f = |q| * 2**(6 - d) = q2 * 2**k
-    f = q2.to(tl.float32) * _pow2(tl.maximum(k, -149))
-    f = tl.where(k < -149, 0.0, f)  # far below E4M3's range: rounds to zero either way
-    ecode, _ = e4m3_rtne(tl.minimum(f, 448.0))
-    byte = ecode | ((code & 8) << 4)  # E2M1 sign bit 3 -> E4M3 sign bit 7
-    # exact iff q2 * 2**k is a multiple of 2**-9 (E4M3's subnormal step; <= 384 always)
-    sh = tl.maximum(-9 - k, 0)
-    exact = (k >= -9) | (((q2 >> tl.minimum(sh, 30)) << tl.minimum(sh, 30)) == q2) & (sh < 30)
-    inexact = (q2 != 0) & ~exact & tl.reshape(tl.broadcast_to(rmask[:, None], [RB, 128]), [RB, 4, 32])
-    n_inexact = tl.sum(tl.reshape(inexact.to(tl.int32), [RB * 128]), axis=0)
-    if n_inexact > 0:  # almost never: no atomic from every program onto one address (they serialize)
-        tl.atomic_add(count_ptr, n_inexact)
+    live = tl.max(code & 7, axis=2) > 0  # blocks with a nonzero element (all-zero blocks fold to zeros either way)
+    if tl.max(tl.reshape(tl.where(live, d, 0), [RB * 4]), axis=0) <= 11:  # the usual tile: within 11 binades of the top
+        byte = _fold_bytes_near(code, d)
+    else:
+        byte = _fold_bytes_any(code, d, rmask, count_ptr, RB)
     tl.store(codes_ptr + r[:, None] * sc + c[None, :], tl.reshape(byte, [RB, 128]).to(tl.uint8), mask=mask)
     gs = tl.minimum(tl.maximum(g - 6, -149), 127)
     scale = tl.where(nan_g, float("nan"), _pow2(gs))
@@ -122,6 +113,38 @@ def _fold_store(code, eb, bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, s
         tl.store(scales_ptr + r[:, None] * ss + tl.program_id(1), scale, mask=mask)
     else:
         tl.store(scales_ptr + tl.program_id(0) * ss + tl.program_id(1), scale)
+
+
+@triton.jit
+def _fold_bytes_near(code, d):
+    """E4M3 bytes of E2M1 codes [RB, 4, 32] shifted down by ``d`` [RB, 4] <= 11 binades: f = |q| * 2**(6 - d)
+    is then a normal E4M3 number (or zero), exact, and its code is integer arithmetic on the E2M1 code -
+    exponent field (mag >> 1) + 12 - d, mantissa bit 2 = E2M1's mantissa bit (0.5 = mag 1 is 2**-1 x 1.0).
+    Equal to :func:`_fold_bytes_any` there (checked for every mag and d <= 11), at a fraction of its work."""
+    mag = code & 7
+    e = (mag >> 1) + 12 - d[:, :, None]
+    m = (mag & 1) & (mag > 1).to(tl.int32)
+    return tl.where(mag == 0, 0, (e << 3) | (m << 2)) | ((code & 8) << 4)  # E2M1 sign bit 3 -> E4M3 sign bit 7
+
+
+@triton.jit
+def _fold_bytes_any(code, d, rmask, count_ptr, RB: tl.constexpr):
+    """E4M3 bytes of E2M1 codes [RB, 4, 32] shifted down by any ``d`` [RB, 4] >= 0 (E4M3 subnormals and
+    underflow included, rounded to nearest even as the reference's cast), the inexact ones counted."""
+    mag = code & 7
+    q2 = tl.where(mag < 2, mag, (2 + (mag & 1)) << tl.maximum((mag >> 1) - 1, 0))  # 2*|q| as an integer: 0,1,2,3,4,6,8,12
+    k = 5 - d[:, :, None]  # f = |q| * 2**(6 - d) = q2 * 2**k
+    f = q2.to(tl.float32) * _pow2(tl.maximum(k, -149))
+    f = tl.where(k < -149, 0.0, f)  # far below E4M3's range: rounds to zero either way
+    ecode, _ = e4m3_rtne(tl.minimum(f, 448.0))
+    # exact iff q2 * 2**k is a multiple of 2**-9 (E4M3's subnormal step; <= 384 always)
+    sh = tl.maximum(-9 - k, 0)
+    exact = (k >= -9) | (((q2 >> tl.minimum(sh, 30)) << tl.minimum(sh, 30)) == q2) & (sh < 30)
+    inexact = (q2 != 0) & ~exact & tl.reshape(tl.broadcast_to(rmask[:, None], [RB, 128]), [RB, 4, 32])
+    n_inexact = tl.sum(tl.reshape(inexact.to(tl.int32), [RB * 128]), axis=0)
+    if n_inexact > 0:  # rare: no atomic from every program onto one address (they serialize)
+        tl.atomic_add(count_ptr, n_inexact)
+    return ecode | ((code & 8) << 4)
 
 
 @triton.jit
