@@ -80,7 +80,7 @@ def test_oe_gemm_equals_the_dense_emulated_decomposition_and_slices_are_exact():
 
 def test_strategies_rank_as_expected_on_planted_inner_outliers():
     a, _ = _planted("column", rows=128, cols=256, n=3, scale=40.0)
-    b = torch.randn(64, 256)
+    b = torch.randn(64, 256, generator=torch.Generator().manual_seed(5))  # seeded: the test must not depend on earlier tests
     ref = a.double() @ b.double().T
 
     def err(s):

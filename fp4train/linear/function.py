@@ -20,6 +20,13 @@ from .operands import (
     sr_seed,
     unpack_operand,
 )
+from .shared_input import SHARED
+
+
+def deterministic(q, transform) -> bool:
+    """Does preparing an operand with ``q`` and ``transform`` depend on its values alone (no
+    stochastic rounding, no random signs)? Then layers reading the same X share it (shared_input.py)."""
+    return not (q.quantized and q.stochastic) and (transform is None or not transform.random_signs)
 
 
 def fprop(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: torch.dtype, *, save_x: bool = False):
@@ -43,11 +50,14 @@ def fprop(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: tor
     pair = getattr(backend, "operand_pair", None)
     if save_x and pair is not None and not keep_x and spec.wgrad.outliers is None and g.transform is None and spec.wgrad.transform is None:
         # X read once for fprop (along K) and wgrad (along M), where the backend can
-        both = pair(x2, g.a, spec.wgrad.b, seeds=(sr_seed(g.a, seed, FPROP, OP_A), sr_seed(spec.wgrad.b, seed, WGRAD, OP_B)))
+        seeds = (sr_seed(g.a, seed, FPROP, OP_A), sr_seed(spec.wgrad.b, seed, WGRAD, OP_B))
+        key = ("pair", backend, g.a, spec.wgrad.b) if seeds == (None, None) else None
+        both = SHARED.get(x2, key, lambda: pair(x2, g.a, spec.wgrad.b, seeds=seeds))
         if both is not None:
             xa, x_saved = both
     if xa is None:
-        xa = prepare(x2, g.a, **kx) if keep_x else prepare_now(x2, g.a, **kx, backend=backend)
+        key = ("fprop", backend, g.a, g.transform, keep_x, out_dtype) if deterministic(g.a, g.transform) else None
+        xa = SHARED.get(x2, key, lambda: prepare(x2, g.a, **kx) if keep_x else prepare_now(x2, g.a, **kx, backend=backend))
     wb = prepare(weight, g.b, **kw) if keep_w else prepare_now(weight, g.b, **kw, backend=backend)
     y = backend.gemm(xa, wb, out_dtype)
     if bias is not None:
@@ -106,8 +116,12 @@ class QuantizedLinearFunction(torch.autograd.Function):
                 elif xa is not None and shares_quantization(g.a, g.transform, w3.b, w3.transform):
                     x_saved = xa
                 else:
-                    xm = pad_rows(x2, w3.transform.block) if w3.transform is not None else x2
-                    x_saved = prepare(xm, w3.b, axis=0, transform=w3.transform, seed=seed, gemm=WGRAD, operand=OP_B, compute_dtype=cdt)
+                    def x_wgrad():
+                        xm = pad_rows(x2, w3.transform.block) if w3.transform is not None else x2
+                        return prepare(xm, w3.b, axis=0, transform=w3.transform, seed=seed, gemm=WGRAD, operand=OP_B, compute_dtype=cdt)
+
+                    key = ("wgrad", w3.b, w3.transform, cdt) if deterministic(w3.b, w3.transform) else None
+                    x_saved = SHARED.get(x2, key, x_wgrad)
             if ctx.needs_input_grad[0] and wb is not None and spec.dgrad.outliers is None and shares_quantization(
                 g.b, g.transform, spec.dgrad.b, spec.dgrad.transform
             ):
