@@ -264,3 +264,12 @@ def test_fold_sweep_explains_itself_and_needs_a_gpu(capsys):
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="needs a CUDA GPU"):
             mod.main([])
+
+
+def test_saved_activations_counts_the_packed_x(tmp_path):
+    mod = _load("saved_activations")
+    out = tmp_path / "s.json"
+    mod.main(["--model", "tiny", "--recipes", "bf16,mxfp4", "--batch-size", "2", "--seq-len", "64", "--no-compile", "--json", str(out)])
+    r = {x["recipe"]: x for x in json.loads(out.read_text())["results"]}
+    assert "uint8" in r["mxfp4"]["saved_mib_by_dtype"] and "uint8" not in r["bf16"]["saved_mib_by_dtype"]
+    assert r["mxfp4"]["saved_mib"] < r["bf16"]["saved_mib"]

@@ -1,0 +1,80 @@
+"""Bytes a training step keeps for backward, per recipe: what do the quantized linears save, and what the rest?
+
+Question: the quantized linears save X packed (~4x smaller than BF16), yet on the H200 the FP4 recipes'
+peak memory was above BF16's (docs/LOG.md, session 9) - where do the saved bytes go? Runs one forward
+of a model under autocast (BF16) with ``torch.autograd.graph.saved_tensors_hooks`` counting every
+distinct storage saved for backward (parameters excluded), eager and ``torch.compile``d (the hooks see
+what the compiled graphs save through their autograd functions too), and splits the total by dtype
+(uint8 = packed FP4 codes / E8M0 scales; bfloat16 / float32 = the rest). Works on a CPU (small
+models) and on a GPU. Writes JSON (``--json``).
+
+    python bench/saved_activations.py --model 20m --recipes bf16,mxfp4,tib2d --batch-size 2 --seq-len 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from pathlib import Path
+
+import torch
+
+import fp4train
+from fp4train import models
+from fp4train.timing import code_commit
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def saved_bytes(model_name: str, recipe: str, batch: int, seq: int, compile_: bool, device: str) -> dict:
+    torch.manual_seed(0)
+    model = models.build(model_name).to(device)
+    if recipe != "bf16":
+        fp4train.convert(model, recipe)
+    if compile_:
+        model = torch.compile(model)
+    tokens = torch.randint(0, 1000, (batch, seq), device=device)
+    storages: dict = {}
+
+    def pack(t):
+        if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter):
+            storages[t.untyped_storage().data_ptr()] = (str(t.dtype).replace("torch.", ""), t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast(device, dtype=torch.bfloat16):
+        model(tokens)
+    by_dtype: dict = {}
+    for dtype, n in storages.values():
+        by_dtype[dtype] = by_dtype.get(dtype, 0) + n
+    return {"recipe": recipe, "compile": compile_, "saved_mib": sum(by_dtype.values()) / 2**20,
+            "saved_mib_by_dtype": {k: v / 2**20 for k, v in sorted(by_dtype.items())}, "storages": len(storages)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="20m")
+    ap.add_argument("--recipes", default="bf16,mxfp4,tib2d,nvfp4")
+    ap.add_argument("--batch-size", type=int, default=2)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--no-compile", action="store_true", help="eager only")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows = []
+    for compile_ in (False,) if args.no_compile else (False, True):
+        for recipe in args.recipes.split(","):
+            r = saved_bytes(args.model, recipe, args.batch_size, args.seq_len, compile_, device)
+            rows.append(r)
+            parts = ", ".join(f"{k} {v:.1f}" for k, v in r["saved_mib_by_dtype"].items())
+            print(f"{args.model} {'compiled' if compile_ else 'eager':>8} {recipe:>14}: saved {r['saved_mib']:7.1f} MiB ({parts})", flush=True)
+    out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "date": datetime.date.today().isoformat(),
+           "commit": code_commit() or "unknown", "torch": torch.__version__, "model": args.model,
+           "batch_size": args.batch_size, "seq_len": args.seq_len, "results": rows}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
