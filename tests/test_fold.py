@@ -47,3 +47,15 @@ def test_nan_block_poisons_its_group_and_bad_inputs():
         fold(quantize(torch.randn(4, 128), "nvfp4"), 1)
     with pytest.raises(ValueError, match="group_rows must be 1"):
         fold(quantize(torch.randn(4, 128), "mxfp4"), 64)
+
+
+def test_blocks_shifted_past_float32s_range_are_counted_inexact():
+    """A block 157 binades below its group's top: every nonzero element is shifted below 2**-149
+    (E4M3 holds none of them). The count must say so - in FP32 a shifted 0.5 would underflow to
+    zero and pass as exact (found when the tile-fold kernel counted 5617 where the reference said 5428)."""
+    x = torch.zeros(1, 128)
+    grid = torch.tensor([0.5, 1.0, 1.5, -0.5, 6.0])
+    x[0, :5] = grid * 2.0**120
+    x[0, 32:37] = grid * 2.0**-37
+    f = fold(quantize(x, "mxfp4"), 1)
+    assert f.inexact == 5 and (f.codes[0, 32:37] & 0x7F == 0).all()

@@ -340,6 +340,37 @@ def test_fold_of_packed_mxfp4_equals_reference_fold(group_rows):
     assert int(got.inexact) == ref.inexact > 0
 
 
+@pytest.mark.parametrize("transposed,group_rows,per_row", [(False, 1, False), (False, 128, False), (True, 128, False), (True, 128, True)])
+def test_tile_fold_kernel_equals_the_reference_fold_in_either_orientation(transposed, group_rows, per_row):
+    """32x32-tile MXFP4 (tib2d's W and dY) folded straight from its packed codes and tile scales, along
+    the stored columns or - transposed, read in place - the stored rows: ``formats.fold`` of the same
+    values as 1x32 blocks along the operand's inner dim, bit for bit, inexact count included."""
+    from fp4train.formats import e2m1
+    from fp4train.formats.fold import fold
+    from fp4train.formats.layout import BlockLayout
+    from fp4train.formats.qtensor import QuantizedTensor
+    from fp4train.kernels.mx_fold import fold_tiles_mxfp4
+
+    g = torch.Generator().manual_seed(17)
+    x = torch.randn(256, 384, generator=g) * torch.logspace(-9, 9, 384)[None, :] * torch.logspace(-3, 3, 256)[:, None]
+    x[40, 70] = float("nan")  # one NaN tile
+    q = fp4train.quantize(x, "mxfp4", block=(32, 32), scale="ceil")
+    codes = e2m1.unpack(q.codes)  # [256, 384] stored element codes
+    tile_e = q.scales.repeat_interleave(32, 0).repeat_interleave(32, 1)  # each element's tile scale byte
+    if transposed:
+        codes, tile_e = codes.t().contiguous(), tile_e.t().contiguous()
+    rows, k = codes.shape
+    as_1x32 = QuantizedTensor("mxfp4", e2m1.pack(codes), tile_e[:, ::32].contiguous(), None, BlockLayout((rows, k), (32,), 1),
+                              torch.float32)
+    ref = fold(as_1x32, group_rows)
+    got = fold_tiles_mxfp4(q.codes.to(DEV), q.scales.to(DEV), transposed=transposed, group_rows=group_rows, scale_per_row=per_row)
+    assert got.codes.shape == (rows, k) and torch.equal(got.codes.cpu(), ref.codes)
+    want_scales = ref.scales.repeat_interleave(128, 0) if per_row else ref.scales
+    torch.testing.assert_close(got.scales.cpu(), want_scales, rtol=0, atol=0, equal_nan=True)
+    assert got.group_rows == (1 if per_row else group_rows)
+    assert int(got.inexact) == ref.inexact > 0 and bool(got.scales.isnan().any())
+
+
 @pytest.mark.parametrize("scale,rounding", [(("floor", "floor"), ("nearest", "nearest")), (("ceil", "floor"), ("nearest", "stochastic"))])
 def test_fold_and_columns_kernel_is_both_reference_operands(scale, rounding):
     """X read once: the fprop operand (MXFP4 along K folded into 1x128 FP8 groups) and the wgrad

@@ -197,26 +197,24 @@ class Fp8BlockwiseBackend:
         """A packed MXFP4 operand with 32x32 tiles folded for GEMM operand ``role`` (0: A, 1x128
         groups; 1: B, 128x128), whichever way it is viewed; None unless both dims are multiples of 128.
 
-        A tile's scale is the scale of each 1x32 row piece in it, so the stored codes with the tile
-        scales repeated down the rows are 1x32 MXFP4 along the stored columns - what
-        :func:`~fp4train.kernels.mx_fold.fold_packed_mxfp4` folds. Viewed transposed (the inner dim
-        is the stored rows), the stored tensor is folded with 128x128 groups - a group maps onto a
-        group under transposition - and the E4M3 bytes and group scales are transposed (one byte
-        per element); as an A operand its 128x128 scales are repeated per row (1x128 groups with
-        equal scales: the same values, a wider span for the exactness rule)."""
+        A tile's scale is the scale of each 1x32 row (or column) piece in it, so the stored codes are
+        1x32 MXFP4 along either stored dim: :func:`~fp4train.kernels.mx_fold.fold_tiles_mxfp4` folds
+        them along the stored columns, or - viewed transposed, the inner dim being the stored rows -
+        reads them in place as the transposed operand with 128x128 groups (a group maps onto a group
+        under transposition); as an A operand the group's scale is then stored on each row (1x128
+        groups with equal scales: the same values, a wider span for the exactness rule)."""
         if not self._tiles_foldable(q):
             return None
-        from ..kernels.mx_fold import fold_packed_mxfp4
+        from ..kernels.mx_fold import fold_tiles_mxfp4
 
-        row_scales = q.scales.repeat_interleave(32, 0)  # [rows, cols / 32]: each row piece's tile scale
         counter = self._counter(q.device)
         if not q.transposed:  # inner dim = the stored columns
-            return FoldedOperand(fold_packed_mxfp4(q.codes, row_scales, group_rows=1 if role == 0 else 128, counter=counter))
-        f = fold_packed_mxfp4(q.codes, row_scales, group_rows=128, counter=counter)
-        codes, scales = f.codes.t().contiguous(), f.scales.t().contiguous()
-        if role == 0:
-            return FoldedOperand(FoldedFP8(codes, scales.repeat_interleave(128, 0), 1, f.inexact))
-        return FoldedOperand(FoldedFP8(codes, scales, 128, f.inexact))
+            return FoldedOperand(fold_tiles_mxfp4(q.codes, q.scales, transposed=False, group_rows=1 if role == 0 else 128,
+                                                  counter=counter))
+        # inner dim = the stored rows: read in place; 128x128 groups (a group maps onto a group), as an A
+        # operand with the group's scale on each row
+        return FoldedOperand(fold_tiles_mxfp4(q.codes, q.scales, transposed=True, group_rows=128, scale_per_row=role == 0,
+                                              counter=counter))
 
     @staticmethod
     def _saved_foldable(q: QuantizedTensor) -> bool:

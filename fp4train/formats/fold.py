@@ -61,9 +61,12 @@ def fold(q: QuantizedTensor, group_rows: int) -> FoldedFP8:
     d = g_b - e  # >= 0
     values = e2m1.decode(e2m1.unpack(q.codes))  # [rows, K] element values on the E2M1 grid
     shift = pow2((6 - d).clamp(min=-149)).repeat_interleave(32, 1)
-    exact_val = values * shift  # exact in FP32 (a power-of-two shift of a 2-bit value)
-    codes = e4m3.encode(exact_val)
-    inexact = int(((e4m3.decode(codes) != exact_val) & (values != 0)).sum())
+    exact_val = values * shift  # exact in FP32 (a power-of-two shift of a 2-bit value) down to 2**-149
+    codes = e4m3.encode(exact_val)  # anything below E4M3's 2**-10 encodes as zero either way
+    # the count compares with the true shifted value in FP64: in FP32 a shift past 2**-149 (a NaN
+    # group, or blocks > 155 binades apart) would underflow to zero and look exact
+    true_val = values.double() * torch.pow(2.0, (6 - d).double()).repeat_interleave(32, 1)
+    inexact = int(((e4m3.decode(codes).double() != true_val) & (values != 0)).sum())
     scales = pow2((g - 6).clamp(-149, 127))
     scales = torch.where(nan_g, torch.full_like(scales, float("nan")), scales)
     return FoldedFP8(codes, scales, group_rows, inexact)

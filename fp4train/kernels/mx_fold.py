@@ -88,9 +88,12 @@ def _fold_rows(x, r, rmask, c, K, key, key2, codes_ptr, scales_ptr, count_ptr, s
 
 
 @triton.jit
-def _fold_store(code, eb, bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, RB: tl.constexpr, GR: tl.constexpr):
+def _fold_store(code, eb, bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, RB: tl.constexpr, GR: tl.constexpr,
+                SCALE_PER_ROW: tl.constexpr = False):
     """Fold E2M1 codes [RB, 4, 32] with block exponents ``eb`` [RB, 4] into E4M3 bytes + group scale(s),
-    store them for rows ``r`` and columns ``program_id(1) * 128 ..``, and add the inexact count."""
+    store them for rows ``r`` and columns ``program_id(1) * 128 ..``, and add the inexact count.
+    ``SCALE_PER_ROW`` with 128x128 groups: the group's scale stored on each of its rows (a 1x128-group
+    A operand with the same values - see fp8_blockwise.fold_tiles)."""
     c = tl.program_id(1) * 128 + tl.arange(0, 128)
     mask = rmask[:, None]
     eb = tl.where(rmask[:, None], eb, -(1 << 20))  # rows past the end do not take part in the group max
@@ -111,6 +114,8 @@ def _fold_store(code, eb, bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, s
     scale = tl.where(nan_g, float("nan"), _pow2(gs))
     if GR == 1:
         tl.store(scales_ptr + r[:, None] * ss + tl.program_id(1), scale, mask=mask)
+    elif SCALE_PER_ROW:
+        tl.store(scales_ptr + r * ss + tl.program_id(1), tl.zeros([RB], tl.float32) + scale, mask=rmask)
     else:
         tl.store(scales_ptr + tl.program_id(0) * ss + tl.program_id(1), scale)
 
@@ -160,6 +165,60 @@ def _packed_fold_kernel(pc_ptr, ps_ptr, codes_ptr, scales_ptr, count_ptr, R, spc
     sb = sb.to(tl.int32)
     bad = sb == 255
     _fold_store(code, sb - 127, bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, RB, GR)
+
+
+
+@triton.jit
+def _tile_fold_kernel(pc_ptr, ts_ptr, codes_ptr, scales_ptr, count_ptr, R, spc, sts, sc, ss,
+                      TRANS: tl.constexpr, GR: tl.constexpr, SCALE_PER_ROW: tl.constexpr):
+    """Packed MXFP4 with 32x32 tiles (codes [S_rows, S_cols / 2], two per byte along the stored columns,
+    element 2j in the low nibble; E8M0 tile scales [S_rows / 32, S_cols / 32]) -> the folded operand
+    [R, K] whose inner dim K is the stored columns (TRANS False) or the stored rows (TRANS True: the
+    operand is the stored tensor transposed, read in place). Program (i, j): operand rows i*RB ..,
+    columns j*128 .. . A tile's scale is the block exponent of each of its 1x32 row (or column) pieces."""
+    RB: tl.constexpr = 16 if GR == 1 else GR
+    r = tl.program_id(0) * RB + tl.arange(0, RB)
+    k = tl.program_id(1) * 128 + tl.arange(0, 128)
+    rmask = r < R
+    if TRANS:  # operand (r, k) = stored (k, r)
+        byte = tl.load(pc_ptr + k[None, :] * spc + (r // 2)[:, None], mask=rmask[:, None], other=0).to(tl.int32)
+        code = (byte >> ((r % 2) * 4)[:, None]) & 15
+        sb = tl.load(ts_ptr + (tl.program_id(1) * 4 + tl.arange(0, 4))[None, :] * sts + (r // 32)[:, None],
+                     mask=rmask[:, None], other=0).to(tl.int32)
+    else:  # operand (r, k) = stored (r, k)
+        byte = tl.load(pc_ptr + r[:, None] * spc + (k // 2)[None, :], mask=rmask[:, None], other=0).to(tl.int32)
+        code = (byte >> ((k % 2) * 4)[None, :]) & 15
+        sb = tl.load(ts_ptr + (r // 32)[:, None] * sts + (tl.program_id(1) * 4 + tl.arange(0, 4))[None, :],
+                     mask=rmask[:, None], other=0).to(tl.int32)
+    _fold_store(tl.reshape(code, [RB, 4, 32]), sb - 127, sb == 255, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss,
+                RB, GR, SCALE_PER_ROW)
+
+
+def fold_tiles_mxfp4(codes: torch.Tensor, tile_scales: torch.Tensor, *, transposed: bool, group_rows: int,
+                     scale_per_row: bool = False, counter: torch.Tensor | None = None) -> FoldedFP8:
+    """Fold packed MXFP4 with 32x32 tiles (``codes`` uint8 [S_r, S_c / 2], E8M0 ``tile_scales``
+    [S_r / 32, S_c / 32], both dims multiples of 128) into FP8 with ``group_rows`` x 128 groups, as the
+    operand with the stored columns as inner dim, or (``transposed``) the stored rows - read in place,
+    no transposed copy. ``scale_per_row`` (with 128x128 groups): each row carries its group's scale
+    (the A-operand layout, 1x128 groups of equal scales). ``formats.fold`` of the tiles' 1x32 pieces,
+    bit for bit, and the same inexact count."""
+    s_r, s_c = codes.shape[0], codes.shape[1] * 2
+    if codes.ndim != 2 or s_r % 128 or s_c % 128 or tile_scales.shape != (s_r // 32, s_c // 32):
+        raise ValueError(f"fold_tiles_mxfp4: codes {tuple(codes.shape)} / scales {tuple(tile_scales.shape)} are not "
+                         "32x32-tile MXFP4 with both dims multiples of 128")
+    if group_rows not in (1, 128) or (scale_per_row and group_rows != 128):
+        raise ValueError(f"group_rows must be 1 or 128 (scale_per_row only with 128), got {group_rows}, {scale_per_row}")
+    codes, tile_scales = codes.contiguous(), tile_scales.contiguous()
+    R, K = (s_c, s_r) if transposed else (s_r, s_c)
+    out = torch.empty(R, K, dtype=torch.uint8, device=codes.device)
+    rows_of_scales = R if (group_rows == 1 or scale_per_row) else R // 128
+    out_s = torch.empty(rows_of_scales, K // 128, dtype=torch.float32, device=codes.device)
+    counter = torch.zeros((), dtype=torch.int32, device=codes.device) if counter is None else counter
+    rb = 16 if group_rows == 1 else 128
+    _tile_fold_kernel[(triton.cdiv(R, rb), K // 128)](codes, tile_scales, out, out_s, counter, R, codes.stride(0),
+                                                      tile_scales.stride(0), out.stride(0), out_s.stride(0),
+                                                      TRANS=transposed, GR=group_rows, SCALE_PER_ROW=scale_per_row)
+    return FoldedFP8(out, out_s, 1 if scale_per_row else group_rows, counter)
 
 
 def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor", rounding: str = "nearest",
