@@ -496,3 +496,25 @@ def test_column_kernels_quantize_along_dim_0_without_a_transposed_copy(fmt, roun
     if fmt == "nvfp4":
         assert torch.equal(got.tensor_scale.cpu(), ref.tensor_scale)
     torch.testing.assert_close(got.dequantize().cpu(), ref.dequantize(), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim", [1, 0])
+def test_finite_amax_kernel_equals_the_reference_statistics(dtype, dim):
+    """NVFP4's tensor amax and FP8 rowwise's per-row/column amax in one pass: NaN and Inf count as 0
+    and flag their row; equal to the reference's torch ops, on a non-contiguous view too."""
+    from fp4train.formats import nvfp4
+    from fp4train.kernels.amax import finite_amax, finite_amax_along
+
+    x = _special(70, 1100, 3).to(dtype)  # NaN in row 0, Inf in row 1 (see _special), huge and tiny values
+    x[5, 7] = float("-inf")
+    for t in (x, x[:, 3:1030]):
+        td = t.to(DEV)
+        amax, bad = finite_amax_along(td, dim)
+        finite = torch.isfinite(t)
+        want = torch.where(finite, t.abs(), torch.zeros_like(t)).amax(dim=dim).float()
+        assert torch.equal(amax.cpu(), want) and torch.equal(bad.cpu(), ~finite.all(dim=dim))
+        assert bad.any()
+        assert torch.equal(nvfp4.scale_from_amax(finite_amax(td)).cpu(), nvfp4.tensor_scale(t))
+    with pytest.raises(ValueError, match="2D tensor and dim 0 or 1"):
+        finite_amax_along(torch.ones(4, device=DEV), 0)

@@ -35,6 +35,11 @@ def tensor_scale(x: torch.Tensor, *, four_over_six: bool = False) -> torch.Tenso
     if xf.numel() == 0:
         return torch.ones((), device=x.device)
     amax = torch.where(torch.isfinite(xf), xf.abs(), torch.zeros_like(xf)).amax()
+    return scale_from_amax(amax, four_over_six=four_over_six)
+
+
+def scale_from_amax(amax: torch.Tensor, *, four_over_six: bool = False) -> torch.Tensor:
+    """``s_enc`` from the tensor's finite amax (FP32, 0-d): ``(448 * 6) / amax`` (4 with 4/6), 1 for amax 0."""
     top = 448.0 * (4.0 if four_over_six else 6.0)
     s = rdiv(top, amax).clamp(max=_FP32_MAX)
     return torch.where(amax == 0, torch.ones_like(s), s)

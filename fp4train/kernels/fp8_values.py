@@ -1,8 +1,8 @@
 """FP8 rowwise fake quantization in Triton: E4M3 values as exact BF16 plus the FP32 row scales.
 
 ``quantize(x, "fp8", axis=axis).scaled_bf16()`` (nearest rounding): the per-row scale comes from
-the reference's own torch ops (one amax reduction over the axis, ``s = amax / 448`` rounded
-once, ``s = 1`` for an all-zero row), then one pass writes ``e4m3(x / s)`` - IEEE division
+one pass over x (:func:`.amax.finite_amax_along`: the reference's finite amax, ``s = amax / 448``
+rounded once, ``s = 1`` for an all-zero row), then one pass writes ``e4m3(x / s)`` - IEEE division
 (``div_rn``), E4M3 round-to-nearest-even in integer arithmetic (:mod:`.e4m3`), saturating at
 448, NaN/Inf elements to NaN - as BF16 (every E4M3 value is exact in BF16). A row holding
 NaN/Inf gets a NaN scale, as in the reference. ``axis=1``: one scale per row; ``axis=0``: one per
@@ -18,6 +18,7 @@ import triton.language as tl
 from ..formats import e4m3 as ref_e4m3
 from ..formats.ieee import div
 from ..formats.qtensor import ScaledBF16
+from .amax import finite_amax_along
 from .e4m3 import e4m3_rtne
 
 
@@ -45,14 +46,12 @@ def fp8_rowwise_values(x: torch.Tensor, *, axis: int) -> ScaledBF16:
     x = x.contiguous()
     M, K = x.shape
     red = axis % 2  # the scale runs over this dim: one scale per index of the other
-    finite = torch.isfinite(x)
-    # |x| and max are exact in x's own dtype: no FP32 copy of the tensor for the row statistics
-    amax = torch.where(finite, x.abs(), torch.zeros_like(x)).amax(dim=red).float()
+    amax, bad = finite_amax_along(x, red)  # one pass: max |x| over the finite elements, any NaN/Inf
     s = torch.where(amax == 0, torch.ones_like(amax), div(amax, ref_e4m3.E4M3_MAX).clamp(min=2.0**-149)).contiguous()
     y = torch.empty(M, K, dtype=torch.bfloat16, device=x.device)
     if M and K:
         rb, bk = 16, 128
         _fp8_values_kernel[(triton.cdiv(M, rb), triton.cdiv(K, bk))](x, s, y, M, K, x.stride(0), y.stride(0),
                                                                     PER_ROW=red == 1, RB=rb, BK=bk)
-    s = torch.where(finite.all(dim=red), s, torch.full_like(s, float("nan")))
+    s = torch.where(bad, torch.full_like(s, float("nan")), s)
     return ScaledBF16(y, s, None, red)

@@ -1,9 +1,10 @@
 """Fused NVFP4 quantization in Triton (16-element blocks, E4M3 block scales, FP32 tensor scale).
 
 Bit-identical to ``fp4train.quantize(x, "nvfp4", ...)`` along the last dim of a 2D tensor whose
-last dim is a multiple of 16. The tensor scale ``s_enc`` comes from the reference
-(``formats.nvfp4.tensor_scale``: one amax reduction, left on the device - no host sync); the
-kernel then does the per-block work in the reference's float order::
+last dim is a multiple of 16. The tensor scale ``s_enc`` is the reference's
+(``formats.nvfp4.scale_from_amax``) of the finite amax that :func:`.amax.finite_amax` takes in one
+pass, left on the device - no host sync; the kernel then does the per-block work in the
+reference's float order::
 
     sb = e4m3((amax_b / 6) * s_enc)      q = e2m1((x * s_enc) / sb)
 
@@ -19,6 +20,7 @@ import triton.language as tl
 from ..formats import nvfp4 as ref_nvfp4
 from ..formats.layout import BlockLayout
 from ..formats.qtensor import QuantizedTensor
+from .amax import finite_amax
 from .e4m3 import e4m3_rtne
 from .mx_quantize import _e2m1_codes, _keys, _uniforms
 
@@ -79,7 +81,7 @@ def quantize_nvfp4(x: torch.Tensor, *, rounding: str = "nearest", seed: int | No
     x = _check("quantize_nvfp4", x, 1, rounding)
     rows, k = x.shape
     nb = k // 16
-    s_enc = ref_nvfp4.tensor_scale(x).reshape(1).contiguous()
+    s_enc = ref_nvfp4.scale_from_amax(finite_amax(x)).reshape(1).contiguous()
     codes = torch.empty(rows, k // 2, dtype=torch.uint8, device=x.device)
     scales = torch.empty(rows, nb, dtype=torch.uint8, device=x.device)
     sr, key, key2 = _keys(rounding, seed)
@@ -116,7 +118,7 @@ def quantize_nvfp4_columns(x: torch.Tensor, *, rounding: str = "nearest", seed: 
     multiple of 16) straight from ``x``'s row-major layout - no transposed copy of ``x``."""
     x = _check("quantize_nvfp4_columns", x, 0, rounding)
     M, K = x.shape
-    s_enc = ref_nvfp4.tensor_scale(x).reshape(1).contiguous()
+    s_enc = ref_nvfp4.scale_from_amax(finite_amax(x)).reshape(1).contiguous()
     cc = torch.empty(K, M // 2, dtype=torch.uint8, device=x.device)
     cs = torch.empty(K, M // 16, dtype=torch.uint8, device=x.device)
     sr, key, key2 = _keys(rounding, seed)
