@@ -19,7 +19,7 @@ from fp4train.backends.fp8_blockwise import FoldedOperand  # noqa: E402
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.mark.parametrize("recipe", ["mxfp4", "hadamard_mxfp4", "adahop-oe", "tib2d", "nvfp4"])
+@pytest.mark.parametrize("recipe", ["mxfp4", "hadamard_mxfp4", "adahop-oe", "tib2d", "nvfp4", "fp8_rowwise"])
 @pytest.mark.parametrize("backend", ["fp8_blockwise", "triton"])
 def test_fp8_blockwise_layer_matches_emulated(recipe, backend, layer_run, spec_of):
     torch.manual_seed(0)
@@ -32,10 +32,10 @@ def test_fp8_blockwise_layer_matches_emulated(recipe, backend, layer_run, spec_o
         if DEV == "cpu":
             assert torch.equal(a, b)
         else:  # another summation order; where blockwise scaled_mm gives only BF16, one BF16 rounding (2**-9)
-            bf16_out = backend != "emulated" and fp8_blockwise._FP32_OUT is False
+            bf16_out = backend != "emulated" and False in (fp8_blockwise._FP32_OUT, fp8_blockwise._ROWWISE_FP32_OUT)
             tol = 2**-8 if bf16_out else 1e-3  # 1e-3: FP8 tensor-core accumulation (promoted every 128 of K)
             torch.testing.assert_close(b, a, rtol=tol, atol=tol * a.abs().max().item())
-    assert int(get(backend).inexact) == 0
+    assert int(get(backend).inexact if get(backend).inexact is not None else 0) == 0
 
 
 def test_folded_operand_orientation():
@@ -114,3 +114,50 @@ def test_blockwise_scale_b_has_the_padded_layout_scaled_mm_wants(k_groups):
     kp = -(-k_groups // 4) * 4
     assert got.shape == (kp, 3) and got.stride() == (1, kp)
     assert torch.equal(got[:k_groups], s.t())
+
+
+def test_fp8_rowwise_layer_runs_its_three_gemms_as_rowwise_fp8_gemms(monkeypatch, layer_run, spec_of):
+    """fp8_rowwise on the triton backend: every GEMM (fprop, dgrad, wgrad) gets two FP8 rowwise
+    operands stored inner-dim last (W along N and dY / X along M included), and the result equals the
+    emulated layer's. On a CPU the GEMM itself is stood in for by the dequantized product."""
+    from fp4train.backends import fp8_blockwise as fb
+
+    calls = []
+
+    def fake_mm(a, b, out_dtype):
+        assert a.codes.shape == a.shape and b.codes.shape == b.shape and a.shape[1] == b.shape[1]
+        calls.append((tuple(a.shape), tuple(b.shape)))
+        return (a.dequantize(torch.float32) @ b.dequantize(torch.float32).T).to(out_dtype)
+
+    monkeypatch.setattr(fb, "rowwise_fp8_mm", fake_mm)
+    monkeypatch.setattr(fb.Fp8BlockwiseBackend, "_rowwise_pair", staticmethod(lambda a, b: fb._rowwise(a) and fb._rowwise(b)))
+    monkeypatch.setattr(fb, "_ROWWISE_OK", None)
+    torch.manual_seed(0)
+    lin = nn.Linear(256, 128).to(DEV)
+    x, dy = torch.randn(64, 256, device=DEV), torch.randn(64, 128, device=DEV)
+    got = layer_run(lin, spec_of("fp8_rowwise"), x, dy, backend="triton")
+    want = layer_run(lin, spec_of("fp8_rowwise"), x, dy, backend="emulated")
+    assert sorted(calls) == sorted([((64, 256), (128, 256)), ((64, 128), (256, 128)), ((128, 64), (256, 64))])
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_a_torch_without_rowwise_fp8_gemms_falls_back_once_with_a_warning(monkeypatch):
+    from fp4train.backends import fp8_blockwise as fb
+
+    be = get("triton")
+    q = fp4train.recipes.QuantSpec("fp8")
+    a = be.operand(torch.randn(64, 256, device=DEV), q, axis=1, role=0, seed=None)
+    b = be.operand(torch.randn(256, 128, device=DEV), q, axis=0, role=1, seed=None).t()  # W along N, viewed as B
+    assert fb._rowwise(a) and fb._rowwise(b) and b.shape == (128, 256)
+
+    def unsupported(*args):
+        raise RuntimeError("scaled_mm: rowwise scaling is not supported")
+
+    monkeypatch.setattr(fb, "rowwise_fp8_mm", unsupported)
+    monkeypatch.setattr(fb.Fp8BlockwiseBackend, "_rowwise_pair", staticmethod(lambda a, b: True))
+    monkeypatch.setattr(fb, "_ROWWISE_OK", None)
+    ref = get("emulated").gemm(a, b, torch.float32)
+    with pytest.warns(RuntimeWarning, match="cannot run rowwise-scaled FP8 GEMMs.*BF16 tensor cores"):
+        y = be.gemm(a, b, torch.float32)
+    assert torch.equal(y, ref) and fb._ROWWISE_OK is False

@@ -518,3 +518,27 @@ def test_finite_amax_kernel_equals_the_reference_statistics(dtype, dim):
         assert torch.equal(nvfp4.scale_from_amax(finite_amax(td)).cpu(), nvfp4.tensor_scale(t))
     with pytest.raises(ValueError, match="2D tensor and dim 0 or 1"):
         finite_amax_along(torch.ones(4, device=DEV), 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("axis", [1, 0])
+def test_fp8_rowwise_quantize_kernel_equals_the_reference(dtype, axis):
+    """FP8 rowwise codes + scales in the reference's stored layout (the scaled axis last: x^T for
+    axis 0, written transposed by the kernel), bit for bit: NaN/Inf rows, an all-zero row, -0.0,
+    saturation; and what quantize() returns under triton numerics."""
+    from fp4train.formats import set_numerics
+    from fp4train.kernels.fp8_values import quantize_fp8_rowwise
+
+    x = _special(70, 200, 5).to(dtype)
+    x[11, 13], x[12, 14] = -0.0, 1e30 if dtype == torch.float32 else 3e38
+    ref = fp4train.quantize(x, "fp8", axis=axis)
+    got = quantize_fp8_rowwise(x.to(DEV), axis=axis)
+    assert got.layout == ref.layout and torch.equal(got.codes.cpu(), ref.codes)
+    torch.testing.assert_close(got.scales.cpu(), ref.scales, rtol=0, atol=0, equal_nan=True)
+    assert bool(ref.scales.isnan().any()) and bool((ref.codes == 0x80).any())
+    set_numerics("triton")
+    try:
+        via = fp4train.quantize(x.to(DEV), "fp8", axis=axis)
+    finally:
+        set_numerics("eager")
+    assert torch.equal(via.codes.cpu(), ref.codes)

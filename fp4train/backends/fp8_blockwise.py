@@ -16,8 +16,10 @@ reference. Where fprop and wgrad both take X as 1x32 MXFP4, one pass makes both 
 The X that forward saved for wgrad stays packed MXFP4 (4.25 bits per element) and is folded
 in backward from its codes (:meth:`fold_saved`, one pass). 32x32-tile operands (tib2d's W and dY)
 are quantized once, kept packed and folded for each GEMM that uses them (:meth:`fold_tiles`).
-Everything else - and any GEMM without two folded operands, and every CPU GEMM - goes to the
-``emulated`` backend (a folded operand is exact in BF16 there).
+FP8 rowwise operands (the ``fp8_rowwise`` baseline) are quantized by one Triton kernel into E4M3
+codes stored with the inner dimension last and multiplied by a rowwise-scaled FP8 GEMM
+(:func:`rowwise_fp8_mm`). Everything else - and any GEMM without two such operands, and every CPU
+GEMM - goes to the ``emulated`` backend (a folded operand is exact in BF16 there).
 """
 
 from __future__ import annotations
@@ -82,6 +84,34 @@ def _scaling(*names):
 
 _FP32_OUT: bool | None = None  # does this torch's blockwise scaled_mm give FP32 output? learnt on first use
 _BLOCKWISE_OK: bool | None = None  # does blockwise scaled_mm run here at all? learnt on first use
+_ROWWISE_FP32_OUT: bool | None = None  # the same two for rowwise-scaled FP8 (fp8_rowwise)
+_ROWWISE_OK: bool | None = None
+
+
+def _rowwise(op) -> bool:
+    """An FP8 rowwise operand as an FP8 GEMM takes it: E4M3 codes stored [rows, K] with K (the
+    scaled axis) last - which the logical view with block axis 1 always is - and scales [rows, 1]."""
+    return isinstance(op, QuantizedTensor) and op.fmt == "fp8" and op.ndim == 2 and op.block_axis == 1
+
+
+def rowwise_fp8_mm(a: QuantizedTensor, b: QuantizedTensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``a @ b.T`` for FP8 rowwise operands (scales per row of ``a`` and of ``b``): E4M3 products on
+    FP8 tensor cores, FP32 accumulation, the row scales applied to the output - the reference's
+    values up to summation order."""
+    from torch.nn.functional import scaled_mm
+
+    global _ROWWISE_FP32_OUT
+    a8, b8 = a.codes.view(torch.float8_e4m3fn), b.codes.view(torch.float8_e4m3fn)
+    rw = _scaling("RowWise", "Rowwise")
+    args = (a8, b8.t(), a.scales.reshape(-1, 1), rw, b.scales.reshape(1, -1), rw)
+    if out_dtype == torch.float32 and _ROWWISE_FP32_OUT is not False:
+        try:
+            y = scaled_mm(*args, output_dtype=torch.float32)
+            _ROWWISE_FP32_OUT = True
+            return y
+        except (RuntimeError, ValueError, TypeError):
+            _ROWWISE_FP32_OUT = False
+    return scaled_mm(*args, output_dtype=torch.bfloat16).to(out_dtype)
 
 
 def blockwise_scale_b(scales: torch.Tensor) -> torch.Tensor:
@@ -137,6 +167,11 @@ class Fp8BlockwiseBackend:
         same pass (block Hadamard up to 128, float32/bfloat16 input), or None to have it done first."""
         if not kernels_usable_on(x):
             return None
+        if q.format == "fp8" and x.ndim == 2 and transform is None and not q.stochastic:
+            from ..kernels.fp8_values import quantize_fp8_rowwise
+
+            # E4M3 codes stored with the inner dim last + row scales: gemm() runs it on FP8 tensor cores
+            return quantize_fp8_rowwise(x.detach(), axis=axis)
         if x.ndim != 2 or q.format != "mxfp4" or q.four_over_six:
             return None
         kw = q.quantize_kwargs()
@@ -246,13 +281,31 @@ class Fp8BlockwiseBackend:
         return self.fold_tiles(op, role) if op.layout.is_2d else self.fold_saved(op)
 
     @staticmethod
+    def _rowwise_pair(a, b) -> bool:
+        """Do ``a`` and ``b`` make the rowwise-scaled FP8 GEMM's operands (on CUDA)?"""
+        return _rowwise(a) and _rowwise(b) and a.device.type == "cuda"
+
+    @staticmethod
     def _blockwise(a, b) -> bool:
         """Do ``a`` and ``b`` make the FP8 blockwise GEMM's operands (1x128 A, 128x128 B, on CUDA)?"""
         return (isinstance(a, FoldedOperand) and isinstance(b, FoldedOperand) and a.block_axis == 1 and b.block_axis == 1
                 and a.data.group_rows == 1 and b.data.group_rows == 128 and a.device.type == "cuda")
 
     def gemm(self, a, b, out_dtype: torch.dtype) -> torch.Tensor:
-        global _BLOCKWISE_OK
+        global _BLOCKWISE_OK, _ROWWISE_OK
+        if _ROWWISE_OK is not False and self._rowwise_pair(a, b):
+            try:
+                y = rowwise_fp8_mm(a, b, out_dtype)
+                _ROWWISE_OK = True
+                return y
+            except torch.OutOfMemoryError:
+                raise
+            except (RuntimeError, NotImplementedError, AttributeError, TypeError) as e:
+                if _ROWWISE_OK:
+                    raise
+                _ROWWISE_OK = False
+                warnings.warn(f"fp4train: this PyTorch/GPU cannot run rowwise-scaled FP8 GEMMs ({type(e).__name__}: {e}); "
+                              "FP8 rowwise GEMMs run on BF16 tensor cores instead (same values, slower)", RuntimeWarning, stacklevel=2)
         if _BLOCKWISE_OK is not False and self._can_fold(a, 0) and self._can_fold(b, 1):
             a, b = self._fold(a, 0), self._fold(b, 1)  # both on FP8 tensor cores, or (CPU, another view) exact in BF16 below
         if _BLOCKWISE_OK is not False and self._blockwise(a, b):

@@ -167,7 +167,8 @@ def kernels_usable_on(t: torch.Tensor) -> bool:
 
 def _kernel_quantize(x, fmt, block, axis, scale, rounding, seed, four_over_six):
     """The Triton kernel's result for this request, or None when no kernel covers it: 2D tensors,
-    MXFP4/MXFP8 in 1x32 blocks or 32x32 tiles, NVFP4 (floor scales, no 4/6) in 1x16 blocks.
+    MXFP4/MXFP8 in 1x32 blocks or 32x32 tiles, NVFP4 (floor scales, no 4/6) in 1x16 blocks, FP8
+    rowwise with nearest rounding.
 
     1D blocks along dim 1 run the row kernels; along dim 0, MXFP4 and NVFP4 have column kernels
     that read the row-major tensor as it is, and MXFP8 runs its row kernel on ``x.T`` (the same
@@ -179,6 +180,10 @@ def _kernel_quantize(x, fmt, block, axis, scale, rounding, seed, four_over_six):
 
     if not kernels_usable_on(x):
         return None
+    if fmt == "fp8":  # rowwise: one scale per row along the axis
+        if rounding != "nearest" or axis not in (0, 1):
+            return None
+        return kernels.fp8_values.quantize_fp8_rowwise(x.detach(), axis=axis)
     if fmt in ("mxfp4", "mxfp8") and block == (32, 32):
         tiles = kernels.quantize_mxfp4_2d if fmt == "mxfp4" else kernels.quantize_mxfp8_2d
         return tiles(x.detach(), scale=scale, rounding=rounding, seed=seed)

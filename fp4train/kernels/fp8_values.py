@@ -17,13 +17,18 @@ import triton.language as tl
 
 from ..formats import e4m3 as ref_e4m3
 from ..formats.ieee import div
-from ..formats.qtensor import ScaledBF16
+from ..formats.layout import BlockLayout
+from ..formats.qtensor import QuantizedTensor, ScaledBF16
 from .amax import finite_amax_along
 from .e4m3 import e4m3_rtne
 
 
 @triton.jit
-def _fp8_values_kernel(x_ptr, s_ptr, y_ptr, M, K, sx, sy, PER_ROW: tl.constexpr, RB: tl.constexpr, BK: tl.constexpr):
+def _fp8_values_kernel(x_ptr, s_ptr, y_ptr, M, K, sx, sy_r, sy_c, PER_ROW: tl.constexpr, CODES: tl.constexpr,
+                       RB: tl.constexpr, BK: tl.constexpr):
+    """``e4m3(x / s)`` of a [RB, BK] tile of x [M, K] (s per row or per column), stored at
+    ``y_ptr + r * sy_r + c * sy_c``: the E4M3 value (BF16 ``y``) or, with CODES, the E4M3 byte
+    (sign bit 7, NaN/Inf elements -> the NaN code 0x7F, as the reference's encode)."""
     r = tl.program_id(0) * RB + tl.arange(0, RB)
     c = tl.program_id(1) * BK + tl.arange(0, BK)
     mask = (r < M)[:, None] & (c < K)[None, :]
@@ -33,10 +38,14 @@ def _fp8_values_kernel(x_ptr, s_ptr, y_ptr, M, K, sx, sy, PER_ROW: tl.constexpr,
     else:
         s = tl.load(s_ptr + c, mask=c < K, other=1.0)[None, :]
     v = tl.math.div_rn(x, s)
-    _, mag = e4m3_rtne(tl.minimum(tl.abs(v), 448.0))
-    val = tl.where(v.to(tl.int32, bitcast=True) < 0, -mag, mag)
-    val = tl.where(tl.abs(v) < float("inf"), val, float("nan"))
-    tl.store(y_ptr + r[:, None] * sy + c[None, :], val.to(y_ptr.dtype.element_ty), mask=mask)
+    code, mag = e4m3_rtne(tl.minimum(tl.abs(v), 448.0))
+    negative = v.to(tl.int32, bitcast=True) < 0
+    finite = tl.abs(v) < float("inf")
+    if CODES:
+        out = tl.where(finite, code | tl.where(negative, 0x80, 0), 0x7F).to(tl.uint8)
+    else:
+        out = tl.where(finite, tl.where(negative, -mag, mag), float("nan")).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + r[:, None] * sy_r + c[None, :] * sy_c, out, mask=mask)
 
 
 def fp8_rowwise_values(x: torch.Tensor, *, axis: int) -> ScaledBF16:
@@ -51,7 +60,30 @@ def fp8_rowwise_values(x: torch.Tensor, *, axis: int) -> ScaledBF16:
     y = torch.empty(M, K, dtype=torch.bfloat16, device=x.device)
     if M and K:
         rb, bk = 16, 128
-        _fp8_values_kernel[(triton.cdiv(M, rb), triton.cdiv(K, bk))](x, s, y, M, K, x.stride(0), y.stride(0),
-                                                                    PER_ROW=red == 1, RB=rb, BK=bk)
+        _fp8_values_kernel[(triton.cdiv(M, rb), triton.cdiv(K, bk))](x, s, y, M, K, x.stride(0), y.stride(0), 1,
+                                                                    PER_ROW=red == 1, CODES=False, RB=rb, BK=bk)
     s = torch.where(bad, torch.full_like(s, float("nan")), s)
     return ScaledBF16(y, s, None, red)
+
+
+def quantize_fp8_rowwise(x: torch.Tensor, *, axis: int) -> QuantizedTensor:
+    """``quantize(x, "fp8", axis=axis)`` (nearest rounding) for a 2D tensor: the same codes, scales and
+    layout - E4M3 bytes stored with the scaled axis last (x's layout for axis 1, x^T for axis 0, written
+    transposed by the kernel) and one FP32 scale per row of that layout (NaN for a row holding NaN/Inf).
+    That stored layout is what an FP8 tensor-core GEMM takes: row-major A, and B as the transposed view."""
+    if x.ndim != 2 or x.dtype not in (torch.float32, torch.bfloat16, torch.float16) or axis % 2 not in (0, 1):
+        raise ValueError(f"quantize_fp8_rowwise takes a 2D float32/bfloat16/float16 tensor and axis 0 or 1, got {x.dtype} {tuple(x.shape)}")
+    x = x.contiguous()
+    M, K = x.shape
+    red = axis % 2
+    amax, bad = finite_amax_along(x, red)
+    s = torch.where(amax == 0, torch.ones_like(amax), div(amax, ref_e4m3.E4M3_MAX).clamp(min=2.0**-149)).contiguous()
+    codes = torch.empty((M, K) if red == 1 else (K, M), dtype=torch.uint8, device=x.device)
+    if M and K:
+        rb, bk = 16, 128
+        sy_r, sy_c = (codes.stride(0), 1) if red == 1 else (1, codes.stride(0))  # axis 0: element (r, c) at [c, r]
+        _fp8_values_kernel[(triton.cdiv(M, rb), triton.cdiv(K, bk))](x, s, codes, M, K, x.stride(0), sy_r, sy_c,
+                                                                    PER_ROW=red == 1, CODES=True, RB=rb, BK=bk)
+    s = torch.where(bad, torch.full_like(s, float("nan")), s)
+    n = x.shape[red]
+    return QuantizedTensor("fp8", codes, s.reshape(-1, 1), None, BlockLayout((M, K), (n,), red), x.dtype)
