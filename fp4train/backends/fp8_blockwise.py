@@ -282,8 +282,10 @@ class Fp8BlockwiseBackend:
 
     @staticmethod
     def _rowwise_pair(a, b) -> bool:
-        """Do ``a`` and ``b`` make the rowwise-scaled FP8 GEMM's operands (on CUDA)?"""
-        return _rowwise(a) and _rowwise(b) and a.device.type == "cuda"
+        """Do ``a`` and ``b`` make the rowwise-scaled FP8 GEMM's operands (on CUDA; FP8 GEMMs want K
+        and N multiples of 16)?"""
+        return (_rowwise(a) and _rowwise(b) and a.device.type == "cuda" and a.shape[1] % 16 == 0
+                and b.shape[0] % 16 == 0)
 
     @staticmethod
     def _blockwise(a, b) -> bool:
