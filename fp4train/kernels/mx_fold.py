@@ -167,7 +167,6 @@ def _packed_fold_kernel(pc_ptr, ps_ptr, codes_ptr, scales_ptr, count_ptr, R, spc
     _fold_store(code, sb - 127, bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, RB, GR)
 
 
-
 @triton.jit
 def _tile_fold_kernel(pc_ptr, ts_ptr, codes_ptr, scales_ptr, count_ptr, R, spc, sts, sc, ss,
                       TRANS: tl.constexpr, GR: tl.constexpr, SCALE_PER_ROW: tl.constexpr):
@@ -215,9 +214,10 @@ def fold_tiles_mxfp4(codes: torch.Tensor, tile_scales: torch.Tensor, *, transpos
     out_s = torch.empty(rows_of_scales, K // 128, dtype=torch.float32, device=codes.device)
     counter = torch.zeros((), dtype=torch.int32, device=codes.device) if counter is None else counter
     rb = 16 if group_rows == 1 else 128
-    _tile_fold_kernel[(triton.cdiv(R, rb), K // 128)](codes, tile_scales, out, out_s, counter, R, codes.stride(0),
-                                                      tile_scales.stride(0), out.stride(0), out_s.stride(0),
-                                                      TRANS=transposed, GR=group_rows, SCALE_PER_ROW=scale_per_row)
+    if R and K:
+        _tile_fold_kernel[(triton.cdiv(R, rb), K // 128)](codes, tile_scales, out, out_s, counter, R, codes.stride(0),
+                                                          tile_scales.stride(0), out.stride(0), out_s.stride(0),
+                                                          TRANS=transposed, GR=group_rows, SCALE_PER_ROW=scale_per_row)
     return FoldedFP8(out, out_s, 1 if scale_per_row else group_rows, counter)
 
 
@@ -229,8 +229,9 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     docstring. ``axis`` 0: blocks along x's dim 0 instead - the result is that of ``x.t()`` (codes
     ``[x.shape[1], x.shape[0]]``), read from x in place, without the transposed copy.
     ``rows_per_program`` (1x128 groups only; 128x128 groups take 128) and ``num_warps``: launch
-    tuning, the same bits whatever they are (bench/fold_sweep.py times them). ``counter``: an int32 device tensor that the inexact-element count is added to (one is
-    made if None); :attr:`FoldedFP8.inexact` is that tensor. ``hadamard_block`` (a power of two up to
+    tuning, the same bits whatever they are (bench/fold_sweep.py times them). ``counter``: an int32
+    device tensor that the inexact-element count is added to (one is made if None);
+    :attr:`FoldedFP8.inexact` is that tensor. ``hadamard_block`` (a power of two up to
     128): the block Hadamard transform along the last dim first, with ``hadamard_signs`` (RHT) if given -
     ``fold(quantize(hadamard(x, block, seed), "mxfp4", ...))`` bit for bit, for float32 and bfloat16 ``x``."""
     if axis not in (0, 1, -1, -2):
