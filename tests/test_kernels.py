@@ -542,3 +542,25 @@ def test_fp8_rowwise_quantize_kernel_equals_the_reference(dtype, axis):
     finally:
         set_numerics("eager")
     assert torch.equal(via.codes.cpu(), ref.codes)
+
+
+def test_e2m1_nearest_rounding_at_every_tie_and_its_neighbours_equals_the_reference():
+    """The kernels' E2M1 round-to-nearest-even (bit arithmetic from 1 up, two thresholds below): every
+    midpoint between grid values, one FP32 ulp either side, the grid values, and values past 6 -
+    each in a block whose largest element fixes the scale at 1 - against the reference, bit for bit."""
+    from fp4train.formats.fold import fold
+    from fp4train.kernels.mx_fold import quantize_mxfp4_fp8
+
+    t = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 5.999, 6.0])
+    vals = torch.cat([t, torch.nextafter(t, torch.full_like(t, 9.0)), torch.nextafter(t, torch.zeros_like(t))])
+    vals = torch.cat([vals, -vals])  # 96 values: three blocks of 32 (with the 6.0s setting each block's scale to 1)
+    x = torch.zeros(4, 128)
+    x[0, :96] = vals
+    x[1, :96] = vals.flip(0)
+    x[2, :96] = vals * 2.0**-20  # the same at another scale exponent
+    x[3, :96] = vals * 2.0**30
+    x[:, 96:] = 7.9  # a block whose values round up past 6: saturation
+    ref = fp4train.quantize(x, "mxfp4")
+    got = quantize_mxfp4(x.to(DEV))
+    assert torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
+    assert torch.equal(quantize_mxfp4_fp8(x.to(DEV), group_rows=1).codes.cpu(), fold(ref, 1).codes)  # the fold kernel's rounding

@@ -113,8 +113,13 @@ def _e2m1_codes(v, u, SR: tl.constexpr):
         step = tl.where(lo < 4, 0.5, tl.where(lo < 6, 1.0, 2.0))  # grid gaps: 0.5 up to 2, 1 up to 4, then 2
         idx4 = lo + (u < (ac - g_lo) / step).to(tl.int32)
     else:
-        idx4 = ((av > 0.25).to(tl.int32) + (av >= 0.75).to(tl.int32) + (av > 1.25).to(tl.int32) + (av >= 1.75).to(tl.int32)
-                + (av > 2.5).to(tl.int32) + (av >= 3.5).to(tl.int32) + (av > 5.0).to(tl.int32))
+        # RTNE onto the grid 0, 0.5, 1, 1.5, 2, 3, 4, 6 (ties to the even code): from 1 up, round the FP32
+        # bits to one mantissa bit - (exponent, mantissa bit) is then the code: 1.0 -> 2 ... 6.0 -> 7, and
+        # 8 or more saturates at 7; below 1 the two thresholds 0.25 (tie -> 0) and 0.75 (tie -> 1.0)
+        bits = av.to(tl.int32, bitcast=True)
+        big = tl.minimum(((bits + 0x1FFFFF + ((bits >> 22) & 1)) >> 22) - (126 << 1), 7)
+        small = (av > 0.25).to(tl.int32) + (av >= 0.75).to(tl.int32)
+        idx4 = tl.where(av >= 1.0, big, small)
     sign = (v.to(tl.int32, bitcast=True) < 0).to(tl.int32)  # the sign bit, -0.0 included
     return idx4 | (sign << 3)
 
