@@ -47,7 +47,7 @@ def main(argv=None):
     for axis in (1, 0):
         for gr in (1, 128):
             for rb in ((4, 8, 16, 32, 64) if gr == 1 else (128,)):
-                for nw in (2, 4, 8, 16):
+                for nw in (4, 8, 16, 32):
                     def run():
                         quantize_mxfp4_fp8(x, axis=axis, group_rows=gr, rows_per_program=rb, num_warps=nw, counter=counter)
                     try:

@@ -217,21 +217,30 @@ def fold_tiles_mxfp4(codes: torch.Tensor, tile_scales: torch.Tensor, *, transpos
     if R and K:
         _tile_fold_kernel[(triton.cdiv(R, rb), K // 128)](codes, tile_scales, out, out_s, counter, R, codes.stride(0),
                                                           tile_scales.stride(0), out.stride(0), out_s.stride(0),
-                                                          TRANS=transposed, GR=group_rows, SCALE_PER_ROW=scale_per_row)
+                                                          TRANS=transposed, GR=group_rows, SCALE_PER_ROW=scale_per_row,
+                                                          num_warps=fold_warps(rb))
     return FoldedFP8(out, out_s, 1 if scale_per_row else group_rows, counter)
+
+
+def fold_warps(rows_per_program: int) -> int:
+    """Warps for a fold program of ``rows_per_program`` x 128 elements. From ptxas on sm90
+    (scripts/aot_check.py): a 128-row tile (128x128 groups) with the default 4 warps spilled
+    15-28 KB per thread (8 warps: 255 registers), 32 warps hold it in 64 registers; 16 rows take
+    123 registers with 4 warps, 64 with 8. Same bits whatever the launch."""
+    return 32 if rows_per_program >= 128 else 8 if rows_per_program >= 16 else 4
 
 
 def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor", rounding: str = "nearest",
                        seed: int | None = None, counter: torch.Tensor | None = None,
                        hadamard_block: int | None = None, hadamard_signs: torch.Tensor | None = None,
-                       axis: int = -1, rows_per_program: int = 16, num_warps: int = 4) -> FoldedFP8:
+                       axis: int = -1, rows_per_program: int = 16, num_warps: int | None = None) -> FoldedFP8:
     """MXFP4 (1x32 along the last dim) folded into FP8 with ``group_rows`` x 128 groups; see the module
     docstring. ``axis`` 0: blocks along x's dim 0 instead - the result is that of ``x.t()`` (codes
     ``[x.shape[1], x.shape[0]]``), read from x in place, without the transposed copy.
-    ``rows_per_program`` (1x128 groups only; 128x128 groups take 128) and ``num_warps``: launch
-    tuning, the same bits whatever they are (bench/fold_sweep.py times them). ``counter``: an int32
-    device tensor that the inexact-element count is added to (one is made if None);
-    :attr:`FoldedFP8.inexact` is that tensor. ``hadamard_block`` (a power of two up to
+    ``rows_per_program`` (1x128 groups only; 128x128 groups take 128) and ``num_warps`` (default
+    :func:`fold_warps`): launch tuning, the same bits whatever they are (bench/fold_sweep.py times
+    them). ``counter``: an int32 device tensor that the inexact-element count is added to (one is
+    made if None); :attr:`FoldedFP8.inexact` is that tensor. ``hadamard_block`` (a power of two up to
     128): the block Hadamard transform along the last dim first, with ``hadamard_signs`` (RHT) if given -
     ``fold(quantize(hadamard(x, block, seed), "mxfp4", ...))`` bit for bit, for float32 and bfloat16 ``x``."""
     if axis not in (0, 1, -1, -2):
@@ -260,7 +269,8 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     if R and K:
         _fold_kernel[(triton.cdiv(R, rb), K // 128)](x, d if d is not None else x, codes, scales, counter, R, K, op.stride(0),
                                                      op.stride(1), codes.stride(0), scales.stride(0), key, key2, CEIL=scale == "ceil", SR=sr,
-                                                     GR=group_rows, RB=rb, num_warps=num_warps, HAD=had, LOG_HAD=max(had.bit_length() - 1, 0),
+                                                     GR=group_rows, RB=rb, num_warps=num_warps or fold_warps(rb), HAD=had,
+                                                     LOG_HAD=max(had.bit_length() - 1, 0),
                                                      HAS_D=d is not None, NORM=norm, ROUND_BF16=had > 0 and x.dtype == torch.bfloat16)
     return FoldedFP8(codes, scales, group_rows, counter)
 
@@ -281,7 +291,8 @@ def fold_packed_mxfp4(codes: torch.Tensor, scales: torch.Tensor, *, group_rows: 
     rb = 16 if group_rows == 1 else 128
     if R and K:
         _packed_fold_kernel[(triton.cdiv(R, rb), K // 128)](codes, scales, out, out_s, counter, R, codes.stride(0),
-                                                            scales.stride(0), out.stride(0), out_s.stride(0), GR=group_rows)
+                                                            scales.stride(0), out.stride(0), out_s.stride(0), GR=group_rows,
+                                                            num_warps=fold_warps(rb))
     return FoldedFP8(out, out_s, group_rows, counter)
 
 
@@ -325,6 +336,7 @@ def quantize_mxfp4_fp8_and_columns(
     if M and K:
         _fold_and_columns_kernel[(M // 32, K // 128)](
             x, codes, scales, counter, cc, cs, M, K, x.stride(0), codes.stride(0), scales.stride(0), cc.stride(0), cs.stride(0),
-            k_r, k2_r, k_c, k2_c, CEIL_R=scale[0] == "ceil", SR_R=sr_r, CEIL_C=scale[1] == "ceil", SR_C=sr_c)
+            k_r, k2_r, k_c, k2_c, CEIL_R=scale[0] == "ceil", SR_R=sr_r, CEIL_C=scale[1] == "ceil", SR_C=sr_c,
+            num_warps=16)  # a [32, 128] tile, two layouts: 4 warps spill, 16 hold it in ~100 registers (ptxas)
     cols = QuantizedTensor("mxfp4", cc, cs, None, BlockLayout((M, K), (32,), 0), x.dtype)
     return FoldedFP8(codes, scales, 1, counter), cols

@@ -1,0 +1,182 @@
+"""Compile fp4train's Triton kernels for a Hopper GPU (sm90) on a machine without one.
+
+The CPU tests run the kernels in Triton's interpreter, which accepts code the GPU compiler may
+refuse (a type mismatch between the branches of an ``if``, an unsupported op) and says nothing
+about registers. This script:
+
+1. runs a set of kernel calls (small shapes, every code path of the wrappers) under the
+   interpreter in a child process and records each launch: kernel, argument types, constexprs,
+   ``num_warps``;
+2. compiles every distinct launch ahead of time for ``sm_90a`` with Triton's own compiler (no GPU
+   or driver needed), and
+3. asks ``ptxas -v`` for each kernel's registers and spill bytes.
+
+    python scripts/aot_check.py [--json out.json]
+
+Exit status 1 if any kernel fails to compile. A spill is reported, not failed: it costs speed,
+not correctness. Needs Triton's NVIDIA backend (the standard Linux wheel has it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "uint8": "u8", "int32": "i32", "int64": "i64",
+          "bool": "i1", "float8_e4m3fn": "fp8e4nv", "uint16": "u16", "int16": "i16", "int8": "i8"}
+
+
+def _record() -> list[dict]:
+    """Run the kernel calls under the interpreter, recording every launch (this runs in the child)."""
+    import torch
+    import triton.runtime.interpreter as interp
+
+    launches: dict = {}
+    real_run = interp.InterpretedFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        types = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                types.append("*" + _TYPES[str(a.dtype).replace("torch.", "")])
+            elif isinstance(a, bool):
+                types.append("i1")
+            elif isinstance(a, int):
+                types.append("i32" if -(2**31) <= a < 2**31 else "i64")
+            elif isinstance(a, float):
+                types.append("fp32")
+            else:
+                types.append(type(a).__name__)
+        consts = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages")}
+        key = json.dumps([self.fn.__module__, self.fn.__name__, types, consts, kwargs.get("num_warps", 4)], sort_keys=True)
+        launches[key] = {"module": self.fn.__module__, "kernel": self.fn.__name__, "types": types, "constexprs": consts,
+                         "num_warps": kwargs.get("num_warps", 4)}
+        return real_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    interp.InterpretedFunction.run = run
+    _kernel_calls()
+    return list(launches.values())
+
+
+def _kernel_calls() -> None:
+    """Every wrapper, on small shapes, through its code paths (dtypes, axes, roundings, group sizes)."""
+    import torch
+
+    import fp4train
+    from fp4train import kernels
+    from fp4train.kernels import amax, fp8_values, mx_fold, mx_quantize, nvfp4_quantize
+    from fp4train.transforms.hadamard import signs
+
+    x32 = torch.randn(256, 256)
+    for x in (x32, x32.bfloat16()):
+        for rounding, seed in (("nearest", None), ("stochastic", 3)):
+            for scale in ("floor", "ceil"):
+                kernels.quantize_mxfp4(x, scale=scale, rounding=rounding, seed=seed)
+                kernels.quantize_mxfp8(x, scale=scale, rounding=rounding, seed=seed)
+                kernels.quantize_mxfp4_2d(x, scale=scale, rounding=rounding, seed=seed)
+                kernels.quantize_mxfp8_2d(x, scale=scale, rounding=rounding, seed=seed)
+                mx_quantize.quantize_mxfp4_columns(x, scale=scale, rounding=rounding, seed=seed)
+                for axis in (1, 0, None):
+                    kernels.mxfp4_values(x, axis=axis, scale=scale, rounding=rounding, seed=seed)
+            kernels.mxfp8_values(x, axis=1, rounding=rounding, seed=seed)
+            kernels.quantize_mxfp4_dual(x, rounding=(rounding, rounding), seed=(seed, seed))
+            kernels.quantize_nvfp4(x, rounding=rounding, seed=seed)
+            nvfp4_quantize.quantize_nvfp4_columns(x, rounding=rounding, seed=seed)
+            for axis in (1, 0):
+                kernels.nvfp4_values(x, axis=axis, rounding=rounding, seed=seed)
+            for gr in (1, 128):
+                for axis in (1, 0):
+                    mx_fold.quantize_mxfp4_fp8(x, group_rows=gr, rounding=rounding, seed=seed, axis=axis)
+                mx_fold.quantize_mxfp4_fp8(x, group_rows=gr, rounding=rounding, seed=seed, hadamard_block=32,
+                                           hadamard_signs=signs(5, 32))
+                mx_fold.quantize_mxfp4_fp8(x, group_rows=gr, rounding=rounding, seed=seed, hadamard_block=128)
+            mx_fold.quantize_mxfp4_fp8_and_columns(x, rounding=(rounding, rounding), seed=(seed, seed))
+        for axis in (1, 0):
+            fp8_values.fp8_rowwise_values(x, axis=axis)
+            fp8_values.quantize_fp8_rowwise(x, axis=axis)
+            amax.finite_amax_along(x, axis)
+        kernels.block_hadamard(x, None, block=32, axis=1)
+    q = fp4train.quantize(x32, "mxfp4")
+    kernels.decode_fp4_scaled(q)
+    kernels.decode_fp4_scaled(fp4train.quantize(x32, "nvfp4"))
+    for gr in (1, 128):
+        mx_fold.fold_packed_mxfp4(q.codes, q.scales, group_rows=gr)
+    t = fp4train.quantize(x32, "mxfp4", block=(32, 32))
+    for transposed, gr, per_row in ((False, 1, False), (False, 128, False), (True, 128, False), (True, 128, True)):
+        mx_fold.fold_tiles_mxfp4(t.codes, t.scales, transposed=transposed, group_rows=gr, scale_per_row=per_row)
+
+
+def _compile(launch: dict, ptxas: str | None) -> dict:
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = getattr(importlib.import_module(launch["module"]), launch["kernel"])
+    names = fn.arg_names
+    consts = launch["constexprs"]
+    positional = [n for n in names if n not in consts]
+    sig = dict(zip(positional, launch["types"]))
+    sig.update({n: "constexpr" for n in consts})
+    src = ASTSource(fn, sig, constexprs={(names.index(n),): v for n, v in consts.items()})
+    out = {"kernel": f"{launch['module'].split('.')[-1]}.{launch['kernel']}", "constexprs": consts, "num_warps": launch["num_warps"]}
+    try:
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": launch["num_warps"]})
+    except Exception as e:  # noqa: BLE001 - reported per kernel
+        out["error"] = f"{type(e).__name__}: {e}"[:2000]
+        return out
+    if ptxas:
+        with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+            f.write(k.asm["ptx"])
+        r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True, text=True)
+        os.unlink(f.name)
+        info = r.stdout + r.stderr
+        regs = re.search(r"Used (\d+) registers", info)
+        spill = re.search(r"(\d+) bytes spill stores", info)
+        out["registers"] = int(regs.group(1)) if regs else None
+        out["spill_store_bytes"] = int(spill.group(1)) if spill else None
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--record-only", action="store_true", help=argparse.SUPPRESS)  # the child's job
+    args = ap.parse_args(argv)
+    if args.record_only:
+        print(json.dumps(_record()))
+        return 0
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    child = subprocess.run([sys.executable, __file__, "--record-only"], capture_output=True, text=True, env=env)
+    if child.returncode:
+        sys.stderr.write(child.stderr)
+        return 2
+    launches = json.loads(child.stdout.strip().splitlines()[-1])
+    os.environ.pop("TRITON_INTERPRET", None)
+    import triton
+
+    bins = Path(triton.__file__).parent / "backends/nvidia/bin"
+    ptxas = next((p for p in (bins / "ptxas-blackwell", bins / "ptxas") if p.exists()), None)  # the newer one reads Triton's PTX
+    results = [_compile(launch, str(ptxas) if ptxas else None) for launch in launches]
+    failed = [r for r in results if "error" in r]
+    for r in results:
+        what = r.get("error", f"{r.get('registers')} registers, {r.get('spill_store_bytes')} bytes spilled")
+        print(f"{r['kernel']:<40} warps {r['num_warps']} {json.dumps(r['constexprs'], sort_keys=True)[:110]:<110} {what[:300]}")
+    print(f"{len(results)} launches compiled for sm90, {len(failed)} failed, "
+          f"{sum(1 for r in results if (r.get('spill_store_bytes') or 0) > 0)} spill")
+    if args.json:
+        args.json.write_text(json.dumps({"target": "cuda sm90", "triton": triton.__version__, "results": results}, indent=1) + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
