@@ -84,10 +84,11 @@ def test_cpu_tensors_take_the_reference_under_triton_numerics_without_the_interp
         raise AssertionError("a CPU tensor reached a Triton kernel")
 
     x = torch.randn(64, 96)
-    want = {fmt: fp4train.quantize(x, fmt) for fmt in ("mxfp4", "nvfp4", "mxfp8")}
+    want = {fmt: fp4train.quantize(x, fmt) for fmt in ("mxfp4", "nvfp4", "mxfp8", "fp8")}
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # as on a GPU machine
     for name in ("quantize_mxfp4", "quantize_mxfp8", "quantize_nvfp4", "quantize_mxfp4_2d"):
         monkeypatch.setattr(kernels, name, no_kernel)
+    monkeypatch.setattr(kernels.fp8_values, "quantize_fp8_rowwise", no_kernel)
     set_numerics("triton")
     for fmt, ref in want.items():
         got = fp4train.quantize(x, fmt)

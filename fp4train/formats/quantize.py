@@ -180,8 +180,8 @@ def _kernel_quantize(x, fmt, block, axis, scale, rounding, seed, four_over_six):
 
     if not kernels_usable_on(x):
         return None
-    if fmt == "fp8":  # rowwise: one scale per row along the axis
-        if rounding != "nearest" or axis not in (0, 1):
+    if fmt == "fp8":  # rowwise: one scale per row along the axis (0 or 1 here: geometry() normalized it)
+        if rounding != "nearest":
             return None
         return kernels.fp8_values.quantize_fp8_rowwise(x.detach(), axis=axis)
     if fmt in ("mxfp4", "mxfp8") and block == (32, 32):

@@ -15,8 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..formats import e4m3 as ref_e4m3
-from ..formats.ieee import div
+from ..formats import fp8_rowwise as ref_fp8
 from ..formats.layout import BlockLayout
 from ..formats.qtensor import QuantizedTensor, ScaledBF16
 from .amax import finite_amax_along
@@ -48,21 +47,33 @@ def _fp8_values_kernel(x_ptr, s_ptr, y_ptr, M, K, sx, sy_r, sy_c, PER_ROW: tl.co
     tl.store(y_ptr + r[:, None] * sy_r + c[None, :] * sy_c, out, mask=mask)
 
 
-def fp8_rowwise_values(x: torch.Tensor, *, axis: int) -> ScaledBF16:
-    """``quantize(x, "fp8", axis=axis).scaled_bf16()`` for a 2D tensor (nearest rounding)."""
+def _fp8_rows(name: str, x: torch.Tensor, axis: int, codes: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The shared work of both wrappers: (E4M3 output, FP32 scales with NaN for a row holding NaN/Inf,
+    the dim the scales run over). ``codes``: E4M3 bytes stored with the scaled axis last (x^T for
+    axis 0); else BF16 values in x's layout."""
     if x.ndim != 2 or x.dtype not in (torch.float32, torch.bfloat16, torch.float16) or axis % 2 not in (0, 1):
-        raise ValueError(f"fp8_rowwise_values takes a 2D float32/bfloat16/float16 tensor and axis 0 or 1, got {x.dtype} {tuple(x.shape)}")
+        raise ValueError(f"{name} takes a 2D float32/bfloat16/float16 tensor and axis 0 or 1, got {x.dtype} {tuple(x.shape)}")
     x = x.contiguous()
     M, K = x.shape
     red = axis % 2  # the scale runs over this dim: one scale per index of the other
     amax, bad = finite_amax_along(x, red)  # one pass: max |x| over the finite elements, any NaN/Inf
-    s = torch.where(amax == 0, torch.ones_like(amax), div(amax, ref_e4m3.E4M3_MAX).clamp(min=2.0**-149)).contiguous()
-    y = torch.empty(M, K, dtype=torch.bfloat16, device=x.device)
+    s = ref_fp8.scale_from_amax(amax).contiguous()
+    if codes:
+        y = torch.empty((M, K) if red == 1 else (K, M), dtype=torch.uint8, device=x.device)
+        sy_r, sy_c = (y.stride(0), 1) if red == 1 else (1, y.stride(0))  # axis 0: element (r, c) at [c, r]
+    else:
+        y = torch.empty(M, K, dtype=torch.bfloat16, device=x.device)
+        sy_r, sy_c = y.stride(0), 1
     if M and K:
         rb, bk = 16, 128
-        _fp8_values_kernel[(triton.cdiv(M, rb), triton.cdiv(K, bk))](x, s, y, M, K, x.stride(0), y.stride(0), 1,
-                                                                    PER_ROW=red == 1, CODES=False, RB=rb, BK=bk)
-    s = torch.where(bad, torch.full_like(s, float("nan")), s)
+        _fp8_values_kernel[(triton.cdiv(M, rb), triton.cdiv(K, bk))](x, s, y, M, K, x.stride(0), sy_r, sy_c,
+                                                                    PER_ROW=red == 1, CODES=codes, RB=rb, BK=bk)
+    return y, torch.where(bad, torch.full_like(s, float("nan")), s), red
+
+
+def fp8_rowwise_values(x: torch.Tensor, *, axis: int) -> ScaledBF16:
+    """``quantize(x, "fp8", axis=axis).scaled_bf16()`` for a 2D tensor (nearest rounding)."""
+    y, s, red = _fp8_rows("fp8_rowwise_values", x, axis, codes=False)
     return ScaledBF16(y, s, None, red)
 
 
@@ -71,19 +82,5 @@ def quantize_fp8_rowwise(x: torch.Tensor, *, axis: int) -> QuantizedTensor:
     layout - E4M3 bytes stored with the scaled axis last (x's layout for axis 1, x^T for axis 0, written
     transposed by the kernel) and one FP32 scale per row of that layout (NaN for a row holding NaN/Inf).
     That stored layout is what an FP8 tensor-core GEMM takes: row-major A, and B as the transposed view."""
-    if x.ndim != 2 or x.dtype not in (torch.float32, torch.bfloat16, torch.float16) or axis % 2 not in (0, 1):
-        raise ValueError(f"quantize_fp8_rowwise takes a 2D float32/bfloat16/float16 tensor and axis 0 or 1, got {x.dtype} {tuple(x.shape)}")
-    x = x.contiguous()
-    M, K = x.shape
-    red = axis % 2
-    amax, bad = finite_amax_along(x, red)
-    s = torch.where(amax == 0, torch.ones_like(amax), div(amax, ref_e4m3.E4M3_MAX).clamp(min=2.0**-149)).contiguous()
-    codes = torch.empty((M, K) if red == 1 else (K, M), dtype=torch.uint8, device=x.device)
-    if M and K:
-        rb, bk = 16, 128
-        sy_r, sy_c = (codes.stride(0), 1) if red == 1 else (1, codes.stride(0))  # axis 0: element (r, c) at [c, r]
-        _fp8_values_kernel[(triton.cdiv(M, rb), triton.cdiv(K, bk))](x, s, codes, M, K, x.stride(0), sy_r, sy_c,
-                                                                    PER_ROW=red == 1, CODES=True, RB=rb, BK=bk)
-    s = torch.where(bad, torch.full_like(s, float("nan")), s)
-    n = x.shape[red]
-    return QuantizedTensor("fp8", codes, s.reshape(-1, 1), None, BlockLayout((M, K), (n,), red), x.dtype)
+    codes, s, red = _fp8_rows("quantize_fp8_rowwise", x, axis, codes=True)
+    return QuantizedTensor("fp8", codes, s.reshape(-1, 1), None, BlockLayout(tuple(x.shape), (x.shape[red],), red), x.dtype)
