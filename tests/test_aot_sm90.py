@@ -28,7 +28,7 @@ def test_every_kernel_compiles_for_sm90_without_large_spills(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     results = json.loads(out.read_text())["results"]
     kernels = {x["kernel"] for x in results}
-    assert {"mx_fold._fold_kernel", "mx_fold._tile_fold_kernel", "amax._amax_kernel", "fp8_values._fp8_values_kernel",
+    assert {"mx_fold._fold_kernel", "mx_fold._packed_fold_kernel", "amax._amax_kernel", "fp8_values._fp8_values_kernel",
             "mx_quantize._mx_kernel", "nvfp4_quantize._nvfp4_kernel"} <= kernels
     if all(x.get("spill_store_bytes") is not None for x in results):  # ptxas ran
         # the 128-row fold programs spilled 15-28 KB per thread with 4 warps; their launch now holds them

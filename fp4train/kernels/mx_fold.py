@@ -153,44 +153,30 @@ def _fold_bytes_any(code, d, rmask, count_ptr, RB: tl.constexpr):
 
 
 @triton.jit
-def _packed_fold_kernel(pc_ptr, ps_ptr, codes_ptr, scales_ptr, count_ptr, R, spc, sps, sc, ss, GR: tl.constexpr):
-    """Packed MXFP4 (two codes per byte, E8M0 bytes) -> the same folded output as ``_fold_kernel``."""
+def _packed_fold_kernel(pc_ptr, ps_ptr, codes_ptr, scales_ptr, count_ptr, R, spc, sps, sc, ss,
+                        TILE: tl.constexpr, TRANS: tl.constexpr, GR: tl.constexpr, SCALE_PER_ROW: tl.constexpr):
+    """Packed MXFP4 (codes [S_rows, S_cols / 2], two per byte along the stored columns, element 2j in
+    the low nibble; E8M0 scales per 1x32 block [S_rows, S_cols / 32], or with TILE per 32x32 tile
+    [S_rows / 32, S_cols / 32]) -> the same folded output as ``_fold_kernel``, for the operand [R, K]
+    whose inner dim K is the stored columns, or (TRANS, tiles only) the stored rows: the stored tensor
+    transposed, read in place. Program (i, j): operand rows i*RB .., columns j*128 .. . A tile's
+    scale is the block exponent of each of its 1x32 row (or column) pieces."""
     RB: tl.constexpr = 16 if GR == 1 else GR
     r = tl.program_id(0) * RB + tl.arange(0, RB)
     rmask = r < R
-    half = tl.program_id(1) * 64 + tl.arange(0, 64)
-    byte = tl.load(pc_ptr + r[:, None] * spc + half[None, :], mask=rmask[:, None], other=0).to(tl.int32)
-    code = tl.reshape(tl.join(byte & 15, byte >> 4), [RB, 4, 32])  # element 2j in the low nibble
-    sb = tl.load(ps_ptr + r[:, None] * sps + (tl.program_id(1) * 4 + tl.arange(0, 4))[None, :], mask=rmask[:, None], other=0)
-    sb = sb.to(tl.int32)
-    bad = sb == 255
-    _fold_store(code, sb - 127, bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, RB, GR)
-
-
-@triton.jit
-def _tile_fold_kernel(pc_ptr, ts_ptr, codes_ptr, scales_ptr, count_ptr, R, spc, sts, sc, ss,
-                      TRANS: tl.constexpr, GR: tl.constexpr, SCALE_PER_ROW: tl.constexpr):
-    """Packed MXFP4 with 32x32 tiles (codes [S_rows, S_cols / 2], two per byte along the stored columns,
-    element 2j in the low nibble; E8M0 tile scales [S_rows / 32, S_cols / 32]) -> the folded operand
-    [R, K] whose inner dim K is the stored columns (TRANS False) or the stored rows (TRANS True: the
-    operand is the stored tensor transposed, read in place). Program (i, j): operand rows i*RB ..,
-    columns j*128 .. . A tile's scale is the block exponent of each of its 1x32 row (or column) pieces."""
-    RB: tl.constexpr = 16 if GR == 1 else GR
-    r = tl.program_id(0) * RB + tl.arange(0, RB)
-    k = tl.program_id(1) * 128 + tl.arange(0, 128)
-    rmask = r < R
+    blk = tl.program_id(1) * 4 + tl.arange(0, 4)  # the four 32-blocks of this program's 128 columns
     if TRANS:  # operand (r, k) = stored (k, r)
+        k = tl.program_id(1) * 128 + tl.arange(0, 128)
         byte = tl.load(pc_ptr + k[None, :] * spc + (r // 2)[:, None], mask=rmask[:, None], other=0).to(tl.int32)
-        code = (byte >> ((r % 2) * 4)[:, None]) & 15
-        sb = tl.load(ts_ptr + (tl.program_id(1) * 4 + tl.arange(0, 4))[None, :] * sts + (r // 32)[:, None],
-                     mask=rmask[:, None], other=0).to(tl.int32)
+        code = tl.reshape((byte >> ((r % 2) * 4)[:, None]) & 15, [RB, 4, 32])
+        sb = tl.load(ps_ptr + blk[None, :] * sps + (r // 32)[:, None], mask=rmask[:, None], other=0).to(tl.int32)
     else:  # operand (r, k) = stored (r, k)
-        byte = tl.load(pc_ptr + r[:, None] * spc + (k // 2)[None, :], mask=rmask[:, None], other=0).to(tl.int32)
-        code = (byte >> ((k % 2) * 4)[None, :]) & 15
-        sb = tl.load(ts_ptr + (r // 32)[:, None] * sts + (tl.program_id(1) * 4 + tl.arange(0, 4))[None, :],
-                     mask=rmask[:, None], other=0).to(tl.int32)
-    _fold_store(tl.reshape(code, [RB, 4, 32]), sb - 127, sb == 255, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss,
-                RB, GR, SCALE_PER_ROW)
+        half = tl.program_id(1) * 64 + tl.arange(0, 64)
+        byte = tl.load(pc_ptr + r[:, None] * spc + half[None, :], mask=rmask[:, None], other=0).to(tl.int32)
+        code = tl.reshape(tl.join(byte & 15, byte >> 4), [RB, 4, 32])
+        srow = r // 32 if TILE else r
+        sb = tl.load(ps_ptr + srow[:, None] * sps + blk[None, :], mask=rmask[:, None], other=0).to(tl.int32)
+    _fold_store(code, sb - 127, sb == 255, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, RB, GR, SCALE_PER_ROW)
 
 
 def fold_tiles_mxfp4(codes: torch.Tensor, tile_scales: torch.Tensor, *, transposed: bool, group_rows: int,
@@ -215,10 +201,10 @@ def fold_tiles_mxfp4(codes: torch.Tensor, tile_scales: torch.Tensor, *, transpos
     counter = torch.zeros((), dtype=torch.int32, device=codes.device) if counter is None else counter
     rb = 16 if group_rows == 1 else 128
     if R and K:
-        _tile_fold_kernel[(triton.cdiv(R, rb), K // 128)](codes, tile_scales, out, out_s, counter, R, codes.stride(0),
-                                                          tile_scales.stride(0), out.stride(0), out_s.stride(0),
-                                                          TRANS=transposed, GR=group_rows, SCALE_PER_ROW=scale_per_row,
-                                                          num_warps=fold_warps(rb))
+        _packed_fold_kernel[(triton.cdiv(R, rb), K // 128)](codes, tile_scales, out, out_s, counter, R, codes.stride(0),
+                                                            tile_scales.stride(0), out.stride(0), out_s.stride(0), TILE=True,
+                                                            TRANS=transposed, GR=group_rows, SCALE_PER_ROW=scale_per_row,
+                                                            num_warps=fold_warps(rb))
     return FoldedFP8(out, out_s, 1 if scale_per_row else group_rows, counter)
 
 
@@ -291,7 +277,8 @@ def fold_packed_mxfp4(codes: torch.Tensor, scales: torch.Tensor, *, group_rows: 
     rb = 16 if group_rows == 1 else 128
     if R and K:
         _packed_fold_kernel[(triton.cdiv(R, rb), K // 128)](codes, scales, out, out_s, counter, R, codes.stride(0),
-                                                            scales.stride(0), out.stride(0), out_s.stride(0), GR=group_rows,
+                                                            scales.stride(0), out.stride(0), out_s.stride(0), TILE=False,
+                                                            TRANS=False, GR=group_rows, SCALE_PER_ROW=False,
                                                             num_warps=fold_warps(rb))
     return FoldedFP8(out, out_s, group_rows, counter)
 
