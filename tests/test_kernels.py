@@ -125,14 +125,16 @@ def test_nvfp4_kernel_equals_reference(shape, rounding):
         quantize_nvfp4(torch.randn(2, 24, device=DEV))
 
 
-@pytest.mark.parametrize("shape", [(64, 96), (33, 129)])
+@pytest.mark.parametrize("fmt,seed", [("mxfp4", 11), ("mxfp8", 13)])
+@pytest.mark.parametrize("shape", [(64, 96), (33, 129), (33, 70)])
 @pytest.mark.parametrize("scale,rounding", [("floor", "nearest"), ("ceil", "stochastic")])
-def test_mxfp4_2d_tile_kernel_equals_reference(shape, scale, rounding):
-    from fp4train.kernels import quantize_mxfp4_2d
+def test_mx_2d_tile_kernels_equal_reference(fmt, seed, shape, scale, rounding):
+    from fp4train.kernels import quantize_mxfp4_2d, quantize_mxfp8_2d
 
-    x = _special(*shape, seed=11)
-    ref = fp4train.quantize(x, "mxfp4", block=(32, 32), scale=scale, rounding=rounding, seed=2**35 + 1)
-    got = quantize_mxfp4_2d(x.to(DEV), scale=scale, rounding=rounding, seed=2**35 + 1)
+    tiles = quantize_mxfp4_2d if fmt == "mxfp4" else quantize_mxfp8_2d
+    x = _special(*shape, seed=seed)
+    ref = fp4train.quantize(x, fmt, block=(32, 32), scale=scale, rounding=rounding, seed=2**35 + seed)
+    got = tiles(x.to(DEV), scale=scale, rounding=rounding, seed=2**35 + seed)
     assert torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
     torch.testing.assert_close(got.t().dequantize().cpu(), ref.t().dequantize(), rtol=0, atol=0, equal_nan=True)
 
@@ -155,18 +157,6 @@ def test_mxfp8_kernel_equals_reference(shape, scale, rounding):
             torch.testing.assert_close(got.dequantize().cpu(), ref.dequantize(), rtol=0, atol=0, equal_nan=True)
             if rounding == "nearest":
                 break
-
-
-@pytest.mark.parametrize("shape", [(64, 96), (33, 70)])
-@pytest.mark.parametrize("scale,rounding", [("floor", "nearest"), ("ceil", "stochastic")])
-def test_mxfp8_2d_tile_kernel_equals_reference(shape, scale, rounding):
-    from fp4train.kernels import quantize_mxfp8_2d
-
-    x = _special(*shape, seed=13)
-    ref = fp4train.quantize(x, "mxfp8", block=(32, 32), scale=scale, rounding=rounding, seed=2**33 + 9)
-    got = quantize_mxfp8_2d(x.to(DEV), scale=scale, rounding=rounding, seed=2**33 + 9)
-    assert torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
-    torch.testing.assert_close(got.t().dequantize().cpu(), ref.t().dequantize(), rtol=0, atol=0, equal_nan=True)
 
 
 def test_mxfp8_stochastic_rounding_is_unbiased_between_grid_neighbours():
