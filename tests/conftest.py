@@ -44,9 +44,7 @@ def _numerics_restored():
     import fp4train.formats as formats
 
     yield
-    if formats.numerics() != "eager":
-        formats._apply_numerics("eager")
-    formats._CHOSEN = False
+    formats.reset_numerics()
 
 
 @pytest.fixture(autouse=True, scope="session")

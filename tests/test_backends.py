@@ -61,5 +61,8 @@ def test_auto_backend_is_triton_on_a_gpu_machine_and_emulated_elsewhere(monkeypa
         formats.set_numerics("eager")  # an explicit choice wins over the backend's preference
         fp4train.convert(torch.nn.Sequential(torch.nn.Linear(64, 64)), "mxfp4")
         assert formats.numerics() == "eager"
+        formats.reset_numerics()  # forgets the choice: the backend's preference applies again
+        fp4train.convert(torch.nn.Sequential(torch.nn.Linear(64, 64)), "mxfp4")
+        assert formats.numerics() == "triton"
     finally:
         formats.set_numerics("eager")

@@ -57,6 +57,13 @@ def set_numerics(mode: str) -> None:
     _CHOSEN = True
 
 
+def reset_numerics() -> None:
+    """Back to the default: ``"eager"`` numerics, no mode chosen (a backend's preference applies again)."""
+    global _CHOSEN
+    _apply_numerics("eager")
+    _CHOSEN = False
+
+
 def _apply_numerics(mode: str) -> None:
     from ..transforms.hadamard import set_kernel as set_transform_kernel
     from .qtensor import set_split_kernel
@@ -91,6 +98,7 @@ __all__ = [
     "quantize",
     "NUMERICS",
     "numerics",
+    "reset_numerics",
     "set_compiled",
     "set_numerics",
 ]
