@@ -11,7 +11,7 @@ about registers. This script:
    or driver needed), and
 3. asks ``ptxas -v`` for each kernel's registers and spill bytes.
 
-    python scripts/aot_check.py [--json out.json]
+    python scripts/aot_check.py [--json out.json] [--warps N]
 
 Exit status 1 if any kernel fails to compile, 3 if this Triton lacks the ahead-of-time API used here
 (``triton.compiler.ASTSource``, ``GPUTarget``; written against 3.9). A spill is reported, not failed:
@@ -151,6 +151,7 @@ def _compile(launch: dict, ptxas: str | None) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--warps", type=int, help="compile every launch with this many warps instead of its own (what a launch change would do)")
     ap.add_argument("--record-only", action="store_true", help=argparse.SUPPRESS)  # the child's job
     args = ap.parse_args(argv)
     if args.record_only:
@@ -162,6 +163,8 @@ def main(argv=None) -> int:
         sys.stderr.write(child.stderr)
         return 2
     launches = json.loads(child.stdout.strip().splitlines()[-1])
+    if args.warps:
+        launches = list({json.dumps(x, sort_keys=True): x for x in ({**x, "num_warps": args.warps} for x in launches)}.values())
     os.environ.pop("TRITON_INTERPRET", None)
     import triton
 

@@ -211,8 +211,9 @@ def fold_tiles_mxfp4(codes: torch.Tensor, tile_scales: torch.Tensor, *, transpos
 def fold_warps(rows_per_program: int) -> int:
     """Warps for a fold program of ``rows_per_program`` x 128 elements. From ptxas on sm90
     (scripts/aot_check.py): a 128-row tile (128x128 groups) with the default 4 warps spilled
-    15-28 KB per thread (8 warps: 255 registers), 32 warps hold it in 64 registers; 16 rows take
-    123 registers with 4 warps, 64 with 8. Same bits whatever the launch."""
+    5-31 KB per thread, 32 warps hold it in 64 registers (<= 264 B spilled); 16 rows take 96-136
+    registers with 4 warps, 64-80 with 8 (bench/results/kernels-sm90-ptxas{,-4warps}.json). Same bits
+    whatever the launch."""
     return 32 if rows_per_program >= 128 else 8 if rows_per_program >= 16 else 4
 
 

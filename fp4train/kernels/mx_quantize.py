@@ -337,7 +337,7 @@ def quantize_mxfp4_dual(
     if M and K:
         _mxfp4_dual_kernel[grid](x, rc, rs, cc, cs, M, K, x.stride(0), rc.stride(0), rs.stride(0), cc.stride(0), cs.stride(0),
                                  k_r, k2_r, k_c, k2_c, CEIL_R=scale[0] == "ceil", SR_R=sr_r, CEIL_C=scale[1] == "ceil",
-                                 SR_C=sr_c, NB=blocks_per_program, num_warps=8)  # 4 warps: 216-255 registers (ptxas)
+                                 SR_C=sr_c, NB=blocks_per_program, num_warps=8)  # 4 warps: 148-255 registers (ptxas)
     rows = QuantizedTensor("mxfp4", rc, rs, None, BlockLayout((M, K), (32,), 1), x.dtype)
     cols = QuantizedTensor("mxfp4", cc, cs, None, BlockLayout((M, K), (32,), 0), x.dtype)
     return rows, cols
