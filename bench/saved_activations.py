@@ -5,8 +5,12 @@ peak memory was above BF16's (docs/LOG.md, session 9) - where do the saved bytes
 of a model under autocast (BF16) with ``torch.autograd.graph.saved_tensors_hooks`` counting every
 distinct storage saved for backward (parameters excluded), eager and ``torch.compile``d (the hooks see
 what the compiled graphs save through their autograd functions too), and splits the total by dtype
-(uint8 = packed FP4 codes / E8M0 scales; bfloat16 / float32 = the rest). Works on a CPU (small
-models) and on a GPU. Writes JSON (``--json``).
+(uint8 = packed FP4 codes / E8M0 scales; bfloat16 / float32 = the rest). On a GPU it also runs the
+backward and reads the allocator: memory held after the forward (what is saved, as allocated) and
+the peaks of forward (with the loss, as bench/train_speed.py runs it) and backward, each above the
+parameters (no optimizer) - which phase sets the
+peak, and by how much. The step runs twice (compilation, allocator warm-up); the second is measured.
+Works on a CPU (small models) and on a GPU. Writes JSON (``--json``).
 
     python bench/saved_activations.py --model 20m --recipes bf16,mxfp4,tib2d --batch-size 2 --seq-len 256
 """
@@ -35,20 +39,43 @@ def saved_bytes(model_name: str, recipe: str, batch: int, seq: int, compile_: bo
     if compile_:
         model = torch.compile(model)
     tokens = torch.randint(0, 1000, (batch, seq), device=device)
-    storages: dict = {}
+    cuda = device == "cuda"
+    gib = 2.0**30
+    for measured in (False, True):
+        storages: dict = {}
 
-    def pack(t):
-        if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter):
-            storages[t.untyped_storage().data_ptr()] = (str(t.dtype).replace("torch.", ""), t.untyped_storage().nbytes())
-        return t
+        def pack(t):
+            if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter):
+                storages[t.untyped_storage().data_ptr()] = (str(t.dtype).replace("torch.", ""), t.untyped_storage().nbytes())
+            return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast(device, dtype=torch.bfloat16):
-        model(tokens)
+        model.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()  # parameters (and whatever else lives across steps)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast(device, dtype=torch.bfloat16):
+            out = model(tokens, tokens) if cuda else model(tokens)  # on a GPU the loss too, as train_speed runs it
+        loss = out
+        mem = {}
+        if cuda:
+            torch.cuda.synchronize()
+            mem = {"params_gib": base / gib, "after_fwd_gib": (torch.cuda.memory_allocated() - base) / gib,
+                   "fwd_peak_gib": (torch.cuda.max_memory_allocated() - base) / gib}
+            torch.cuda.reset_peak_memory_stats()
+        if measured or cuda:
+            loss.backward()
+        if cuda:
+            torch.cuda.synchronize()
+            mem["bwd_peak_gib"] = (torch.cuda.max_memory_allocated() - base) / gib
+        del out, loss
+        if not cuda:
+            break  # on a CPU only the saved bytes are measured: one forward
     by_dtype: dict = {}
     for dtype, n in storages.values():
         by_dtype[dtype] = by_dtype.get(dtype, 0) + n
     return {"recipe": recipe, "compile": compile_, "saved_mib": sum(by_dtype.values()) / 2**20,
-            "saved_mib_by_dtype": {k: v / 2**20 for k, v in sorted(by_dtype.items())}, "storages": len(storages)}
+            "saved_mib_by_dtype": {k: v / 2**20 for k, v in sorted(by_dtype.items())}, "storages": len(storages), **mem}
 
 
 def main(argv=None):
@@ -67,7 +94,9 @@ def main(argv=None):
             r = saved_bytes(args.model, recipe, args.batch_size, args.seq_len, compile_, device)
             rows.append(r)
             parts = ", ".join(f"{k} {v:.1f}" for k, v in r["saved_mib_by_dtype"].items())
-            print(f"{args.model} {'compiled' if compile_ else 'eager':>8} {recipe:>14}: saved {r['saved_mib']:7.1f} MiB ({parts})", flush=True)
+            gpu = "".join(f", {k[:-4]} {r[k]:.2f} GiB" for k in ("after_fwd_gib", "fwd_peak_gib", "bwd_peak_gib") if k in r)
+            print(f"{args.model} {'compiled' if compile_ else 'eager':>8} {recipe:>14}: saved {r['saved_mib']:7.1f} MiB ({parts}){gpu}",
+                  flush=True)
     out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "date": datetime.date.today().isoformat(),
            "commit": code_commit() or "unknown", "torch": torch.__version__, "model": args.model,
            "batch_size": args.batch_size, "seq_len": args.seq_len, "results": rows}

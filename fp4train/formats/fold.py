@@ -41,6 +41,13 @@ class FoldedFP8:
         return e4m3.decode(self.codes) * s
 
 
+def _pow2_f64(e: torch.Tensor) -> torch.Tensor:
+    """Exact float64 ``2**e`` for integer ``e`` in [-1022, 1023], from the bit pattern (``torch.pow``
+    on a GPU need not be exact). Fold shifts reach down to 6 - 255 binades (a NaN group's 128 over
+    a zero block's -127)."""
+    return ((e.to(torch.int64) + 1023) << 52).view(torch.float64)
+
+
 def fold(q: QuantizedTensor, group_rows: int) -> FoldedFP8:
     """Fold a 2D MXFP4 tensor (1x32 blocks along its last dim, K % 128 == 0) into FP8 + group scales."""
     if q.fmt != "mxfp4" or q.layout.is_2d or q.transposed or q.layout.axis != q.ndim - 1 or q.ndim != 2:
@@ -65,7 +72,7 @@ def fold(q: QuantizedTensor, group_rows: int) -> FoldedFP8:
     codes = e4m3.encode(exact_val)  # anything below E4M3's 2**-10 encodes as zero either way
     # the count compares with the true shifted value in FP64: in FP32 a shift past 2**-149 (a NaN
     # group, or blocks > 155 binades apart) would underflow to zero and look exact
-    true_val = values.double() * torch.pow(2.0, (6 - d).double()).repeat_interleave(32, 1)
+    true_val = values.double() * _pow2_f64(6 - d).repeat_interleave(32, 1)
     inexact = int(((e4m3.decode(codes).double() != true_val) & (values != 0)).sum())
     scales = pow2((g - 6).clamp(-149, 127))
     scales = torch.where(nan_g, torch.full_like(scales, float("nan")), scales)
