@@ -116,12 +116,12 @@ def main(argv=None):
               f"{res['kernels_per_step']:.0f} launches/step", flush=True)
         for k in res["top"]:
             print(f"  {k['ms_per_step']:8.2f} ms {k['share']:6.1%} x{k['launches_per_step']:<5.0f} {k['kernel'][:100]}", flush=True)
-    out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit(), "torch": torch.__version__,
-           "model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len, "compile": args.compile,
-           "numerics": args.numerics, "results": rows}
-    path = args.json or ROOT / "bench/results" / f"profile_step-{args.model}-{gpu.replace(' ', '_')}-{args.numerics}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
+        out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit(), "torch": torch.__version__,
+               "model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len, "compile": args.compile,
+               "numerics": args.numerics, "results": rows}
+        path = args.json or ROOT / "bench/results" / f"profile_step-{args.model}-{gpu.replace(' ', '_')}-{args.numerics}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=1) + "\n")  # after every recipe: a run cut short keeps what it measured
 
 
 if __name__ == "__main__":

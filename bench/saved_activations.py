@@ -5,11 +5,11 @@ peak memory was above BF16's (docs/LOG.md, session 9) - where do the saved bytes
 of a model under autocast (BF16) with ``torch.autograd.graph.saved_tensors_hooks`` counting every
 distinct storage saved for backward (parameters excluded), eager and ``torch.compile``d (the hooks see
 what the compiled graphs save through their autograd functions too), and splits the total by dtype
-(uint8 = packed FP4 codes / E8M0 scales; bfloat16 / float32 = the rest). On a GPU it also runs the
-backward and reads the allocator: memory held after the forward (what is saved, as allocated) and
-the peaks of forward (with the loss, as bench/train_speed.py runs it) and backward, each above the
-parameters (no optimizer) - which phase sets the
-peak, and by how much. The step runs twice (compilation, allocator warm-up); the second is measured.
+(uint8 = packed FP4 codes / E8M0 scales; bfloat16 / float32 = the rest). On a GPU it first runs
+whole steps (forward with the loss, as bench/train_speed.py runs it, and backward; no hooks
+installed) and reads the allocator: memory held after the forward (the saved tensors, as allocated)
+and the peaks of forward and backward, each above the parameters (no optimizer) - which phase sets
+the peak, and by how much. That step runs twice (compilation, allocator warm-up); the second is read.
 Works on a CPU (small models) and on a GPU. Writes JSON (``--json``).
 
     python bench/saved_activations.py --model 20m --recipes bf16,mxfp4,tib2d --batch-size 2 --seq-len 256
@@ -41,36 +41,33 @@ def saved_bytes(model_name: str, recipe: str, batch: int, seq: int, compile_: bo
     tokens = torch.randint(0, 1000, (batch, seq), device=device)
     cuda = device == "cuda"
     gib = 2.0**30
-    for measured in (False, True):
-        storages: dict = {}
-
-        def pack(t):
-            if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter):
-                storages[t.untyped_storage().data_ptr()] = (str(t.dtype).replace("torch.", ""), t.untyped_storage().nbytes())
-            return t
-
-        model.zero_grad(set_to_none=True)
-        if cuda:
+    mem = {}
+    if cuda:  # the allocator, with no hooks installed (they may change what a compiled graph does)
+        for _ in range(2):  # the first step compiles and warms the allocator; the second is read
+            model.zero_grad(set_to_none=True)
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()  # parameters (and whatever else lives across steps)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast(device, dtype=torch.bfloat16):
-            out = model(tokens, tokens) if cuda else model(tokens)  # on a GPU the loss too, as train_speed runs it
-        loss = out
-        mem = {}
-        if cuda:
+            with torch.autocast(device, dtype=torch.bfloat16):
+                loss = model(tokens, tokens)  # with the loss, as bench/train_speed.py runs it
             torch.cuda.synchronize()
             mem = {"params_gib": base / gib, "after_fwd_gib": (torch.cuda.memory_allocated() - base) / gib,
                    "fwd_peak_gib": (torch.cuda.max_memory_allocated() - base) / gib}
             torch.cuda.reset_peak_memory_stats()
-        if measured or cuda:
             loss.backward()
-        if cuda:
             torch.cuda.synchronize()
             mem["bwd_peak_gib"] = (torch.cuda.max_memory_allocated() - base) / gib
-        del out, loss
-        if not cuda:
-            break  # on a CPU only the saved bytes are measured: one forward
+            del loss
+        model.zero_grad(set_to_none=True)
+    storages: dict = {}
+
+    def pack(t):
+        if isinstance(t, torch.Tensor) and not isinstance(t, torch.nn.Parameter):
+            storages[t.untyped_storage().data_ptr()] = (str(t.dtype).replace("torch.", ""), t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast(device, dtype=torch.bfloat16):
+        model(tokens)
     by_dtype: dict = {}
     for dtype, n in storages.values():
         by_dtype[dtype] = by_dtype.get(dtype, 0) + n

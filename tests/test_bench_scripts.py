@@ -137,6 +137,9 @@ def test_summary_checks_the_targets_and_says_how_far_off(tmp_path, capsys):
                             {"recipe": "torchao_fp8_rowwise", "tokens_per_s": 110.0, "peak_mem_gib": 38.0}]),
         "e2e3b": e2e("3b", [{"recipe": "bf16", "tokens_per_s": 50.0, "peak_mem_gib": 70.0},
                             {"recipe": "adahop", "error": "OutOfMemoryError: CUDA out of memory"}]),
+        # the other 3b recipes from a second run (another GPU): each against its own run's BF16
+        "e2e3b_2": e2e("3b", [{"recipe": "bf16", "tokens_per_s": 40.0, "peak_mem_gib": 70.0},
+                              {"recipe": "tib2d", "tokens_per_s": 52.0, "peak_mem_gib": 50.0}]),
         "gemm": {**meta, "results": [{"model": "square", "layer": "8192^3", "speedup_vs_bf16": 1.5}]},
         "linear": {**meta, "results": [
             {"model": "llama-3-8b", "layer": "qkv", "bf16_saved_bytes": 400,
@@ -150,12 +153,14 @@ def test_summary_checks_the_targets_and_says_how_far_off(tmp_path, capsys):
     for k, v in files.items():
         (tmp_path / f"{k}.json").write_text(json.dumps(v))
     out = tmp_path / "summary.json"
-    mod.main(["--e2e", str(tmp_path / "e2e1b.json"), str(tmp_path / "e2e3b.json"), "--gemm", str(tmp_path / "gemm.json"),
+    mod.main(["--e2e", str(tmp_path / "e2e1b.json"), str(tmp_path / "e2e3b.json"), str(tmp_path / "e2e3b_2.json"), "--gemm", str(tmp_path / "gemm.json"),
               "--linear", str(tmp_path / "linear.json"), "--quantize", str(tmp_path / "quantize.json"), "--json", str(out)])
     s = json.loads(out.read_text())
     assert {k: s[k] for k in ("gpu", "date", "commit")} == meta
-    assert s["e2e"]["1b"]["adahop"] == {"tokens_per_s": 120.0, "peak_mem_gib": 28.0}
-    assert s["e2e"]["3b"]["adahop"] == {"error": "OutOfMemoryError: CUDA out of memory"}
+    assert s["e2e"]["1b"]["adahop"] == {"tokens_per_s": 120.0, "peak_mem_gib": 28.0, "speedup_vs_bf16": 1.2,
+                                        "bf16_peak_mem_gib": 40.0, "commit": "abc1234"}
+    assert s["e2e"]["3b"]["adahop"] == {"error": "OutOfMemoryError: CUDA out of memory", "commit": "abc1234"}
+    assert s["e2e"]["3b"]["tib2d"]["speedup_vs_bf16"] == pytest.approx(1.3)  # 52 / its own run's 40, not 52 / 50
     t = {x["target"]: x for x in s["targets"]}
     assert t["quantize triton mxfp4 nearest: fraction of copy bandwidth"]["met"] is True
     assert not any("reference" in k for k in t)  # only kernels are held to the bandwidth target
@@ -169,6 +174,8 @@ def test_summary_checks_the_targets_and_says_how_far_off(tmp_path, capsys):
     assert t["end to end 3b, adahop: tokens/s vs BF16"] == {"target": "end to end 3b, adahop: tokens/s vs BF16", "goal": 1.25,
                                                           "measured": None, "met": None,
                                                           "note": "not measured; OutOfMemoryError: CUDA out of memory"}
+    assert t["end to end 3b, tib2d: tokens/s vs BF16"]["measured"] == pytest.approx(1.3)
+    assert t["end to end 3b, tib2d: peak memory BF16 / recipe (same batch)"]["measured"] == pytest.approx(70 / 50)
     assert "| FP4 GEMM at 8192^3 vs cuBLAS BF16 | 1.40 | 1.50 | yes |" in capsys.readouterr().out
     (tmp_path / "other.json").write_text(json.dumps({**files["gemm"], "gpu": "NVIDIA H100"}))
     with pytest.raises(SystemExit, match="different GPUs"):

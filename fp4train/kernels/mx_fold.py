@@ -209,23 +209,31 @@ def fold_tiles_mxfp4(codes: torch.Tensor, tile_scales: torch.Tensor, *, transpos
 
 
 def fold_warps(rows_per_program: int) -> int:
-    """Warps for a fold program of ``rows_per_program`` x 128 elements. From ptxas on sm90
-    (scripts/aot_check.py): a 128-row tile (128x128 groups) with the default 4 warps spilled
-    5-31 KB per thread, 32 warps hold it in 64 registers (<= 264 B spilled); 16 rows take 96-136
-    registers with 4 warps, 64-80 with 8 (bench/results/kernels-sm90-ptxas{,-4warps}.json). Same bits
-    whatever the launch."""
+    """Warps for a fold program of ``rows_per_program`` x 128 elements read along its rows (the packed
+    folds). From ptxas on sm90 (scripts/aot_check.py): a 128-row tile (128x128 groups) with the default
+    4 warps spilled 5-31 KB per thread, 32 warps hold it in 64 registers (<= 264 B spilled); 16 rows
+    take 96-136 registers with 4 warps, 64-80 with 8 (bench/results/kernels-sm90-ptxas{,-4warps}.json).
+    Same bits whatever the launch."""
     return 32 if rows_per_program >= 128 else 8 if rows_per_program >= 16 else 4
+
+
+# (rows per program, warps) of quantize_mxfp4_fp8 by (blocks along dim 0, group rows): the fastest of
+# bench/fold_sweep.py on the H200 (16384 x 8192 BF16; bench/results/fold_sweep-NVIDIA_H200.json).
+# Along dim 0 the tile is read down x's columns and stored along its rows, a transpose in registers /
+# shared memory: there 4 warps beat more (128x128 groups: 0.96 ms with 4 warps, 2.71 ms with 32), though
+# ptxas reports spills for that launch - measured time, not the spill count, decides.
+FOLD_LAUNCH = {(False, 1): (64, 8), (False, 128): (128, 32), (True, 1): (8, 4), (True, 128): (128, 4)}
 
 
 def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor", rounding: str = "nearest",
                        seed: int | None = None, counter: torch.Tensor | None = None,
                        hadamard_block: int | None = None, hadamard_signs: torch.Tensor | None = None,
-                       axis: int = -1, rows_per_program: int = 16, num_warps: int | None = None) -> FoldedFP8:
+                       axis: int = -1, rows_per_program: int | None = None, num_warps: int | None = None) -> FoldedFP8:
     """MXFP4 (1x32 along the last dim) folded into FP8 with ``group_rows`` x 128 groups; see the module
     docstring. ``axis`` 0: blocks along x's dim 0 instead - the result is that of ``x.t()`` (codes
     ``[x.shape[1], x.shape[0]]``), read from x in place, without the transposed copy.
-    ``rows_per_program`` (1x128 groups only; 128x128 groups take 128) and ``num_warps`` (default
-    :func:`fold_warps`): launch tuning, the same bits whatever they are (bench/fold_sweep.py times
+    ``rows_per_program`` (1x128 groups only; 128x128 groups take 128) and ``num_warps`` (defaults:
+    :data:`FOLD_LAUNCH`): launch tuning, the same bits whatever they are (bench/fold_sweep.py times
     them). ``counter``: an int32 device tensor that the inexact-element count is added to (one is
     made if None); :attr:`FoldedFP8.inexact` is that tensor. ``hadamard_block`` (a power of two up to
     128): the block Hadamard transform along the last dim first, with ``hadamard_signs`` (RHT) if given -
@@ -250,13 +258,14 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     scales = torch.empty(triton.cdiv(R, group_rows), K // 128, dtype=torch.float32, device=x.device)
     counter = torch.zeros((), dtype=torch.int32, device=x.device) if counter is None else counter
     sr, key, key2 = _keys(rounding, seed)
-    rb = rows_per_program if group_rows == 1 else 128
+    rb_default, warps_default = FOLD_LAUNCH[(along_0, group_rows)]
+    rb = (rows_per_program or rb_default) if group_rows == 1 else 128
     if rb < 1 or rb & (rb - 1):
         raise ValueError(f"rows_per_program must be a power of two, got {rows_per_program}")
     if R and K:
         _fold_kernel[(triton.cdiv(R, rb), K // 128)](x, d if d is not None else x, codes, scales, counter, R, K, op.stride(0),
                                                      op.stride(1), codes.stride(0), scales.stride(0), key, key2, CEIL=scale == "ceil", SR=sr,
-                                                     GR=group_rows, RB=rb, num_warps=num_warps or fold_warps(rb), HAD=had,
+                                                     GR=group_rows, RB=rb, num_warps=num_warps or warps_default, HAD=had,
                                                      LOG_HAD=max(had.bit_length() - 1, 0),
                                                      HAS_D=d is not None, NORM=norm, ROUND_BF16=had > 0 and x.dtype == torch.bfloat16)
     return FoldedFP8(codes, scales, group_rows, counter)
