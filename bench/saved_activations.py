@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 from pathlib import Path
 
@@ -89,17 +90,21 @@ def main(argv=None):
     for compile_ in (False,) if args.no_compile else (False, True):
         for recipe in args.recipes.split(","):
             r = saved_bytes(args.model, recipe, args.batch_size, args.seq_len, compile_, device)
+            torch._dynamo.reset()  # compiled graphs hold the last model: free it before the next (1b on an H200 ran out)
+            gc.collect()
+            if device == "cuda":
+                torch.cuda.empty_cache()
             rows.append(r)
             parts = ", ".join(f"{k} {v:.1f}" for k, v in r["saved_mib_by_dtype"].items())
             gpu = "".join(f", {k[:-4]} {r[k]:.2f} GiB" for k in ("after_fwd_gib", "fwd_peak_gib", "bwd_peak_gib") if k in r)
             print(f"{args.model} {'compiled' if compile_ else 'eager':>8} {recipe:>14}: saved {r['saved_mib']:7.1f} MiB ({parts}){gpu}",
                   flush=True)
-    out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "date": datetime.date.today().isoformat(),
-           "commit": code_commit() or "unknown", "torch": torch.__version__, "model": args.model,
-           "batch_size": args.batch_size, "seq_len": args.seq_len, "results": rows}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
+            out = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "date": datetime.date.today().isoformat(),
+                   "commit": code_commit() or "unknown", "torch": torch.__version__, "model": args.model,
+                   "batch_size": args.batch_size, "seq_len": args.seq_len, "results": rows}
+            if args.json:  # after every recipe: a run cut short keeps what it measured
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                args.json.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

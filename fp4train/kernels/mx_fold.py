@@ -222,7 +222,10 @@ def fold_warps(rows_per_program: int) -> int:
 # Along dim 0 the tile is read down x's columns and stored along its rows, a transpose in registers /
 # shared memory: there 4 warps beat more (128x128 groups: 0.96 ms with 4 warps, 2.71 ms with 32), though
 # ptxas reports spills for that launch - measured time, not the spill count, decides.
+# With a fused Hadamard transform (a heavier program) the launch stays (16, 8) / (128, 32): the sweep's launches
+# made hadamard_mxfp4 slower (Llama-3-8B layers 0.66-1.09x BF16 against 0.73-1.32x; docs/LOG.md).
 FOLD_LAUNCH = {(False, 1): (64, 8), (False, 128): (128, 32), (True, 1): (8, 4), (True, 128): (128, 4)}
+FOLD_LAUNCH_HADAMARD = {1: (16, 8), 128: (128, 32)}
 
 
 def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor", rounding: str = "nearest",
@@ -233,8 +236,8 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     docstring. ``axis`` 0: blocks along x's dim 0 instead - the result is that of ``x.t()`` (codes
     ``[x.shape[1], x.shape[0]]``), read from x in place, without the transposed copy.
     ``rows_per_program`` (1x128 groups only; 128x128 groups take 128) and ``num_warps`` (defaults:
-    :data:`FOLD_LAUNCH`): launch tuning, the same bits whatever they are (bench/fold_sweep.py times
-    them). ``counter``: an int32 device tensor that the inexact-element count is added to (one is
+    :data:`FOLD_LAUNCH`, with a Hadamard :data:`FOLD_LAUNCH_HADAMARD`): launch tuning, the same bits
+    whatever they are (bench/fold_sweep.py times them). ``counter``: an int32 device tensor that the inexact-element count is added to (one is
     made if None); :attr:`FoldedFP8.inexact` is that tensor. ``hadamard_block`` (a power of two up to
     128): the block Hadamard transform along the last dim first, with ``hadamard_signs`` (RHT) if given -
     ``fold(quantize(hadamard(x, block, seed), "mxfp4", ...))`` bit for bit, for float32 and bfloat16 ``x``."""
@@ -258,7 +261,7 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     scales = torch.empty(triton.cdiv(R, group_rows), K // 128, dtype=torch.float32, device=x.device)
     counter = torch.zeros((), dtype=torch.int32, device=x.device) if counter is None else counter
     sr, key, key2 = _keys(rounding, seed)
-    rb_default, warps_default = FOLD_LAUNCH[(along_0, group_rows)]
+    rb_default, warps_default = FOLD_LAUNCH_HADAMARD[group_rows] if had else FOLD_LAUNCH[(along_0, group_rows)]
     rb = (rows_per_program or rb_default) if group_rows == 1 else 128
     if rb < 1 or rb & (rb - 1):
         raise ValueError(f"rows_per_program must be a power of two, got {rows_per_program}")
