@@ -93,6 +93,8 @@ def _kernel_calls() -> None:
             nvfp4_quantize.quantize_nvfp4_columns(x, rounding=rounding, seed=seed)
             for axis in (1, 0):
                 kernels.nvfp4_values(x, axis=axis, rounding=rounding, seed=seed)
+            kernels.quantize_nvfp4_2d(x, rounding=rounding, seed=seed)
+            kernels.nvfp4_tile_values(x, rounding=rounding, seed=seed)
             for gr in (1, 128):
                 for axis in (1, 0):
                     mx_fold.quantize_mxfp4_fp8(x, group_rows=gr, rounding=rounding, seed=seed, axis=axis)

@@ -125,6 +125,39 @@ def test_nvfp4_kernel_equals_reference(shape, rounding):
         quantize_nvfp4(torch.randn(2, 24, device=DEV))
 
 
+@pytest.mark.parametrize("shape", [(64, 160), (33, 70), (16, 16)])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_nvfp4_16x16_tile_kernels_equal_the_reference(shape, rounding):
+    """NVFP4 with 16x16 tiles (the NVFP4 recipe's weights): codes + tile scales + tensor scale, and the
+    BF16 values for a GEMM, each bit for bit the reference's - partial tiles (zero padded), a NaN and an
+    Inf tile, an all-zero tile, a tile whose E4M3 scale underflows to zero, both input dtypes."""
+    from fp4train.kernels.nvfp4_tiles import nvfp4_tile_values, quantize_nvfp4_2d
+
+    g = torch.Generator().manual_seed(21)
+    # four decades: within NVFP4's range (E4M3 tile scales span about five), so every tile has live codes
+    x = torch.randn(*shape, generator=g) * torch.logspace(-2, 2, shape[0])[:, None]
+    if shape[0] >= 33:
+        x[0, 5], x[17, 40] = float("nan"), float("-inf")  # a NaN and an Inf tile (left out of the tensor amax)
+        x[:16, 16:32] = 0.0  # an all-zero tile
+        x[16:32, 48:64] *= 1e-30  # tile (1, 3): its E4M3 scale underflows to zero
+    seed = 2**34 + 5 if rounding == "stochastic" else None
+    for dtype in (torch.float32, torch.bfloat16):
+        xd = x.to(dtype)
+        ref = fp4train.quantize(xd, "nvfp4", block=(16, 16), rounding=rounding, seed=seed)
+        got = quantize_nvfp4_2d(xd.to(DEV), rounding=rounding, seed=seed)
+        assert got.layout == ref.layout and torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
+        assert torch.equal(got.tensor_scale.cpu(), ref.tensor_scale)
+        vref = ref.scaled_bf16()
+        vals = nvfp4_tile_values(xd.to(DEV), rounding=rounding, seed=seed)
+        assert vals.block_axis is None and vals.scale is None and torch.equal(vals.divisor.cpu(), vref.divisor)
+        torch.testing.assert_close(vals.values.cpu(), vref.values, rtol=0, atol=0, equal_nan=True)
+    if shape[0] >= 33:  # the NaN / Inf tiles and the flushed ones were there, and the rest is not flushed
+        assert int(ref.scales[0, 0]) == int(ref.scales[1, 2]) == 0x7F and ref.scales[0, 1] == 0 and ref.scales[1, 3] == 0
+        assert int((ref.scales != 0).sum()) == ref.scales.numel() - 2  # only those two tiles are zero
+    with pytest.raises(ValueError, match="2D"):
+        quantize_nvfp4_2d(torch.randn(4, device=DEV))
+
+
 @pytest.mark.parametrize("fmt,seed", [("mxfp4", 11), ("mxfp8", 13)])
 @pytest.mark.parametrize("shape", [(64, 96), (33, 129), (33, 70)])
 @pytest.mark.parametrize("scale,rounding", [("floor", "nearest"), ("ceil", "stochastic")])

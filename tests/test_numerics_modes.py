@@ -33,7 +33,7 @@ def test_triton_numerics_layer_is_bit_identical(recipe, restore, layer_run, spec
         assert torch.equal(a, b)
 
 
-def test_kernel_dispatch_covers_axis_0_and_falls_back(restore):
+def test_kernel_dispatch_covers_axis_0_and_falls_back(restore, monkeypatch):
     set_numerics("triton")
     x = torch.randn(64, 96, device=DEV)
     for kw in (dict(axis=0), dict(axis=-1, rounding="stochastic", seed=3), dict(axis=0, scale="ceil")):
@@ -42,6 +42,18 @@ def test_kernel_dispatch_covers_axis_0_and_falls_back(restore):
         set_numerics("eager")
         b = fp4train.quantize(x, "mxfp4", **kw)
         assert torch.equal(a.codes, b.codes) and torch.equal(a.scales, b.scales) and a.layout == b.layout
+    from fp4train.kernels import nvfp4_tiles
+
+    calls = []
+    real = nvfp4_tiles.quantize_nvfp4_2d
+    monkeypatch.setattr(nvfp4_tiles, "quantize_nvfp4_2d", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(fp4train.kernels, "quantize_nvfp4_2d", nvfp4_tiles.quantize_nvfp4_2d)
+    got = {}
+    for mode in ("triton", "eager"):  # NVFP4 16x16 tiles (the nvfp4 recipe's W): the tile kernel, the same bits
+        set_numerics(mode)
+        got[mode] = fp4train.quantize(x, "nvfp4", block=(16, 16))
+    a, b = got["triton"], got["eager"]
+    assert calls == [1] and torch.equal(a.codes, b.codes) and torch.equal(a.scales, b.scales) and a.layout == b.layout
     set_numerics("triton")
     odd = torch.randn(5, 40, device=DEV)  # not whole blocks: the reference runs
     assert fp4train.quantize(odd, "mxfp4").dequantize().shape == (5, 40)

@@ -167,7 +167,7 @@ def kernels_usable_on(t: torch.Tensor) -> bool:
 
 def _kernel_quantize(x, fmt, block, axis, scale, rounding, seed, four_over_six):
     """The Triton kernel's result for this request, or None when no kernel covers it: 2D tensors,
-    MXFP4/MXFP8 in 1x32 blocks or 32x32 tiles, NVFP4 (floor scales, no 4/6) in 1x16 blocks, FP8
+    MXFP4/MXFP8 in 1x32 blocks or 32x32 tiles, NVFP4 (no 4/6) in 1x16 blocks or 16x16 tiles, FP8
     rowwise with nearest rounding.
 
     1D blocks along dim 1 run the row kernels; along dim 0, MXFP4 and NVFP4 have column kernels
@@ -187,6 +187,8 @@ def _kernel_quantize(x, fmt, block, axis, scale, rounding, seed, four_over_six):
     if fmt in ("mxfp4", "mxfp8") and block == (32, 32):
         tiles = kernels.quantize_mxfp4_2d if fmt == "mxfp4" else kernels.quantize_mxfp8_2d
         return tiles(x.detach(), scale=scale, rounding=rounding, seed=seed)
+    if fmt == "nvfp4" and block == (16, 16):
+        return kernels.quantize_nvfp4_2d(x.detach(), rounding=rounding, seed=seed)
     b = {"mxfp4": 32, "mxfp8": 32, "nvfp4": 16}.get(fmt)
     if b is None or block != (b,) or x.shape[axis] % b or (fmt == "nvfp4" and scale != "floor"):
         return None

@@ -11,6 +11,7 @@ from .fp8_values import fp8_rowwise_values
 from .hadamard import block_hadamard
 from .mx_values import mxfp4_values, mxfp8_values
 from .nvfp4_quantize import quantize_nvfp4
+from .nvfp4_tiles import nvfp4_tile_values, quantize_nvfp4_2d
 from .nvfp4_values import nvfp4_values
 
-__all__ = ["block_hadamard", "decode_fp4_scaled", "fp8_rowwise_values", "mxfp4_values", "mxfp8_values", "nvfp4_values", "quantize_mxfp4", "quantize_mxfp4_2d", "quantize_mxfp4_dual", "quantize_mxfp4_fp8", "quantize_mxfp8", "quantize_mxfp8_2d", "quantize_nvfp4"]
+__all__ = ["block_hadamard", "decode_fp4_scaled", "fp8_rowwise_values", "mxfp4_values", "mxfp8_values", "nvfp4_tile_values", "nvfp4_values", "quantize_mxfp4", "quantize_mxfp4_2d", "quantize_mxfp4_dual", "quantize_mxfp4_fp8", "quantize_mxfp8", "quantize_mxfp8_2d", "quantize_nvfp4", "quantize_nvfp4_2d"]

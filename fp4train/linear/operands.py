@@ -92,7 +92,7 @@ def prepare_now(
     compiles the butterflies slowly and badly; on a GPU a Triton kernel does them in one pass).
     Under ``set_numerics("triton")`` a Triton fake-quantization kernel writes the BF16 values
     directly where one covers the request (MXFP4 1x32 along either axis, 32x32 tiles; NVFP4
-    1x16 along either axis; FP8 rowwise), and
+    1x16 along either axis, 16x16 tiles; FP8 rowwise), and
     the compiled graph does the rest on a GPU (the eager reference on a CPU).
     Otherwise it is :func:`prepare`.
     """
@@ -125,8 +125,8 @@ def prepare_now(
 
 def _kernel_values(x, q: QuantSpec, kw: dict, axis: int, seed: int | None) -> ScaledBF16 | None:
     """The Triton fake-quantization kernel's result, or None where none covers the request
-    (MXFP4/MXFP8 1x32 along either axis or 32x32 tiles; NVFP4 1x16 along either axis; FP8
-    rowwise with nearest rounding)."""
+    (MXFP4/MXFP8 1x32 along either axis or 32x32 tiles; NVFP4 1x16 along either axis or 16x16
+    tiles; FP8 rowwise with nearest rounding)."""
     if kw.get("four_over_six") or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return None
     block, rounding = kw.get("block"), kw.get("rounding", "nearest")
@@ -143,6 +143,12 @@ def _kernel_values(x, q: QuantSpec, kw: dict, axis: int, seed: int | None) -> Sc
 
         values = mx_values.mxfp4_values if q.format == "mxfp4" else mx_values.mxfp8_values
         return values(x.detach(), axis=kaxis, scale=kw.get("scale", "floor"), rounding=rounding, seed=seed)
+    if q.format == "nvfp4" and isinstance(block, (tuple, list)):
+        if tuple(block) != (16, 16):
+            return None
+        from ..kernels.nvfp4_tiles import nvfp4_tile_values
+
+        return nvfp4_tile_values(x.detach(), rounding=rounding, seed=seed)
     if q.format == "nvfp4" and block in (None, 16) and x.shape[axis] % 16 == 0:
         from ..kernels.nvfp4_values import nvfp4_values
 
