@@ -98,3 +98,20 @@ def layer_run():
 @pytest.fixture
 def spec_of():
     return layer_spec_of
+
+
+def tiny_loss_curve(out, recipe: str, steps: int, device: str, **cfg) -> list[float]:
+    """Train ``tiny`` (sequence 32, batch 2, the default seed and data) for ``steps`` steps into ``out``
+    with the given TrainConfig fields (``backend=``, ``numerics=``): the training loss at every step."""
+    import json
+
+    from fp4train.train import TrainConfig, train
+
+    train(TrainConfig(model="tiny", recipe=recipe, seq_len=32, batch_size=2, max_steps=steps, log_every=1, eval_every=0,
+                      eval_batches=1, ckpt_every=0, out=str(out), progress=False, tensorboard=False, device=device, **cfg))
+    return [json.loads(ln)["loss"] for ln in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in ln]
+
+
+@pytest.fixture
+def tiny_curve():
+    return tiny_loss_curve

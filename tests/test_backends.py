@@ -71,26 +71,16 @@ def test_auto_backend_is_triton_on_a_gpu_machine_and_emulated_elsewhere(monkeypa
 
 
 @pytest.mark.parametrize("recipe", ["mxfp4", "tib2d", "nvfp4", "fp8_rowwise", "hadamard_mxfp4", "adahop"])
-def test_triton_backend_trains_tiny_on_the_emulated_backends_loss_curve(tmp_path, recipe):
+def test_triton_backend_trains_tiny_on_the_emulated_backends_loss_curve(tmp_path, recipe, tiny_curve):
     """`tiny`, 6 steps, the same seed and data, under the `triton` backend (Triton quantization, MXFP4
     folded onto FP8 tensor cores, FP8 rowwise GEMMs) and the `emulated` reference backend: the loss at
     every step agrees within 1e-3 relative. The same operand values go in (the folds are exact; the test
     also asserts none was inexact), so on a CPU - where the FP8 GEMMs are stood in for by the
     dequantized product - the curves are equal; on a GPU only the GEMMs' summation order and output
     rounding differ (run on the H200: see docs/LOG.md for the gaps seen)."""
-    import json
-
-    from fp4train.train import TrainConfig, train
-
     triton_backend = fp4train.backends.get("triton")
     triton_backend.inexact = None  # a fresh count for this run
-    curves = []
-    for backend in ("emulated", "triton"):
-        out = tmp_path / backend
-        train(TrainConfig(model="tiny", recipe=recipe, seq_len=32, batch_size=2, max_steps=6, log_every=1, eval_every=0,
-                          eval_batches=1, ckpt_every=0, out=str(out), progress=False, tensorboard=False, device=DEV,
-                          backend=backend))
-        curves.append([json.loads(ln)["loss"] for ln in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in ln])
+    curves = [tiny_curve(tmp_path / b, recipe, 6, DEV, backend=b) for b in ("emulated", "triton")]
     assert len(curves[0]) == len(curves[1]) == 6
     assert triton_backend.inexact is None or int(triton_backend.inexact) == 0
     gap = max(abs(t - e) / abs(e) for e, t in zip(*curves))

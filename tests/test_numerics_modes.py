@@ -61,23 +61,12 @@ def test_kernel_dispatch_covers_axis_0_and_falls_back(restore, monkeypatch):
         set_numerics("fast")
 
 
-def test_triton_numerics_training_curve_equals_eager(tmp_path, restore):
+def test_triton_numerics_training_curve_equals_eager(tmp_path, restore, tiny_curve):
     """`tiny` under hadamard_mxfp4 (Hadamard + MXFP4 kernels, SR gradients), trained under
     `--numerics triton`, has the eager run's loss at every step. On a CPU (kernels interpreted)
     the curves are equal; on a GPU within 2e-3 relative, because GPU training itself is not
     deterministic run to run (atomics in backward kernels)."""
-    recipe = "hadamard_mxfp4"
-    import json
-
-    from fp4train.train import TrainConfig, train
-
-    curves = []
-    for mode in ("eager", "triton"):
-        out = tmp_path / mode
-        train(TrainConfig(model="tiny", recipe=recipe, seq_len=32, batch_size=2, max_steps=3, log_every=1, eval_every=0,
-                          eval_batches=1, ckpt_every=0, out=str(out), progress=False, tensorboard=False, device=DEV,
-                          numerics=mode))
-        curves.append([json.loads(ln)["loss"] for ln in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in ln])
+    curves = [tiny_curve(tmp_path / mode, "hadamard_mxfp4", 3, DEV, numerics=mode) for mode in ("eager", "triton")]
     assert len(curves[0]) == 3
     if DEV == "cpu":
         assert curves[0] == curves[1]
