@@ -9,7 +9,9 @@ about registers. This script:
    ``num_warps``;
 2. compiles every distinct launch ahead of time for ``sm_90a`` with Triton's own compiler (no GPU
    or driver needed), and
-3. asks ``ptxas -v`` for each kernel's registers and spill bytes.
+3. asks ``ptxas -v`` for each kernel's registers and spill bytes, and ``nvdisasm`` for its SASS
+   instruction count (for the fold kernels also per element: a static measure of the work that
+   bounds a kernel which is not memory-bound).
 
     python scripts/aot_check.py [--json out.json] [--warps N]
 
@@ -117,7 +119,32 @@ def _kernel_calls() -> None:
         mx_fold.fold_tiles_mxfp4(t.codes, t.scales, transposed=transposed, group_rows=gr, scale_per_row=per_row)
 
 
-def _compile(launch: dict, ptxas: str | None) -> dict:
+# elements one program of a fold kernel covers (rows x 128 columns), from its constexprs
+_FOLD_ELEMENTS = {
+    "_fold_kernel": lambda c: c["RB"] * 128,
+    "_packed_fold_kernel": lambda c: (16 if c["GR"] == 1 else c["GR"]) * 128,
+    "_fold_and_columns_kernel": lambda c: 32 * 128,
+}
+
+
+def _sass_counts(cubin: bytes, nvdisasm: str, launch: dict) -> dict:
+    """Static SASS instruction count of the kernel (``nvdisasm``), and for the fold kernels the warp
+    instructions per element: warps x instructions / elements per program. The kernels are straight-line
+    code (unrolled, no loops), so every warp issues each instruction at most once; branches make the
+    static count an upper bound of what runs (the fold's near and general paths are both counted)."""
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    r = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True)
+    os.unlink(f.name)
+    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", r.stdout)
+    out: dict = {"sass_instructions": len(ops) or None}
+    elements = _FOLD_ELEMENTS.get(launch["kernel"])
+    if ops and elements:
+        out["warp_instructions_per_element"] = launch["num_warps"] * len(ops) / elements(launch["constexprs"])
+    return out
+
+
+def _compile(launch: dict, ptxas: str | None, nvdisasm: str | None = None) -> dict:
     import importlib
 
     import triton
@@ -137,6 +164,8 @@ def _compile(launch: dict, ptxas: str | None) -> dict:
     except Exception as e:  # noqa: BLE001 - reported per kernel
         out["error"] = f"{type(e).__name__}: {e}"[:2000]
         return out
+    if nvdisasm and "cubin" in k.asm:
+        out.update(_sass_counts(k.asm["cubin"], nvdisasm, launch))
     if ptxas:
         with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
             f.write(k.asm["ptx"])
@@ -172,14 +201,18 @@ def main(argv=None) -> int:
 
     bins = Path(triton.__file__).parent / "backends/nvidia/bin"
     ptxas = next((p for p in (bins / "ptxas-blackwell", bins / "ptxas") if p.exists()), None)  # the newer one reads Triton's PTX
+    nvdisasm = str(bins / "nvdisasm") if (bins / "nvdisasm").exists() else None
     try:
-        results = [_compile(launch, str(ptxas) if ptxas else None) for launch in launches]
+        results = [_compile(launch, str(ptxas) if ptxas else None, nvdisasm) for launch in launches]
     except (ImportError, TypeError, AttributeError) as e:  # the ahead-of-time API itself (it moves between Triton versions)
         print(f"this Triton ({triton.__version__}) does not offer the ahead-of-time compile API used here: {e}")
         return 3
     failed = [r for r in results if "error" in r]
     for r in results:
-        what = r.get("error", f"{r.get('registers')} registers, {r.get('spill_store_bytes')} bytes spilled")
+        what = r.get("error", f"{r.get('registers')} registers, {r.get('spill_store_bytes')} bytes spilled, "
+                              f"{r.get('sass_instructions')} SASS instructions"
+                              + (f" ({r['warp_instructions_per_element']:.2f} warp instructions per element)"
+                                 if "warp_instructions_per_element" in r else ""))
         print(f"{r['kernel']:<40} warps {r['num_warps']} {json.dumps(r['constexprs'], sort_keys=True)[:110]:<110} {what[:300]}")
     print(f"{len(results)} launches compiled for sm90, {len(failed)} failed, "
           f"{sum(1 for r in results if (r.get('spill_store_bytes') or 0) > 0)} spill")
