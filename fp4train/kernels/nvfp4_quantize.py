@@ -63,6 +63,13 @@ def _nvfp4_kernel(
     tl.store(scales_ptr + row * stride_s + blk, tl.where(nan_block, 0x7F, sb_code).to(tl.uint8), mask=bmask)
 
 
+def device_tensor_scale(x: torch.Tensor) -> torch.Tensor:
+    """NVFP4's ``s_enc`` of ``x`` (``formats.nvfp4.scale_from_amax`` of the finite amax, taken in one
+    pass by :func:`.amax.finite_amax`) as a 1-element FP32 tensor on ``x``'s device, which the kernels
+    load: no host synchronisation."""
+    return ref_nvfp4.scale_from_amax(finite_amax(x)).reshape(1).contiguous()
+
+
 def _check(name: str, x: torch.Tensor, dim: int, rounding: str) -> torch.Tensor:
     """``x`` contiguous, after checking a 2D float tensor whose ``dim`` holds whole 16-element blocks."""
     if x.ndim != 2 or x.shape[dim] % 16:
@@ -81,7 +88,7 @@ def quantize_nvfp4(x: torch.Tensor, *, rounding: str = "nearest", seed: int | No
     x = _check("quantize_nvfp4", x, 1, rounding)
     rows, k = x.shape
     nb = k // 16
-    s_enc = ref_nvfp4.scale_from_amax(finite_amax(x)).reshape(1).contiguous()
+    s_enc = device_tensor_scale(x)
     codes = torch.empty(rows, k // 2, dtype=torch.uint8, device=x.device)
     scales = torch.empty(rows, nb, dtype=torch.uint8, device=x.device)
     sr, key, key2 = _keys(rounding, seed)
@@ -118,7 +125,7 @@ def quantize_nvfp4_columns(x: torch.Tensor, *, rounding: str = "nearest", seed: 
     multiple of 16) straight from ``x``'s row-major layout - no transposed copy of ``x``."""
     x = _check("quantize_nvfp4_columns", x, 0, rounding)
     M, K = x.shape
-    s_enc = ref_nvfp4.scale_from_amax(finite_amax(x)).reshape(1).contiguous()
+    s_enc = device_tensor_scale(x)
     cc = torch.empty(K, M // 2, dtype=torch.uint8, device=x.device)
     cs = torch.empty(K, M // 16, dtype=torch.uint8, device=x.device)
     sr, key, key2 = _keys(rounding, seed)

@@ -23,13 +23,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..formats import nvfp4 as ref_nvfp4
 from ..formats.layout import BlockLayout
 from ..formats.qtensor import QuantizedTensor, ScaledBF16
-from .amax import finite_amax
 from .mx_quantize import _e2m1_codes, _keys, _uniforms
 from .mx_values import _e2m1_value
-from .nvfp4_quantize import _nvfp4_blocks
+from .nvfp4_quantize import _nvfp4_blocks, device_tensor_scale
 
 TILES_PER_PROGRAM = 8  # 16 x 128 elements per program
 
@@ -82,8 +80,11 @@ def _check(name: str, x: torch.Tensor, rounding: str) -> torch.Tensor:
     return x.contiguous()
 
 
-def _launch(x, s_enc, out, scales, rows, n_tc, rounding, seed, values: bool) -> None:
+def _launch(x, s_enc, out, scales, rows, n_tc, rounding, seed) -> None:
+    """Codes into ``out`` + ``scales``, or (``scales`` None) BF16 values into ``out``."""
     sr, key, key2 = _keys(rounding, seed)
+    values = scales is None
+    scales = out if values else scales  # an unused pointer argument in VALUES mode
     if rows and n_tc:
         nb = TILES_PER_PROGRAM
         _nvfp4_tile_kernel[(triton.cdiv(rows, 16), triton.cdiv(n_tc, nb))](
@@ -96,10 +97,10 @@ def quantize_nvfp4_2d(x: torch.Tensor, *, rounding: str = "nearest", seed: int |
     x = _check("quantize_nvfp4_2d", x, rounding)
     layout = BlockLayout(tuple(x.shape), (16, 16), None)
     rp, cp = layout.canonical_shape
-    s_enc = ref_nvfp4.scale_from_amax(finite_amax(x)).reshape(1).contiguous()
+    s_enc = device_tensor_scale(x)
     codes = torch.empty(rp, cp // 2, dtype=torch.uint8, device=x.device)
     scales = torch.empty(rp // 16, cp // 16, dtype=torch.uint8, device=x.device)
-    _launch(x, s_enc, codes, scales, rp, cp // 16, rounding, seed, values=False)
+    _launch(x, s_enc, codes, scales, rp, cp // 16, rounding, seed)
     return QuantizedTensor("nvfp4", codes, scales, s_enc.reshape(()), layout, x.dtype)
 
 
@@ -107,7 +108,7 @@ def nvfp4_tile_values(x: torch.Tensor, *, rounding: str = "nearest", seed: int |
     """``quantize(x, "nvfp4", block=(16, 16), ...).scaled_bf16()`` of a 2D tensor, any shape: the
     dequantized values in BF16 (exact) and ``s_enc`` as the divisor; see the module docstring."""
     x = _check("nvfp4_tile_values", x, rounding)
-    s_enc = ref_nvfp4.scale_from_amax(finite_amax(x)).reshape(1).contiguous()
+    s_enc = device_tensor_scale(x)
     y = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
-    _launch(x, s_enc, y, y, x.shape[0], triton.cdiv(x.shape[1], 16), rounding, seed, values=True)
+    _launch(x, s_enc, y, None, x.shape[0], triton.cdiv(x.shape[1], 16), rounding, seed)
     return ScaledBF16(y, None, s_enc.reshape(()), None)

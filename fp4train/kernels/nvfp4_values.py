@@ -19,12 +19,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ..formats import nvfp4 as ref_nvfp4
 from ..formats.qtensor import ScaledBF16
-from .amax import finite_amax
 from .mx_quantize import _e2m1_codes, _keys, _uniforms
 from .mx_values import _e2m1_value
-from .nvfp4_quantize import _nvfp4_blocks
+from .nvfp4_quantize import _nvfp4_blocks, device_tensor_scale
 
 
 @triton.jit(do_not_specialize=["key", "key2"])
@@ -69,7 +67,7 @@ def nvfp4_values(x: torch.Tensor, *, axis: int, rounding: str = "nearest", seed:
         raise ValueError(f"bad rounding {rounding!r}")
     x = x.contiguous()
     M, K = x.shape
-    s_enc = ref_nvfp4.scale_from_amax(finite_amax(x)).reshape(1).contiguous()  # one pass over x, stays on the device
+    s_enc = device_tensor_scale(x)
     y = torch.empty(M, K, dtype=torch.bfloat16, device=x.device)
     sr, key, key2 = _keys(rounding, seed)
     if M and K:
