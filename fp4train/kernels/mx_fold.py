@@ -193,28 +193,30 @@ def fold_tiles_mxfp4(codes: torch.Tensor, tile_scales: torch.Tensor, *, transpos
                          "32x32-tile MXFP4 with both dims multiples of 128")
     if group_rows not in (1, 128) or (scale_per_row and group_rows != 128):
         raise ValueError(f"group_rows must be 1 or 128 (scale_per_row only with 128), got {group_rows}, {scale_per_row}")
-    codes, tile_scales = codes.contiguous(), tile_scales.contiguous()
     R, K = (s_c, s_r) if transposed else (s_r, s_c)
+    return _packed_fold(codes, tile_scales, R, K, group_rows, counter, tile=True, transposed=transposed,
+                        scale_per_row=scale_per_row)
+
+
+def _packed_fold(codes, scales, R: int, K: int, group_rows: int, counter, *, tile: bool, transposed: bool = False,
+                 scale_per_row: bool = False) -> FoldedFP8:
+    """Launch :func:`_packed_fold_kernel` for the operand [R, K] (shapes checked by the caller).
+    Programs of 16 rows (1x128 groups) take 8 warps, of 128 rows 32: from ptxas on sm90
+    (scripts/aot_check.py), a 128-row tile with the default 4 warps spilled 5-31 KB per thread, 32
+    warps hold it in 64 registers (<= 264 B spilled); 16 rows take 96-136 registers with 4 warps, 64-80
+    with 8 (bench/results/kernels-sm90-ptxas{,-4warps}.json). Same bits whatever the launch."""
+    codes, scales = codes.contiguous(), scales.contiguous()
     out = torch.empty(R, K, dtype=torch.uint8, device=codes.device)
-    rows_of_scales = R if (group_rows == 1 or scale_per_row) else R // 128
+    rows_of_scales = R if scale_per_row else triton.cdiv(R, group_rows)
     out_s = torch.empty(rows_of_scales, K // 128, dtype=torch.float32, device=codes.device)
     counter = torch.zeros((), dtype=torch.int32, device=codes.device) if counter is None else counter
-    rb = 16 if group_rows == 1 else 128
+    rb = 16 if group_rows == 1 else 128  # the kernel's RB
     if R and K:
-        _packed_fold_kernel[(triton.cdiv(R, rb), K // 128)](codes, tile_scales, out, out_s, counter, R, codes.stride(0),
-                                                            tile_scales.stride(0), out.stride(0), out_s.stride(0), TILE=True,
+        _packed_fold_kernel[(triton.cdiv(R, rb), K // 128)](codes, scales, out, out_s, counter, R, codes.stride(0),
+                                                            scales.stride(0), out.stride(0), out_s.stride(0), TILE=tile,
                                                             TRANS=transposed, GR=group_rows, SCALE_PER_ROW=scale_per_row,
-                                                            num_warps=fold_warps(rb))
+                                                            num_warps=8 if group_rows == 1 else 32)
     return FoldedFP8(out, out_s, 1 if scale_per_row else group_rows, counter)
-
-
-def fold_warps(rows_per_program: int) -> int:
-    """Warps for a fold program of ``rows_per_program`` x 128 elements read along its rows (the packed
-    folds). From ptxas on sm90 (scripts/aot_check.py): a 128-row tile (128x128 groups) with the default
-    4 warps spilled 5-31 KB per thread, 32 warps hold it in 64 registers (<= 264 B spilled); 16 rows
-    take 96-136 registers with 4 warps, 64-80 with 8 (bench/results/kernels-sm90-ptxas{,-4warps}.json).
-    Same bits whatever the launch."""
-    return 32 if rows_per_program >= 128 else 8 if rows_per_program >= 16 else 4
 
 
 # (rows per program, warps) of quantize_mxfp4_fp8 by (blocks along dim 0, group rows): the fastest of
@@ -237,8 +239,8 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     ``[x.shape[1], x.shape[0]]``), read from x in place, without the transposed copy.
     ``rows_per_program`` (1x128 groups only; 128x128 groups take 128) and ``num_warps`` (defaults:
     :data:`FOLD_LAUNCH`, with a Hadamard :data:`FOLD_LAUNCH_HADAMARD`): launch tuning, the same bits
-    whatever they are (bench/fold_sweep.py times them). ``counter``: an int32 device tensor that the inexact-element count is added to (one is
-    made if None); :attr:`FoldedFP8.inexact` is that tensor. ``hadamard_block`` (a power of two up to
+    whatever they are (bench/fold_sweep.py times them). ``counter``: an int32 device tensor that the
+    inexact-element count is added to (one is made if None); :attr:`FoldedFP8.inexact` is that tensor. ``hadamard_block`` (a power of two up to
     128): the block Hadamard transform along the last dim first, with ``hadamard_signs`` (RHT) if given -
     ``fold(quantize(hadamard(x, block, seed), "mxfp4", ...))`` bit for bit, for float32 and bfloat16 ``x``."""
     if axis not in (0, 1, -1, -2):
@@ -282,18 +284,7 @@ def fold_packed_mxfp4(codes: torch.Tensor, scales: torch.Tensor, *, group_rows: 
         raise ValueError(f"fold_packed_mxfp4: codes {tuple(codes.shape)} / scales {tuple(scales.shape)} are not 1x32 MXFP4 with K % 128 == 0")
     if group_rows not in (1, 128):
         raise ValueError(f"group_rows must be 1 or 128, got {group_rows}")
-    codes, scales = codes.contiguous(), scales.contiguous()
-    R, K = codes.shape[0], codes.shape[1] * 2
-    out = torch.empty(R, K, dtype=torch.uint8, device=codes.device)
-    out_s = torch.empty(triton.cdiv(R, group_rows), K // 128, dtype=torch.float32, device=codes.device)
-    counter = torch.zeros((), dtype=torch.int32, device=codes.device) if counter is None else counter
-    rb = 16 if group_rows == 1 else 128
-    if R and K:
-        _packed_fold_kernel[(triton.cdiv(R, rb), K // 128)](codes, scales, out, out_s, counter, R, codes.stride(0),
-                                                            scales.stride(0), out.stride(0), out_s.stride(0), TILE=False,
-                                                            TRANS=False, GR=group_rows, SCALE_PER_ROW=False,
-                                                            num_warps=fold_warps(rb))
-    return FoldedFP8(out, out_s, group_rows, counter)
+    return _packed_fold(codes, scales, codes.shape[0], codes.shape[1] * 2, group_rows, counter, tile=False)
 
 
 @triton.jit(do_not_specialize=["key_r", "key2_r", "key_c", "key2_c"])
