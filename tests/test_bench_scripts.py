@@ -254,6 +254,8 @@ def test_readme_fast_path_numbers_are_the_committed_h200_results():
             for m in ("2457109", "eec25b3")}
     assert f"mxfp4 code ran at {fast['2457109']['mxfp4']['speedup_vs_bf16']:.2f}× BF16" in readme
     assert f"and {fast['eec25b3']['mxfp4']['speedup_vs_bf16']:.2f}×\n  in the next" in readme
+    bf16_move = abs(fast["2457109"]["bf16"]["tokens_per_s"] / fast["eec25b3"]["bf16"]["tokens_per_s"] - 1) * 100
+    assert f"while BF16 moved {bf16_move:.1f}%." in readme
     prof = {r["recipe"]: r for r in json.loads((res / "profile_step/1b-H200-triton-2457109.json").read_text())["results"]}
     assert (f"busy {prof['mxfp4']['gpu_kernel_ms_per_step']:.0f} ms of a {prof['mxfp4']['wall_ms_per_step']:.0f} ms mxfp4 step "
             f"under the profiler (BF16: {prof['bf16']['gpu_kernel_ms_per_step']:.0f} of {prof['bf16']['wall_ms_per_step']:.0f};") in readme

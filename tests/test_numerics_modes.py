@@ -42,12 +42,9 @@ def test_kernel_dispatch_covers_axis_0_and_falls_back(restore, monkeypatch):
         set_numerics("eager")
         b = fp4train.quantize(x, "mxfp4", **kw)
         assert torch.equal(a.codes, b.codes) and torch.equal(a.scales, b.scales) and a.layout == b.layout
-    from fp4train.kernels import nvfp4_tiles
-
     calls = []
-    real = nvfp4_tiles.quantize_nvfp4_2d
-    monkeypatch.setattr(nvfp4_tiles, "quantize_nvfp4_2d", lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setattr(fp4train.kernels, "quantize_nvfp4_2d", nvfp4_tiles.quantize_nvfp4_2d)
+    real = fp4train.kernels.quantize_nvfp4_2d  # what formats.quantize dispatches to
+    monkeypatch.setattr(fp4train.kernels, "quantize_nvfp4_2d", lambda *a, **k: calls.append(1) or real(*a, **k))
     got = {}
     for mode in ("triton", "eager"):  # NVFP4 16x16 tiles (the nvfp4 recipe's W): the tile kernel, the same bits
         set_numerics(mode)
