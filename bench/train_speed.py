@@ -118,8 +118,14 @@ def main(argv=None):
                     "triton with the triton backend, eager otherwise)")
     ap.add_argument("--backend", default=None, help="GEMM backend for fp4train's recipes (default: the recipe's, "
                     "'auto': triton on a GPU machine, emulated elsewhere)")
+    ap.add_argument("--graph-breaks", action="store_true",
+                    help="with --compile: break the graph at every quantized linear (the way before fp4train's graph op)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    if args.graph_breaks:
+        from fp4train.linear.module import set_in_graph
+
+        set_in_graph(False)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.numerics is not None:
         fp4train.formats.set_numerics(args.numerics)
@@ -144,9 +150,10 @@ def main(argv=None):
         numerics = fp4train.formats.numerics()  # what the recipes ran with (the backend may have chosen it)
         out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit(), "torch": torch.__version__,
                "model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len, "compile": args.compile,
-               "numerics": numerics, "backend": backend, "results": rows}
+               "quantized_linears": "graph breaks" if args.graph_breaks else "in graph", "numerics": numerics, "backend": backend, "results": rows}
         name = (f"train_speed-{args.model}-{gpu.replace(' ', '_')}{'-compile' if args.compile else ''}"
-                f"{'' if numerics == 'eager' else '-' + numerics}{'-' + args.backend if args.backend else ''}.json")
+                f"{'' if numerics == 'eager' else '-' + numerics}{'-' + args.backend if args.backend else ''}"
+                f"{'-graph-breaks' if args.graph_breaks else ''}.json")
         path = args.json or ROOT / "bench/results" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(out, indent=1) + "\n")  # after every recipe: a run cut short keeps what it measured

@@ -29,21 +29,23 @@ def deterministic(q, transform) -> bool:
     return not (q.quantized and q.stochastic) and (transform is None or not transform.random_signs)
 
 
-def fprop(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: torch.dtype, *, save_x: bool = False):
+def fprop(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: torch.dtype, *, save_x: bool = False, shared=None):
     """GEMM 1, fprop: ``Y[M,N] = X[M,K] @ W[N,K]^T (+ b)``, both operands along K.
 
     Returns ``(Y, xa, wb, x_wgrad)``: the two prepared operands (the caller may keep them for
     backward) and, with ``save_x``, X prepared for wgrad where a backend's ``operand_pair`` made
     it in the same pass as fprop's (else None). Also the whole forward of the layer when no
-    gradient is needed (inference, evaluation).
+    gradient is needed (inference, evaluation). ``shared``: the memo of operands prepared from
+    one input (default :data:`~fp4train.linear.shared_input.SHARED`).
     """
+    shared = SHARED if shared is None else shared
     g = spec.fprop
     if g.outliers is not None:  # AdaHOP outlier extraction: nothing prepared to reuse
         y = gemm_with_outliers(x2, weight, g, seed=seed, gemm=FPROP, compute_dtype=out_dtype, backend=backend, out_dtype=out_dtype)
         return (y + bias.to(out_dtype) if bias is not None else y), None, None, None
     # an operand that backward reuses (one 2D tiling shared with another GEMM) is kept packed
-    keep_x = shares_quantization(g.a, g.transform, spec.wgrad.b, spec.wgrad.transform) and spec.wgrad.outliers is None
-    keep_w = shares_quantization(g.b, g.transform, spec.dgrad.b, spec.dgrad.transform) and spec.dgrad.outliers is None
+    keep_x = saved_x_source(spec) == X_FPROP
+    keep_w = saves_fprop_w(spec)
     kx = dict(axis=1, transform=g.transform, seed=seed, gemm=FPROP, operand=OP_A, compute_dtype=out_dtype)
     kw = dict(axis=1, transform=g.transform, seed=seed, gemm=FPROP, operand=OP_B, compute_dtype=out_dtype)
     xa = x_saved = None
@@ -52,17 +54,107 @@ def fprop(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: tor
         # X read once for fprop (along K) and wgrad (along M), where the backend can
         seeds = (sr_seed(g.a, seed, FPROP, OP_A), sr_seed(spec.wgrad.b, seed, WGRAD, OP_B))
         key = ("pair", backend, g.a, spec.wgrad.b) if seeds == (None, None) else None
-        both = SHARED.get(x2, key, lambda: pair(x2, g.a, spec.wgrad.b, seeds=seeds))
+        both = shared.get(x2, key, lambda: pair(x2, g.a, spec.wgrad.b, seeds=seeds))
         if both is not None:
             xa, x_saved = both
     if xa is None:
         key = ("fprop", backend, g.a, g.transform, keep_x, out_dtype) if deterministic(g.a, g.transform) else None
-        xa = SHARED.get(x2, key, lambda: prepare(x2, g.a, **kx) if keep_x else prepare_now(x2, g.a, **kx, backend=backend))
+        xa = shared.get(x2, key, lambda: prepare(x2, g.a, **kx) if keep_x else prepare_now(x2, g.a, **kx, backend=backend))
     wb = prepare(weight, g.b, **kw) if keep_w else prepare_now(weight, g.b, **kw, backend=backend)
     y = backend.gemm(xa, wb, out_dtype)
     if bias is not None:
         y = y + bias.to(out_dtype)
     return y, xa, wb, x_saved
+
+
+#: where the X that wgrad (GEMM 3) multiplies comes from - decided by the spec alone
+X_INPUT = "input"  # X itself: AdaHOP outlier extraction in wgrad picks rows of X and dY together, or wgrad's X is unquantized
+X_FPROP = "fprop"  # fprop's X: one 2D tiling serves both GEMMs (saved packed)
+X_WGRAD = "wgrad"  # X quantized along M for wgrad in forward (saved packed; the backend may make it in fprop's pass)
+
+
+def saved_x_source(spec: LinearSpec) -> str:
+    """Where the X saved for wgrad comes from: :data:`X_INPUT`, :data:`X_FPROP` or :data:`X_WGRAD`."""
+    g, w3 = spec.fprop, spec.wgrad
+    if w3.outliers is not None or (not w3.b.quantized and w3.transform is None):
+        return X_INPUT
+    if g.outliers is None and shares_quantization(g.a, g.transform, w3.b, w3.transform):
+        return X_FPROP
+    return X_WGRAD
+
+
+def saves_fprop_w(spec: LinearSpec) -> bool:
+    """Does fprop's prepared W serve dgrad as well (one 2D tiling of W for GEMMs 1 and 2)?"""
+    g, g2 = spec.fprop, spec.dgrad
+    return g.outliers is None and g2.outliers is None and shares_quantization(g.b, g.transform, g2.b, g2.transform)
+
+
+def x_from_input(x2: torch.Tensor, spec: LinearSpec, cdt: torch.dtype) -> torch.Tensor:
+    """wgrad's X where :func:`saved_x_source` is :data:`X_INPUT`: X as it came (outlier extraction
+    picks from it), or cast to the compute dtype (wgrad's X unquantized)."""
+    return x2 if spec.wgrad.outliers is not None else x2.to(cdt)
+
+
+def forward(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: torch.dtype, *, save_x: bool, save_w: bool, shared=None):
+    """The layer's forward on ``X[M, K]``: ``(Y, x_saved, w_saved)`` - Y and what backward needs
+    besides W: with ``save_x`` (W wants a gradient) X prepared for wgrad, with ``save_w`` (X wants
+    a gradient) W prepared for dgrad where fprop's serves (else None: dgrad prepares W itself)."""
+    cdt = out_dtype
+    y, xa, wb, x_pair = fprop(x2, weight, bias, spec, backend, seed, out_dtype, save_x=save_x, shared=shared)
+    x_saved = w_saved = None
+    if save_x:
+        source, w3 = saved_x_source(spec), spec.wgrad
+        if x_pair is not None:
+            x_saved = x_pair  # made in fprop's pass over X
+        elif source == X_INPUT:
+            x_saved = x_from_input(x2, spec, cdt)
+        elif source == X_FPROP:
+            x_saved = xa
+        else:
+            def x_wgrad():
+                xm = pad_rows(x2, w3.transform.block) if w3.transform is not None else x2
+                return prepare(xm, w3.b, axis=0, transform=w3.transform, seed=seed, gemm=WGRAD, operand=OP_B, compute_dtype=cdt)
+
+            key = ("wgrad", w3.b, w3.transform, cdt) if deterministic(w3.b, w3.transform) else None
+            x_saved = (SHARED if shared is None else shared).get(x2, key, x_wgrad)
+    if save_w and saves_fprop_w(spec):
+        w_saved = wb  # one 2D tiling of W serves GEMM 2 (dgrad) as well
+    return y, x_saved, w_saved
+
+
+def backward(dy2, weight, x_op, w_q, spec: LinearSpec, backend, seed: int, cdt: torch.dtype, x_dtype: torch.dtype,
+             needs: tuple[bool, bool, bool]):
+    """The layer's backward from ``dY[M, N]``: ``(dX[M, K], dW, db)``, each None unless ``needs``
+    asks for it (X, W, bias). ``x_op``: X as :func:`forward` saved it for wgrad; ``w_q``: W as
+    forward saved it for dgrad, or None (prepared here)."""
+    g2, g3 = spec.dgrad, spec.wgrad
+    share_dy = g2.outliers is None and g3.outliers is None and shares_quantization(g2.a, g2.transform, g3.a, g3.transform)
+    dx = dw = db = None
+    dy_dgrad = None
+    if (needs[0] and g2.outliers is None) or share_dy:
+        dy_dgrad = prepare_now(dy2, g2.a, axis=1, transform=g2.transform, seed=seed, gemm=DGRAD, operand=OP_A, compute_dtype=cdt, backend=backend)
+    if needs[0] and g2.outliers is not None:
+        dx = gemm_with_outliers(dy2, weight.t(), g2, seed=seed, gemm=DGRAD, compute_dtype=cdt, backend=backend, out_dtype=x_dtype)
+    elif needs[0]:
+        # GEMM 2, dgrad: dX[M,K] = dY[M,N] @ (W^T)[K,N]^T, both along N
+        if w_q is None:
+            w_q = prepare_now(weight, g2.b, axis=0, transform=g2.transform, seed=seed, gemm=DGRAD, operand=OP_B, compute_dtype=cdt, backend=backend)
+        dx = backend.gemm(dy_dgrad, w_q.t(), x_dtype)
+    if needs[1] and g3.outliers is not None:
+        mult = g3.transform.block if g3.transform is not None else 1
+        dw = gemm_with_outliers(pad_rows(dy2, mult).t(), pad_rows(x_op, mult).t(), g3, seed=seed, gemm=WGRAD,
+                                compute_dtype=cdt, backend=backend, out_dtype=weight.dtype)
+    elif needs[1]:
+        # GEMM 3, wgrad: dW[N,K] = dY^T[N,M] @ (X^T)[K,M]^T, both along M
+        if share_dy:
+            dy_wgrad = dy_dgrad
+        else:
+            dym = pad_rows(dy2, g3.transform.block) if g3.transform is not None else dy2
+            dy_wgrad = prepare_now(dym, g3.a, axis=0, transform=g3.transform, seed=seed, gemm=WGRAD, operand=OP_A, compute_dtype=cdt, backend=backend)
+        dw = backend.gemm(dy_wgrad.t(), x_op.t(), weight.dtype)
+    if needs[2]:
+        db = dy2.float().sum(0).to(weight.dtype)
+    return dx, dw, db
 
 
 class QuantizedLinearFunction(torch.autograd.Function):
@@ -102,74 +194,24 @@ class QuantizedLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: torch.dtype):
         x2 = x.reshape(-1, x.shape[-1])
-        cdt = out_dtype
         with torch.autocast(x.device.type, enabled=False):
-            y, xa, wb, x_pair = fprop(x2, weight, bias, spec, backend, seed, out_dtype, save_x=bool(ctx.needs_input_grad[1]))
-            g, w3 = spec.fprop, spec.wgrad
-            x_saved = w_saved = None
-            if ctx.needs_input_grad[1]:
-                # X for GEMM 3 (wgrad, along M), prepared now and saved packed
-                if x_pair is not None:
-                    x_saved = x_pair  # made in fprop's pass over X
-                elif w3.outliers is not None:
-                    x_saved = x2  # outlier extraction in wgrad picks rows of X and dY together: X stays unpacked
-                elif xa is not None and shares_quantization(g.a, g.transform, w3.b, w3.transform):
-                    x_saved = xa
-                else:
-                    def x_wgrad():
-                        xm = pad_rows(x2, w3.transform.block) if w3.transform is not None else x2
-                        return prepare(xm, w3.b, axis=0, transform=w3.transform, seed=seed, gemm=WGRAD, operand=OP_B, compute_dtype=cdt)
-
-                    key = ("wgrad", w3.b, w3.transform, cdt) if deterministic(w3.b, w3.transform) else None
-                    x_saved = SHARED.get(x2, key, x_wgrad)
-            if ctx.needs_input_grad[0] and wb is not None and spec.dgrad.outliers is None and shares_quantization(
-                g.b, g.transform, spec.dgrad.b, spec.dgrad.transform
-            ):
-                w_saved = wb  # one 2D tiling of W serves GEMM 2 (dgrad) as well
-
+            y, x_saved, w_saved = forward(x2, weight, bias, spec, backend, seed, out_dtype,
+                                          save_x=bool(ctx.needs_input_grad[1]), save_w=bool(ctx.needs_input_grad[0]))
         x_tensors, x_meta = pack_operand(x_saved) if x_saved is not None else ((), None)
         w_tensors, w_meta = pack_operand(w_saved) if w_saved is not None else ((), None)
         ctx.save_for_backward(weight, *x_tensors, *w_tensors)
         ctx.n_x, ctx.x_meta, ctx.w_meta, ctx.reuse_w = len(x_tensors), x_meta, w_meta, w_saved is not None
-        ctx.spec, ctx.backend, ctx.seed, ctx.cdt = spec, backend, seed, cdt
+        ctx.spec, ctx.backend, ctx.seed, ctx.cdt = spec, backend, seed, out_dtype
         ctx.x_shape, ctx.x_dtype, ctx.has_bias = x.shape, x.dtype, bias is not None
         return y.reshape(*x.shape[:-1], weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_out):
-        spec, backend, seed, cdt = ctx.spec, ctx.backend, ctx.seed, ctx.cdt
         weight, *rest = ctx.saved_tensors
         x_op = unpack_operand(tuple(rest[: ctx.n_x]), ctx.x_meta) if ctx.n_x else None
         w_q = unpack_operand(tuple(rest[ctx.n_x :]), ctx.w_meta) if ctx.reuse_w else None
-        N = weight.shape[0]
-        dy2 = grad_out.reshape(-1, N)
-        g2, g3 = spec.dgrad, spec.wgrad
-        share_dy = g2.outliers is None and g3.outliers is None and shares_quantization(g2.a, g2.transform, g3.a, g3.transform)
-        dx = dw = db = None
+        dy2 = grad_out.reshape(-1, weight.shape[0])
+        needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
         with torch.autocast(dy2.device.type, enabled=False):
-            dy_dgrad = None
-            if (ctx.needs_input_grad[0] and g2.outliers is None) or share_dy:
-                dy_dgrad = prepare_now(dy2, g2.a, axis=1, transform=g2.transform, seed=seed, gemm=DGRAD, operand=OP_A, compute_dtype=cdt, backend=backend)
-            if ctx.needs_input_grad[0] and g2.outliers is not None:
-                dx = gemm_with_outliers(dy2, weight.t(), g2, seed=seed, gemm=DGRAD, compute_dtype=cdt, backend=backend,
-                                        out_dtype=ctx.x_dtype).reshape(ctx.x_shape)
-            elif ctx.needs_input_grad[0]:
-                # GEMM 2, dgrad: dX[M,K] = dY[M,N] @ (W^T)[K,N]^T, both along N
-                if w_q is None:
-                    w_q = prepare_now(weight, g2.b, axis=0, transform=g2.transform, seed=seed, gemm=DGRAD, operand=OP_B, compute_dtype=cdt, backend=backend)
-                dx = backend.gemm(dy_dgrad, w_q.t(), ctx.x_dtype).reshape(ctx.x_shape)
-            if ctx.needs_input_grad[1] and g3.outliers is not None:
-                mult = g3.transform.block if g3.transform is not None else 1
-                dw = gemm_with_outliers(pad_rows(dy2, mult).t(), pad_rows(x_op, mult).t(), g3, seed=seed, gemm=WGRAD,
-                                        compute_dtype=cdt, backend=backend, out_dtype=weight.dtype)
-            elif ctx.needs_input_grad[1]:
-                # GEMM 3, wgrad: dW[N,K] = dY^T[N,M] @ (X^T)[K,M]^T, both along M
-                if share_dy:
-                    dy_wgrad = dy_dgrad
-                else:
-                    dym = pad_rows(dy2, g3.transform.block) if g3.transform is not None else dy2
-                    dy_wgrad = prepare_now(dym, g3.a, axis=0, transform=g3.transform, seed=seed, gemm=WGRAD, operand=OP_A, compute_dtype=cdt, backend=backend)
-                dw = backend.gemm(dy_wgrad.t(), x_op.t(), weight.dtype)
-            if ctx.has_bias and ctx.needs_input_grad[2]:
-                db = dy2.float().sum(0).to(weight.dtype)
-        return dx, dw, db, None, None, None, None
+            dx, dw, db = backward(dy2, weight, x_op, w_q, ctx.spec, ctx.backend, ctx.seed, ctx.cdt, ctx.x_dtype, needs)
+        return (dx.reshape(ctx.x_shape) if dx is not None else None), dw, db, None, None, None, None

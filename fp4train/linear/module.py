@@ -41,10 +41,21 @@ class QuantizedLinear(nn.Linear):
 
     def _configure(self, spec: LinearSpec, backend: str, recipe_name: str) -> None:
         _make_uncompiled()
-        self.spec = spec
         self.backend_name = backend
         self.backend = backends.get(backend)
+        self.spec = spec
         self.recipe_name = recipe_name
+
+    @property
+    def spec(self) -> LinearSpec:
+        return self._spec
+
+    @spec.setter
+    def spec(self, spec: LinearSpec) -> None:
+        from .graph_op import config_id
+
+        self._spec = spec
+        self._config = config_id(spec, self.backend_name)  # what the graph op takes for (spec, backend)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, spec: LinearSpec, *, backend: str = "emulated", recipe_name: str = "") -> QuantizedLinear:
@@ -61,11 +72,19 @@ class QuantizedLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.spec.quantized:
             return F.linear(x, self.weight, self.bias)
+        if IN_GRAPH and torch.compiler.is_compiling():
+            from .graph_op import quantized_linear_in_graph
+
+            return quantized_linear_in_graph(x, self.weight, self.bias, self._config, self._out_dtype(x))
         return _UNCOMPILED(self, x)
 
-    def _quantized(self, x: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _out_dtype(x: torch.Tensor) -> torch.dtype:
         dev = x.device.type
-        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+    def _quantized(self, x: torch.Tensor) -> torch.Tensor:
+        out_dtype = self._out_dtype(x)
         seed = fresh_seed() if self.spec.needs_seed else 0
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
             return QuantizedLinearFunction.apply(x, self.weight, self.bias, self.spec, self.backend, seed, out_dtype)
@@ -79,11 +98,21 @@ class QuantizedLinear(nn.Linear):
         return super().extra_repr() + r + f", backend={self.backend_name}"
 
 
-# torch.compile of a model stops at quantized linears and runs them as they are: their numerics are
-# fp4train's kernels or reference ops (the same bits), not a re-compilation of them - and tracing them
-# would cost minutes per model for nothing. The rest of the model compiles. The disabled wrapper is
-# made when the first layer is, not at import (torch.compiler.disable imports dynamo: ~1 s).
+# Under torch.compile a quantized linear is one op of the model's graph (graph_op.py): its numerics are
+# fp4train's kernels or reference ops as they are (the same bits), not a re-compilation of them, and the
+# rest of the model compiles around it in one graph. IN_GRAPH = False (set_in_graph) restores the older
+# way: the model's graph breaks at every quantized linear, which runs uncompiled (compare the two with
+# bench/train_speed.py --graph-breaks). The disabled wrapper is made when the first layer is, not at
+# import (torch.compiler.disable imports dynamo: ~1 s).
+IN_GRAPH = True
 _UNCOMPILED = None
+
+
+def set_in_graph(enabled: bool = True) -> None:
+    """Keep quantized linears in a compiled model's graph (True, the default) or break the graph at each.
+    Takes effect for models compiled afterwards (``torch._dynamo.reset()`` drops earlier compilations)."""
+    global IN_GRAPH
+    IN_GRAPH = bool(enabled)
 
 
 def _make_uncompiled() -> None:

@@ -59,3 +59,15 @@ class SharedInput:
 
 #: the one memo the quantized linears use (layers run one after another on one thread)
 SHARED = SharedInput()
+
+
+class Unshared:
+    """The memo's interface without a memo: every ``get`` makes its operand (the graph op's choice,
+    see :mod:`fp4train.linear.graph_op`)."""
+
+    @staticmethod
+    def get(x: torch.Tensor, key: Hashable | None, make: Callable[[], T]) -> T:
+        return make()
+
+
+UNSHARED = Unshared()

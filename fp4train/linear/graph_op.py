@@ -1,0 +1,200 @@
+"""The quantized linear as two ``torch.library`` ops, so that ``torch.compile`` keeps it in the model's graph.
+
+Eager calls go through :class:`~fp4train.linear.function.QuantizedLinearFunction`. Under
+``torch.compile`` a quantized linear is instead one opaque node in forward and one in backward:
+
+* ``fp4train::quantized_linear(x, weight, bias, config, out_dtype, save_x, save_w)`` ->
+  ``[Y, seed, *saved]``: :func:`~fp4train.linear.function.forward` run as it is (fp4train's
+  kernels, the backend's GEMMs). ``seed`` is the call's stochastic-rounding / random-sign seed,
+  drawn inside the op from torch's default CPU generator exactly where an eager call draws it
+  (a CPU int64 scalar); ``saved`` are the tensors of the X and W that backward needs, packed
+  (FP4 codes + scales), as outputs, so the compiler's partitioner sees and frees them.
+* ``fp4train::quantized_linear_backward(dY, weight, x, saved, seed, ...)`` -> ``[dX, dW, db]``
+  (those asked for): :func:`~fp4train.linear.function.backward`.
+
+The compiler then sees one graph for the whole model: no graph break per layer (guards and
+Python between graphs), and the layers' neighbours (norms, activations, residual adds) fuse
+and free their activations as in a BF16 model. The ops' numerics are the eager ones, bit for bit.
+
+Layers that read the same input do not share its preparation here (the eager path's memo,
+:mod:`~fp4train.linear.shared_input`, keys on tensor identity, and the compiler reuses buffers
+without bumping version counters, so a memo could see another tensor's values under the same
+key): q/k/v quantize their X each.
+
+Everything that is not a tensor - the spec and backend - travels as ``config``, an index into
+:data:`CONFIGS`. The fake (shape) implementation prepares the saved operands with the reference
+numerics on fake tensors: the kernels write the same layouts (tests compare the two).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import backends
+from ..counter_rng import fresh_seed
+from ..recipes.spec import LinearSpec
+from .function import X_FPROP, X_INPUT, backward, forward, saved_x_source, saves_fprop_w, x_from_input
+from ..formats.quantize import FORMATS, encode_blocks, geometry, quantize_tensors
+from .operands import pack_operand, pad_rows, unpack_operand
+from .shared_input import UNSHARED
+
+#: (spec, backend name) of every quantized linear configuration seen so far; ops take an index
+CONFIGS: list[tuple[LinearSpec, str]] = []
+_CONFIG_IDS: dict[tuple[LinearSpec, str], int] = {}
+
+#: what the real forward saved besides tensors (QuantizedTensor metadata), by its call's shapes
+_SKELETONS: dict[tuple, tuple] = {}
+
+
+def config_id(spec: LinearSpec, backend: str) -> int:
+    """The index of ``(spec, backend)`` in :data:`CONFIGS` (added on first use)."""
+    key = (spec, backend)
+    if key not in _CONFIG_IDS:
+        _CONFIG_IDS[key] = len(CONFIGS)
+        CONFIGS.append(key)
+    return _CONFIG_IDS[key]
+
+
+def _config(config: int):
+    spec, name = CONFIGS[config]
+    return spec, backends.get(name)
+
+
+def _skeleton_key(config, x2_shape, x_dtype, w_shape, out_dtype, save_x, save_w) -> tuple:
+    return (config, tuple(x2_shape), x_dtype, tuple(w_shape), out_dtype, save_x, save_w)
+
+
+def _saved_tensors(x_saved, w_saved, x_source: str | None):
+    """``(tensors, x_meta, n_x, w_meta)``; an X that is the input itself is not among the tensors
+    (an op's output may not alias its input; setup_context saves the input)."""
+    if x_saved is None or x_source == X_INPUT:
+        x_tensors, x_meta = (), None
+    else:
+        x_tensors, x_meta = pack_operand(x_saved)
+    w_tensors, w_meta = pack_operand(w_saved) if w_saved is not None else ((), None)
+    return [*x_tensors, *w_tensors], x_meta, len(x_tensors), w_meta
+
+
+@torch.library.custom_op("fp4train::quantized_linear", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
+def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], config: int,
+                     out_dtype: torch.dtype, save_x: bool, save_w: bool) -> list[torch.Tensor]:
+    spec, backend = _config(config)
+    seed = fresh_seed() if spec.needs_seed else 0
+    x2 = x.reshape(-1, x.shape[-1])
+    with torch.autocast(x.device.type, enabled=False):
+        y, x_saved, w_saved = forward(x2, weight, bias, spec, backend, seed, out_dtype, save_x=save_x, save_w=save_w,
+                                      shared=UNSHARED)
+    tensors, x_meta, n_x, w_meta = _saved_tensors(x_saved, w_saved, saved_x_source(spec))
+    _SKELETONS[_skeleton_key(config, x2.shape, x.dtype, weight.shape, out_dtype, save_x, save_w)] = (x_meta, n_x, w_meta)
+    return [y.reshape(*x.shape[:-1], weight.shape[0]), torch.tensor(seed, dtype=torch.int64), *tensors]
+
+
+@quantized_linear.register_fake
+def _(x, weight, bias, config, out_dtype, save_x, save_w):
+    spec, _ = _config(config)
+    x2 = x.reshape(-1, x.shape[-1])
+    cdt = out_dtype
+    x_saved = w_saved = None
+    g, w3 = spec.fprop, spec.wgrad
+    # the saved operands' layouts as the reference quantization makes them (the kernels write the
+    # same; a transform keeps the shape and so is left out)
+    source = saved_x_source(spec)
+    if save_x and source == X_FPROP:
+        x_saved = _reference_layout(x2, g.a, 1, cdt)
+    elif save_x and source != X_INPUT:
+        xm = pad_rows(x2, w3.transform.block) if w3.transform is not None else x2
+        x_saved = _reference_layout(xm, w3.b, 0, cdt)
+    if save_w and saves_fprop_w(spec):
+        w_saved = _reference_layout(weight, g.b, 1, cdt)
+    tensors, *_ = _saved_tensors(x_saved, w_saved, source)
+    y = x.new_empty((*x.shape[:-1], weight.shape[0]), dtype=out_dtype)
+    return [y, torch.empty((), dtype=torch.int64, device="cpu"), *[torch.empty_like(t) for t in tensors]]
+
+
+def _reference_layout(x: torch.Tensor, q, axis: int, cdt: torch.dtype):
+    """What :func:`~fp4train.linear.operands.prepare` returns for ``x`` (fake tensors: shapes and
+    dtypes), by the reference quantization, without a transform."""
+    if not q.quantized:
+        return x.to(cdt)
+    kw = q.quantize_kwargs()
+    block, ax = geometry(x, FORMATS[q.format], axis, kw.get("block"))
+    return quantize_tensors(x, None, fmt=q.format, block=block, axis=ax, scale=kw.get("scale", "floor"),
+                            four_over_six=kw.get("four_over_six", False), encode=encode_blocks)
+
+
+@torch.library.custom_op("fp4train::quantized_linear_backward", mutates_args=())
+def quantized_linear_backward(grad: torch.Tensor, weight: torch.Tensor, x: Optional[torch.Tensor], saved: list[torch.Tensor],
+                              seed: torch.Tensor, config: int, x_shape: list[int], x_dtype: torch.dtype, out_dtype: torch.dtype,
+                              save_x: bool, save_w: bool, needs_x: bool, needs_w: bool, needs_b: bool) -> list[torch.Tensor]:
+    spec, backend = _config(config)
+    m = 1
+    for d in x_shape[:-1]:
+        m *= d
+    key = _skeleton_key(config, (m, x_shape[-1]), x_dtype, weight.shape, out_dtype, save_x, save_w)
+    if key not in _SKELETONS:
+        raise RuntimeError(f"fp4train: quantized_linear_backward found no forward for {key} in this process")
+    x_meta, n_x, w_meta = _SKELETONS[key]
+    if needs_w and not save_x:
+        raise RuntimeError("fp4train: dW asked of a quantized_linear called with save_x=False (nothing saved for wgrad)")
+    if x is not None:
+        x_op = x_from_input(x.reshape(-1, x.shape[-1]), spec, out_dtype)
+    else:
+        x_op = unpack_operand(tuple(saved[:n_x]), x_meta) if n_x else None
+    w_q = unpack_operand(tuple(saved[n_x:]), w_meta) if len(saved) > n_x else None
+    dy2 = grad.reshape(-1, weight.shape[0])
+    with torch.autocast(dy2.device.type, enabled=False):
+        dx, dw, db = backward(dy2, weight, x_op, w_q, spec, backend, int(seed), out_dtype, x_dtype, (needs_x, needs_w, needs_b))
+    out = []
+    if needs_x:
+        out.append(dx.reshape(x_shape))
+    if needs_w:
+        out.append(dw)
+    if needs_b:
+        out.append(db)
+    return out
+
+
+@quantized_linear_backward.register_fake
+def _(grad, weight, x, saved, seed, config, x_shape, x_dtype, out_dtype, save_x, save_w, needs_x, needs_w, needs_b):
+    out = []
+    if needs_x:
+        out.append(grad.new_empty(x_shape, dtype=x_dtype))
+    if needs_w:
+        out.append(torch.empty_like(weight))
+    if needs_b:
+        out.append(grad.new_empty((weight.shape[0],), dtype=weight.dtype))
+    return out
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, config, out_dtype, save_x, save_w = inputs
+    _, seed, *saved = output
+    spec, _ = CONFIGS[config]
+    x_input = save_x and saved_x_source(spec) == X_INPUT
+    ctx.save_for_backward(weight, seed, x if x_input else None, *saved)
+    ctx.config, ctx.out_dtype, ctx.save_x, ctx.save_w = config, out_dtype, save_x, save_w
+    ctx.x_shape, ctx.x_dtype, ctx.has_bias = list(x.shape), x.dtype, bias is not None
+
+
+def _backward(ctx, grads_out):
+    grad_y = grads_out[0]  # the op returns one list: the gradients of its outputs come as one list
+    weight, seed, x, *saved = ctx.saved_tensors
+    needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
+    grads = iter(torch.ops.fp4train.quantized_linear_backward(
+        grad_y, weight, x, saved, seed, ctx.config, ctx.x_shape, ctx.x_dtype, ctx.out_dtype, ctx.save_x, ctx.save_w, *needs))
+    dx, dw, db = (next(grads) if n else None for n in needs)
+    return dx, dw, db, None, None, None, None
+
+
+torch.library.register_autograd("fp4train::quantized_linear", _backward, setup_context=_setup_context)
+
+
+def quantized_linear_in_graph(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: int,
+                              out_dtype: torch.dtype) -> torch.Tensor:
+    """The quantized linear as the graph op (what :class:`QuantizedLinear` runs under ``torch.compile``)."""
+    grad = torch.is_grad_enabled()
+    save_x = grad and weight.requires_grad
+    save_w = grad and x.requires_grad
+    return torch.ops.fp4train.quantized_linear(x, weight, bias, config, out_dtype, save_x, save_w)[0]

@@ -1,0 +1,183 @@
+"""Under torch.compile a quantized linear is one op of the model's graph (fp4train/linear/graph_op.py):
+no graph break, the same bits as eager, its saved operands packed and visible to the compiler."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import fp4train
+from fp4train import models
+from fp4train.adahop import Relative, Strategy
+from fp4train.adahop.calibration import gemm_spec
+from fp4train.linear import QuantizedLinear
+from fp4train.linear.module import set_in_graph
+from fp4train.recipes import LinearSpec
+
+RECIPES = ["mxfp4", "tib2d", "nvfp4", "fp8_rowwise", "hadamard_mxfp4"]
+
+
+@pytest.fixture
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    set_in_graph(True)
+    torch._dynamo.reset()
+
+
+def _loss_and_grads(m, fwd, idx, seed):
+    torch.manual_seed(seed)  # the stochastic-rounding seeds each layer draws follow it
+    m.zero_grad()
+    loss = fwd(idx[:, :-1], idx[:, 1:])
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in m.parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize("backend", ["emulated", "triton"])
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_compiled_layers_give_the_eager_bits(recipe, backend, fresh_dynamo):
+    """fullgraph=True: the compiler refuses any graph break. Output and every gradient equal the
+    eager layers' bit for bit, stochastic rounding included (each layer draws its seed where eager
+    does); a ReLU between them keeps the compiler's own float order out of the comparison."""
+    torch.manual_seed(0)
+    m = fp4train.convert(nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 128)), recipe, backend=backend)
+    x = torch.randn(64, 128)
+
+    def run(fwd, seed):
+        torch.manual_seed(seed)
+        m.zero_grad()
+        xg = x.clone().requires_grad_()
+        y = fwd(xg)
+        y.square().sum().backward()
+        return [y.detach(), xg.grad] + [p.grad.clone() for p in m.parameters()]
+
+    eager, compiled = run(m, 5), run(torch.compile(m, fullgraph=True), 5)
+    assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
+    if recipe in ("tib2d", "nvfp4", "hadamard_mxfp4"):  # seeded recipes: another seed, other gradient bits
+        assert not torch.equal(run(torch.compile(m, fullgraph=True), 6)[1], compiled[1])  # dX: rounded stochastically
+
+
+@pytest.mark.parametrize("recipe", ["mxfp4", "tib2d"])
+def test_compiled_model_is_one_graph(recipe, fresh_dynamo):
+    """A whole converted Llama compiles with fullgraph=True; loss and gradients match eager up to
+    the compiler's float order in the unquantized parts (which moves BF16 as much: ~1e-6)."""
+    torch.manual_seed(0)
+    m = models.build("tiny")
+    fp4train.convert(m, recipe)
+    idx = torch.randint(0, m.config.vocab_size, (2, 33))
+    eager = _loss_and_grads(m, m, idx, 5)
+    compiled = _loss_and_grads(m, torch.compile(m, fullgraph=True), idx, 5)
+    torch.testing.assert_close(compiled[0], eager[0], rtol=1e-5, atol=0)
+    for a, b in zip(eager[1], compiled[1]):
+        assert float((a - b).norm() / a.norm()) < 1e-4
+
+
+def _oe_spec():
+    return LinearSpec(gemm_spec(Strategy.OE, Relative.INNER, Relative.OUTER, k=4), gemm_spec(Strategy.OE, "outer", "inner", 4),
+                      gemm_spec(Strategy.OE, "inner", "inner", 4))
+
+
+@pytest.mark.parametrize("recipe", RECIPES + ["adahop_oe"])
+def test_graph_op_fake_shapes_schema_and_autograd(recipe):
+    """torch.library.opcheck: the fake (shape) implementation agrees with the real one - the saved
+    packed layouts the reference describes are the ones the backend writes - and autograd is registered."""
+    torch.manual_seed(0)
+    lin = nn.Linear(128, 96)
+    if recipe == "adahop_oe":  # X saved as the input itself (outlier extraction in wgrad picks rows of X)
+        q = QuantizedLinear.from_linear(lin, _oe_spec())
+    else:
+        q = fp4train.convert(nn.Sequential(lin), recipe, backend="triton")[0]
+    x = torch.randn(64, 128)
+    for save_x, save_w in ((True, True), (True, False), (False, True)):  # W wants dW, X wants dX
+        w = q.weight.detach().requires_grad_(save_x)
+        torch.library.opcheck(torch.ops.fp4train.quantized_linear.default,
+                              (x.requires_grad_(save_w), w, q.bias, q._config, torch.float32, save_x, save_w))
+
+
+def test_adahop_outlier_layer_compiles_to_the_eager_bits(fresh_dynamo):
+    torch.manual_seed(1)
+    q = QuantizedLinear.from_linear(nn.Linear(128, 96), _oe_spec())
+    x = torch.randn(40, 128)
+    x[:, [3, 50, 77]] *= 30
+    outs = []
+    for fwd in (q, torch.compile(q, fullgraph=True)):
+        q.zero_grad()
+        xg = x.clone().requires_grad_()
+        fwd(xg).square().sum().backward()
+        outs.append((xg.grad, q.weight.grad.clone(), q.bias.grad.clone()))
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+
+
+def _saved_bytes(fwd, x, params) -> int:
+    """Bytes of the tensors autograd keeps for backward (distinct storages), parameters left out."""
+    seen, skip = {}, {p.untyped_storage().data_ptr() for p in params}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in skip:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fwd(x)
+    return sum(seen.values())
+
+
+def test_compiled_model_keeps_x_packed(fresh_dynamo):
+    """The compiled graph saves what eager saves - X as FP4 codes + scales, not BF16 - plus the
+    compiler's own choices (here: the ReLU's mask), far below the unquantized model's."""
+    torch.manual_seed(0)
+    x = torch.randn(256, 512, requires_grad=True)
+
+    def mlp(recipe):
+        m = nn.Sequential(nn.Linear(512, 1024, bias=False), nn.ReLU(), nn.Linear(1024, 512, bias=False))
+        return fp4train.convert(m, recipe) if recipe != "bf16" else m
+
+    m = mlp("bf16")
+    bf16 = _saved_bytes(torch.compile(m), x, m.parameters())
+    m = mlp("mxfp4")
+    eager, compiled = _saved_bytes(m, x, m.parameters()), _saved_bytes(torch.compile(m, fullgraph=True), x, m.parameters())
+    assert compiled <= eager * 1.2 and compiled < bf16 / 2, (compiled, eager, bf16)
+
+
+def test_graph_breaks_at_each_layer_when_asked(fresh_dynamo):
+    """set_in_graph(False): the older way, each quantized linear a graph break that runs eagerly."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64))
+    fp4train.convert(m, "mxfp4")
+    x = torch.randn(32, 64)
+    torch.compile(m, fullgraph=True)(x)  # one graph
+    set_in_graph(False)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="disable"):  # fullgraph refuses the break at the first layer
+        torch.compile(m, fullgraph=True)(x)
+    torch._dynamo.reset()
+    torch.compile(m)(x)  # without fullgraph: compiled around the breaks
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("recipe", RECIPES + ["adahop_oe"])
+def test_graph_op_on_the_gpu_gives_the_eager_bits(recipe, fresh_dynamo):
+    """On the GPU (triton backend: the kernels' packed layouts, FP8 GEMMs), under BF16 autocast: the
+    fake layouts are the kernels' (opcheck), and a compiled pair of layers gives the eager bits."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 512)).cuda()
+    if recipe == "adahop_oe":
+        m[0] = QuantizedLinear.from_linear(m[0], _oe_spec(), backend="triton")
+        m[2] = QuantizedLinear.from_linear(m[2], _oe_spec(), backend="triton")
+    else:
+        fp4train.convert(m, recipe, backend="triton")
+    x = torch.randn(256, 512, device="cuda")
+    torch.library.opcheck(torch.ops.fp4train.quantized_linear.default,
+                          (x.clone().requires_grad_(), m[0].weight, m[0].bias, m[0]._config, torch.bfloat16, True, True),
+                          test_utils=("test_schema", "test_faketensor"))
+
+    def run(fwd, seed):
+        torch.manual_seed(seed)
+        m.zero_grad()
+        xg = x.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = fwd(xg)
+        y.float().square().sum().backward()
+        return [y.detach(), xg.grad] + [p.grad.clone() for p in m.parameters()]
+
+    eager, compiled = run(m, 5), run(torch.compile(m, fullgraph=True), 5)
+    assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
