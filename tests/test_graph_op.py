@@ -90,7 +90,7 @@ def test_graph_op_fake_shapes_schema_and_autograd(recipe):
     for save_x, save_w in ((True, True), (True, False), (False, True)):  # W wants dW, X wants dX
         w = q.weight.detach().requires_grad_(save_x)
         torch.library.opcheck(torch.ops.fp4train.quantized_linear.default,
-                              (x.requires_grad_(save_w), w, q.bias, q._config, torch.float32, save_x, save_w))
+                              (x.requires_grad_(save_w), w, q.bias, q._config, torch.float32, save_x, save_w, []))
 
 
 def test_adahop_outlier_layer_compiles_to_the_eager_bits(fresh_dynamo):
@@ -167,8 +167,10 @@ def test_graph_op_on_the_gpu_gives_the_eager_bits(recipe, fresh_dynamo):
         fp4train.convert(m, recipe, backend="triton")
     x = torch.randn(256, 512, device="cuda")
     torch.library.opcheck(torch.ops.fp4train.quantized_linear.default,
-                          (x.clone().requires_grad_(), m[0].weight, m[0].bias, m[0]._config, torch.bfloat16, True, True),
+                          (x.clone().requires_grad_(), m[0].weight, m[0].bias, m[0]._config, torch.bfloat16, True, True, []),
                           test_utils=("test_schema", "test_faketensor"))
+    if m[0]._pair is not None:  # the one-pass pair's fake layouts are the kernel's
+        torch.library.opcheck(torch.ops.fp4train.prepare_x_pair.default, (x, m[0]._pair), test_utils=("test_schema", "test_faketensor"))
 
     def run(fwd, seed):
         torch.manual_seed(seed)
@@ -181,3 +183,56 @@ def test_graph_op_on_the_gpu_gives_the_eager_bits(recipe, fresh_dynamo):
 
     eager, compiled = run(m, 5), run(torch.compile(m, fullgraph=True), 5)
     assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
+
+
+class _Siblings(nn.Module):
+    """Three layers reading one input, as q/k/v do."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(128, 128), nn.Linear(128, 256), nn.Linear(128, 128)
+
+    def forward(self, x):
+        return torch.cat([self.q(x), self.k(x), self.v(x)], -1)  # exact: no float order of the compiler's in the comparison
+
+
+@pytest.mark.parametrize("recipe", ["mxfp4", "tib2d"])
+def test_layers_reading_one_input_share_one_prepare_op(recipe, fresh_dynamo, monkeypatch):
+    """X's one-pass preparation for fprop and wgrad is its own deterministic op, so the compiler merges
+    the siblings' calls into one (as the eager memo does): one operand_pair per step, the eager bits."""
+    from fp4train import backends
+
+    torch.manual_seed(0)
+    m = fp4train.convert(_Siblings(), recipe, backend="triton")
+    be = backends.get("triton")
+    calls = []
+    real = be.operand_pair
+    monkeypatch.setattr(be, "operand_pair", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x = torch.randn(64, 128)
+
+    def run(fwd):
+        torch.manual_seed(3)
+        m.zero_grad()
+        xg = x.clone().requires_grad_()
+        fwd(xg).square().sum().backward()
+        return [xg.grad] + [p.grad.clone() for p in m.parameters()]
+
+    eager = run(m)
+    assert len(calls) == 1  # the eager memo
+    compiled_model = torch.compile(m, fullgraph=True)
+    run(compiled_model)  # compiles (the fake implementation runs nothing real)
+    calls.clear()
+    compiled = run(compiled_model)
+    assert len(calls) == 1
+    assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
+
+
+def test_prepare_op_fake_layouts():
+    from fp4train.linear.graph_op import pair_fits
+
+    q = fp4train.convert(nn.Sequential(nn.Linear(128, 96)), "mxfp4", backend="triton")[0]
+    x = torch.randn(64, 128)
+    assert q._pair is not None and pair_fits(x)
+    torch.library.opcheck(torch.ops.fp4train.prepare_x_pair.default, (x, q._pair))
+    assert not pair_fits(x[:48])  # M not a multiple of 32: X is prepared inside the layer's op
+    assert fp4train.convert(nn.Sequential(nn.Linear(128, 96)), "nvfp4", backend="triton")[0]._pair is None

@@ -29,14 +29,16 @@ def deterministic(q, transform) -> bool:
     return not (q.quantized and q.stochastic) and (transform is None or not transform.random_signs)
 
 
-def fprop(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: torch.dtype, *, save_x: bool = False, shared=None):
+def fprop(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: torch.dtype, *, save_x: bool = False, shared=None,
+          x_pair=None):
     """GEMM 1, fprop: ``Y[M,N] = X[M,K] @ W[N,K]^T (+ b)``, both operands along K.
 
     Returns ``(Y, xa, wb, x_wgrad)``: the two prepared operands (the caller may keep them for
     backward) and, with ``save_x``, X prepared for wgrad where a backend's ``operand_pair`` made
     it in the same pass as fprop's (else None). Also the whole forward of the layer when no
     gradient is needed (inference, evaluation). ``shared``: the memo of operands prepared from
-    one input (default :data:`~fp4train.linear.shared_input.SHARED`).
+    one input (default :data:`~fp4train.linear.shared_input.SHARED`); ``x_pair``: the backend's
+    ``operand_pair`` of X made beforehand (the graph op's shared preparation), used as it is.
     """
     shared = SHARED if shared is None else shared
     g = spec.fprop
@@ -50,7 +52,9 @@ def fprop(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: tor
     kw = dict(axis=1, transform=g.transform, seed=seed, gemm=FPROP, operand=OP_B, compute_dtype=out_dtype)
     xa = x_saved = None
     pair = getattr(backend, "operand_pair", None)
-    if save_x and pair is not None and not keep_x and spec.wgrad.outliers is None and g.transform is None and spec.wgrad.transform is None:
+    if x_pair is not None:
+        xa, x_saved = x_pair
+    elif save_x and pair is not None and not keep_x and spec.wgrad.outliers is None and g.transform is None and spec.wgrad.transform is None:
         # X read once for fprop (along K) and wgrad (along M), where the backend can
         seeds = (sr_seed(g.a, seed, FPROP, OP_A), sr_seed(spec.wgrad.b, seed, WGRAD, OP_B))
         key = ("pair", backend, g.a, spec.wgrad.b) if seeds == (None, None) else None
@@ -95,12 +99,13 @@ def x_from_input(x2: torch.Tensor, spec: LinearSpec, cdt: torch.dtype) -> torch.
     return x2 if spec.wgrad.outliers is not None else x2.to(cdt)
 
 
-def forward(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: torch.dtype, *, save_x: bool, save_w: bool, shared=None):
+def forward(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: torch.dtype, *, save_x: bool, save_w: bool, shared=None,
+            x_pair=None):
     """The layer's forward on ``X[M, K]``: ``(Y, x_saved, w_saved)`` - Y and what backward needs
     besides W: with ``save_x`` (W wants a gradient) X prepared for wgrad, with ``save_w`` (X wants
     a gradient) W prepared for dgrad where fprop's serves (else None: dgrad prepares W itself)."""
     cdt = out_dtype
-    y, xa, wb, x_pair = fprop(x2, weight, bias, spec, backend, seed, out_dtype, save_x=save_x, shared=shared)
+    y, xa, wb, x_pair = fprop(x2, weight, bias, spec, backend, seed, out_dtype, save_x=save_x, shared=shared, x_pair=x_pair)
     x_saved = w_saved = None
     if save_x:
         source, w3 = saved_x_source(spec), spec.wgrad

@@ -35,7 +35,9 @@ import torch
 from .. import backends
 from ..counter_rng import fresh_seed
 from ..recipes.spec import LinearSpec
-from .function import X_FPROP, X_INPUT, backward, forward, saved_x_source, saves_fprop_w, x_from_input
+from ..formats.fold import FoldedFP8
+from ..formats.quantize import kernels_usable_on
+from .function import X_FPROP, X_INPUT, X_WGRAD, backward, deterministic, forward, saved_x_source, saves_fprop_w, x_from_input
 from ..formats.quantize import FORMATS, encode_blocks, geometry, quantize_tensors
 from .operands import pack_operand, pad_rows, unpack_operand
 from .shared_input import UNSHARED
@@ -57,6 +59,85 @@ def config_id(spec: LinearSpec, backend: str) -> int:
     return _CONFIG_IDS[key]
 
 
+#: (fprop's X spec, wgrad's X spec, backend name) of every shared X preparation (:func:`prepare_x_pair`)
+PAIR_CONFIGS: list[tuple] = []
+_PAIR_IDS: dict[tuple, int] = {}
+_PAIR_SKELETONS: dict[tuple, object] = {}
+
+
+def _pair_spec_ok(spec: LinearSpec, backend: str) -> bool:
+    """Can this layer's X for fprop and wgrad come from the backend's one-pass ``operand_pair``, the
+    same for every layer that reads X with these specs (deterministic: nearest rounding, no transform)?"""
+    g, w3 = spec.fprop, spec.wgrad
+    if getattr(backends.get(backend), "operand_pair", None) is None or saved_x_source(spec) != X_WGRAD:
+        return False
+    if g.outliers is not None or w3.outliers is not None or g.transform is not None or w3.transform is not None:
+        return False
+    return all(q.quantized and deterministic(q, None) and q.format == "mxfp4" and not q.four_over_six
+               and q.quantize_kwargs().get("block") in (None, 32) for q in (g.a, w3.b))
+
+
+def pair_id(spec: LinearSpec, backend: str) -> int | None:
+    """The index in :data:`PAIR_CONFIGS` of this layer's shared X preparation, or None where its
+    specs do not allow the backend's one-pass pair (interned when the layer's spec is set, not
+    while the compiler traces)."""
+    if not _pair_spec_ok(spec, backend):
+        return None
+    key = (spec.fprop.a, spec.wgrad.b, backend)
+    if key not in _PAIR_IDS:
+        _PAIR_IDS[key] = len(PAIR_CONFIGS)
+        PAIR_CONFIGS.append(key)
+    return _PAIR_IDS[key]
+
+
+def pair_fits(x: torch.Tensor) -> bool:
+    """Does X's shape and device allow the one-pass pair (tokens % 32, K % 128, a kernel device)?"""
+    k = x.shape[-1]
+    return (x.numel() // k) % 32 == 0 and k % 128 == 0 and kernels_usable_on(x)
+
+
+@torch.library.custom_op("fp4train::prepare_x_pair", mutates_args=())
+def prepare_x_pair(x: torch.Tensor, pair: int) -> list[torch.Tensor]:
+    """X ``[..., K]`` prepared once for fprop (MXFP4 along K folded into FP8: codes, 1x128 scales)
+    and wgrad (MXFP4 along M, packed: codes, scales): deterministic, so the compiler's common-
+    subexpression pass merges the calls of layers that read the same X (q/k/v, gate/up) into one."""
+    qa, qb, name = PAIR_CONFIGS[pair]
+    x2 = x.reshape(-1, x.shape[-1])
+    both = backends.get(name).operand_pair(x2, qa, qb, seeds=(None, None))
+    if both is None:
+        raise RuntimeError(f"fp4train: the {name} backend made no operand pair for X {tuple(x2.shape)} ({x2.dtype}, {x2.device})")
+    xa, cols = both
+    tensors, meta = pack_operand(cols)
+    _PAIR_SKELETONS[(pair, tuple(x2.shape), x2.dtype)] = meta
+    return [xa.data.codes, xa.data.scales, *tensors]
+
+
+@prepare_x_pair.register_fake
+def _(x, pair):
+    qa, qb, name = PAIR_CONFIGS[pair]
+    x2 = x.reshape(-1, x.shape[-1])
+    m, k = x2.shape
+    cols = _reference_layout(x2, qb, 0, x.dtype)
+    return [x2.new_empty((m, k), dtype=torch.uint8), x2.new_empty((m, k // 128), dtype=torch.float32),
+            *[torch.empty_like(t) for t in cols.tensors()]]
+
+
+# X's gradient comes from the layers' backward (dgrad), not through its quantized copies
+torch.library.register_autograd("fp4train::prepare_x_pair", lambda ctx, grads: (None, None), setup_context=lambda ctx, inputs, output: None)
+
+
+def _unpack_pair(tensors: list[torch.Tensor], x2: torch.Tensor, config: int):
+    """:func:`prepare_x_pair`'s tensors as the backend's ``(fprop's operand, wgrad's X)``."""
+    spec, name = CONFIGS[config]
+    backend = backends.get(name)
+    pair = _PAIR_IDS[(spec.fprop.a, spec.wgrad.b, name)]
+    meta = _PAIR_SKELETONS[(pair, tuple(x2.shape), x2.dtype)]
+    from ..backends.fp8_blockwise import FoldedOperand
+
+    xa = FoldedOperand(FoldedFP8(tensors[0], tensors[1], 1, backend._counter(x2.device)))
+    return xa, unpack_operand(tuple(tensors[2:]), meta)
+
+
 def _config(config: int):
     spec, name = CONFIGS[config]
     return spec, backends.get(name)
@@ -66,33 +147,39 @@ def _skeleton_key(config, x2_shape, x_dtype, w_shape, out_dtype, save_x, save_w)
     return (config, tuple(x2_shape), x_dtype, tuple(w_shape), out_dtype, save_x, save_w)
 
 
-def _saved_tensors(x_saved, w_saved, x_source: str | None):
-    """``(tensors, x_meta, n_x, w_meta)``; an X that is the input itself is not among the tensors
-    (an op's output may not alias its input; setup_context saves the input)."""
-    if x_saved is None or x_source == X_INPUT:
+def _saved_tensors(x_saved, w_saved, x_source: str | None, x_given: bool = False):
+    """``(tensors, x_meta, n_x, w_meta)``; an X that is the input itself or came in prepared
+    (``x_given``) is not among the tensors (an op's output may not alias its input; setup_context
+    saves the input)."""
+    if x_given:
+        _, x_meta = pack_operand(x_saved) if x_saved is not None else ((), None)
+        x_tensors = ()
+    elif x_saved is None or x_source == X_INPUT:
         x_tensors, x_meta = (), None
     else:
         x_tensors, x_meta = pack_operand(x_saved)
     w_tensors, w_meta = pack_operand(w_saved) if w_saved is not None else ((), None)
-    return [*x_tensors, *w_tensors], x_meta, len(x_tensors), w_meta
+    n_x = len(pack_operand(x_saved)[0]) if x_given and x_saved is not None else len(x_tensors)
+    return [*x_tensors, *w_tensors], x_meta, n_x, w_meta
 
 
 @torch.library.custom_op("fp4train::quantized_linear", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
 def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], config: int,
-                     out_dtype: torch.dtype, save_x: bool, save_w: bool) -> list[torch.Tensor]:
+                     out_dtype: torch.dtype, save_x: bool, save_w: bool, x_pair: list[torch.Tensor]) -> list[torch.Tensor]:
     spec, backend = _config(config)
     seed = fresh_seed() if spec.needs_seed else 0
     x2 = x.reshape(-1, x.shape[-1])
+    pair = _unpack_pair(x_pair, x2, config) if x_pair else None
     with torch.autocast(x.device.type, enabled=False):
         y, x_saved, w_saved = forward(x2, weight, bias, spec, backend, seed, out_dtype, save_x=save_x, save_w=save_w,
-                                      shared=UNSHARED)
-    tensors, x_meta, n_x, w_meta = _saved_tensors(x_saved, w_saved, saved_x_source(spec))
+                                      shared=UNSHARED, x_pair=pair)
+    tensors, x_meta, n_x, w_meta = _saved_tensors(x_saved, w_saved, saved_x_source(spec), x_given=bool(x_pair))
     _SKELETONS[_skeleton_key(config, x2.shape, x.dtype, weight.shape, out_dtype, save_x, save_w)] = (x_meta, n_x, w_meta)
     return [y.reshape(*x.shape[:-1], weight.shape[0]), torch.tensor(seed, dtype=torch.int64), *tensors]
 
 
 @quantized_linear.register_fake
-def _(x, weight, bias, config, out_dtype, save_x, save_w):
+def _(x, weight, bias, config, out_dtype, save_x, save_w, x_pair):
     spec, _ = _config(config)
     x2 = x.reshape(-1, x.shape[-1])
     cdt = out_dtype
@@ -108,7 +195,7 @@ def _(x, weight, bias, config, out_dtype, save_x, save_w):
         x_saved = _reference_layout(xm, w3.b, 0, cdt)
     if save_w and saves_fprop_w(spec):
         w_saved = _reference_layout(weight, g.b, 1, cdt)
-    tensors, *_ = _saved_tensors(x_saved, w_saved, source)
+    tensors, *_ = _saved_tensors(x_saved, w_saved, source, x_given=bool(x_pair))
     y = x.new_empty((*x.shape[:-1], weight.shape[0]), dtype=out_dtype)
     return [y, torch.empty((), dtype=torch.int64, device="cpu"), *[torch.empty_like(t) for t in tensors]]
 
@@ -169,12 +256,13 @@ def _(grad, weight, x, saved, seed, config, x_shape, x_dtype, out_dtype, save_x,
 
 
 def _setup_context(ctx, inputs, output):
-    x, weight, bias, config, out_dtype, save_x, save_w = inputs
+    x, weight, bias, config, out_dtype, save_x, save_w, x_pair = inputs
     _, seed, *saved = output
     spec, _ = CONFIGS[config]
     x_input = save_x and saved_x_source(spec) == X_INPUT
-    ctx.save_for_backward(weight, seed, x if x_input else None, *saved)
-    ctx.config, ctx.out_dtype, ctx.save_x, ctx.save_w = config, out_dtype, save_x, save_w
+    x_given = list(x_pair[2:]) if x_pair and save_x else []  # wgrad's packed X, made by prepare_x_pair
+    ctx.save_for_backward(weight, seed, x if x_input else None, *x_given, *saved)
+    ctx.config, ctx.out_dtype, ctx.save_x, ctx.save_w, ctx.n_pair = config, out_dtype, save_x, save_w, len(x_pair)
     ctx.x_shape, ctx.x_dtype, ctx.has_bias = list(x.shape), x.dtype, bias is not None
 
 
@@ -185,16 +273,17 @@ def _backward(ctx, grads_out):
     grads = iter(torch.ops.fp4train.quantized_linear_backward(
         grad_y, weight, x, saved, seed, ctx.config, ctx.x_shape, ctx.x_dtype, ctx.out_dtype, ctx.save_x, ctx.save_w, *needs))
     dx, dw, db = (next(grads) if n else None for n in needs)
-    return dx, dw, db, None, None, None, None
+    return dx, dw, db, None, None, None, None, [None] * ctx.n_pair  # x_pair: no gradient (its codes are integers)
 
 
 torch.library.register_autograd("fp4train::quantized_linear", _backward, setup_context=_setup_context)
 
 
 def quantized_linear_in_graph(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: int,
-                              out_dtype: torch.dtype) -> torch.Tensor:
+                              pair: int | None, out_dtype: torch.dtype) -> torch.Tensor:
     """The quantized linear as the graph op (what :class:`QuantizedLinear` runs under ``torch.compile``)."""
     grad = torch.is_grad_enabled()
     save_x = grad and weight.requires_grad
     save_w = grad and x.requires_grad
-    return torch.ops.fp4train.quantized_linear(x, weight, bias, config, out_dtype, save_x, save_w)[0]
+    x_pair = torch.ops.fp4train.prepare_x_pair(x, pair) if save_x and pair is not None and pair_fits(x) else []
+    return torch.ops.fp4train.quantized_linear(x, weight, bias, config, out_dtype, save_x, save_w, x_pair)[0]
