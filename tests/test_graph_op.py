@@ -203,12 +203,13 @@ def test_layers_reading_one_input_share_one_prepare_op(recipe, fresh_dynamo, mon
     from fp4train import backends
 
     torch.manual_seed(0)
-    m = fp4train.convert(_Siblings(), recipe, backend="triton")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels: on the GPU, or interpreted on a CPU
+    m = fp4train.convert(_Siblings().to(dev), recipe, backend="triton")
     be = backends.get("triton")
     calls = []
     real = be.operand_pair
     monkeypatch.setattr(be, "operand_pair", lambda *a, **k: calls.append(1) or real(*a, **k))
-    x = torch.randn(64, 128)
+    x = torch.randn(64, 128, device=dev)
 
     def run(fwd):
         torch.manual_seed(3)
