@@ -237,3 +237,35 @@ def test_prepare_op_fake_layouts():
     torch.library.opcheck(torch.ops.fp4train.prepare_x_pair.default, (x, q._pair))
     assert not pair_fits(x[:48])  # M not a multiple of 32: X is prepared inside the layer's op
     assert fp4train.convert(nn.Sequential(nn.Linear(128, 96)), "nvfp4", backend="triton")[0]._pair is None
+
+
+@pytest.mark.parametrize("recipe", RECIPES + ["adahop_oe"])
+def test_config_key_names_the_spec_in_any_process(recipe):
+    """The ops name a layer's spec by its JSON, not a process-local index: Inductor caches compiled
+    graphs on disk with the ops' arguments baked in, and another process must read the same spec."""
+    from fp4train.linear import graph_op
+
+    spec = _oe_spec() if recipe == "adahop_oe" else fp4train.recipes.get(recipe).linear
+    key = graph_op.config_key(spec, "triton")
+    graph_op._CONFIGS.clear()  # as in a fresh process that loads a cached graph
+    assert graph_op._parse(key) == (spec, "triton")
+
+
+def test_triton_numerics_leave_cpu_tensors_to_the_reference(monkeypatch):
+    """A process on a GPU machine runs "triton" numerics; a CPU layer in it must take the reference
+    path (it launched a Triton kernel on CPU tensors), with the reference's bits."""
+    from fp4train import formats
+
+    torch.manual_seed(0)
+    q = fp4train.convert(nn.Sequential(nn.Linear(128, 96)), "mxfp4")[0]
+    x = torch.randn(64, 128)
+    ref = q(x)
+    from fp4train.kernels import mx_values
+
+    def no_kernel(*a, **k):
+        raise AssertionError("a Triton kernel was given CPU tensors")
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # CPU tensors now unusable by the kernels
+    monkeypatch.setattr(mx_values, "mxfp4_values", no_kernel)
+    formats.set_numerics("triton")
+    assert torch.equal(q(x), ref)

@@ -21,20 +21,22 @@ Layers that read the same input do not share its preparation here (the eager pat
 without bumping version counters, so a memo could see another tensor's values under the same
 key): q/k/v quantize their X each.
 
-Everything that is not a tensor - the spec and backend - travels as ``config``, an index into
-:data:`CONFIGS`. The fake (shape) implementation prepares the saved operands with the reference
+Everything that is not a tensor - the spec and backend - travels as ``config``, their JSON
+(:func:`config_key`): not a process-local index, since Inductor caches compiled graphs on disk
+with the ops' arguments in them and another process must read the same recipe from them. The fake (shape) implementation prepares the saved operands with the reference
 numerics on fake tensors: the kernels write the same layouts (tests compare the two).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Optional
 
 import torch
 
 from .. import backends
 from ..counter_rng import fresh_seed
-from ..recipes.spec import LinearSpec
+from ..recipes.spec import GemmSpec, LinearSpec, _linear_from_dict, _to_plain
 from ..formats.fold import FoldedFP8
 from ..formats.quantize import kernels_usable_on
 from .function import X_FPROP, X_INPUT, X_WGRAD, backward, deterministic, forward, saved_x_source, saves_fprop_w, x_from_input
@@ -42,26 +44,28 @@ from ..formats.quantize import FORMATS, encode_blocks, geometry, quantize_tensor
 from .operands import pack_operand, pad_rows, unpack_operand
 from .shared_input import UNSHARED
 
-#: (spec, backend name) of every quantized linear configuration seen so far; ops take an index
-CONFIGS: list[tuple[LinearSpec, str]] = []
-_CONFIG_IDS: dict[tuple[LinearSpec, str], int] = {}
+#: (spec, backend) by the key the ops take: the key is the spec itself in JSON, not a process-local
+#: index, because compiled graphs are cached on disk across processes with their arguments baked in
+_CONFIGS: dict[str, tuple[LinearSpec, str]] = {}
 
 #: what the real forward saved besides tensors (QuantizedTensor metadata), by its call's shapes
 _SKELETONS: dict[tuple, tuple] = {}
 
 
-def config_id(spec: LinearSpec, backend: str) -> int:
-    """The index of ``(spec, backend)`` in :data:`CONFIGS` (added on first use)."""
-    key = (spec, backend)
-    if key not in _CONFIG_IDS:
-        _CONFIG_IDS[key] = len(CONFIGS)
-        CONFIGS.append(key)
-    return _CONFIG_IDS[key]
+def config_key(spec: LinearSpec, backend: str) -> str:
+    """The string that names ``(spec, backend)`` to the ops: the spec's JSON (stable across processes)."""
+    key = json.dumps({"backend": backend, "linear": _to_plain(spec)}, sort_keys=True, separators=(",", ":"))
+    _CONFIGS.setdefault(key, (spec, backend))
+    return key
 
 
-#: (fprop's X spec, wgrad's X spec, backend name) of every shared X preparation (:func:`prepare_x_pair`)
-PAIR_CONFIGS: list[tuple] = []
-_PAIR_IDS: dict[tuple, int] = {}
+def _parse(key: str) -> tuple[LinearSpec, str]:
+    if key not in _CONFIGS:  # a compiled graph from another process's cache
+        d = json.loads(key)
+        _CONFIGS[key] = (_linear_from_dict(d["linear"]), d["backend"])
+    return _CONFIGS[key]
+
+
 _PAIR_SKELETONS: dict[tuple, object] = {}
 
 
@@ -77,17 +81,13 @@ def _pair_spec_ok(spec: LinearSpec, backend: str) -> bool:
                and q.quantize_kwargs().get("block") in (None, 32) for q in (g.a, w3.b))
 
 
-def pair_id(spec: LinearSpec, backend: str) -> int | None:
-    """The index in :data:`PAIR_CONFIGS` of this layer's shared X preparation, or None where its
-    specs do not allow the backend's one-pass pair (interned when the layer's spec is set, not
-    while the compiler traces)."""
+def pair_key(spec: LinearSpec, backend: str) -> str | None:
+    """The key of this layer's shared X preparation (its fprop and wgrad X specs and backend, so that
+    layers with other W or dY specs share it too), or None where its specs do not allow the
+    backend's one-pass pair."""
     if not _pair_spec_ok(spec, backend):
         return None
-    key = (spec.fprop.a, spec.wgrad.b, backend)
-    if key not in _PAIR_IDS:
-        _PAIR_IDS[key] = len(PAIR_CONFIGS)
-        PAIR_CONFIGS.append(key)
-    return _PAIR_IDS[key]
+    return config_key(LinearSpec(fprop=GemmSpec(a=spec.fprop.a), wgrad=GemmSpec(b=spec.wgrad.b)), backend)
 
 
 def pair_fits(x: torch.Tensor) -> bool:
@@ -97,11 +97,12 @@ def pair_fits(x: torch.Tensor) -> bool:
 
 
 @torch.library.custom_op("fp4train::prepare_x_pair", mutates_args=())
-def prepare_x_pair(x: torch.Tensor, pair: int) -> list[torch.Tensor]:
+def prepare_x_pair(x: torch.Tensor, pair: str) -> list[torch.Tensor]:
     """X ``[..., K]`` prepared once for fprop (MXFP4 along K folded into FP8: codes, 1x128 scales)
     and wgrad (MXFP4 along M, packed: codes, scales): deterministic, so the compiler's common-
     subexpression pass merges the calls of layers that read the same X (q/k/v, gate/up) into one."""
-    qa, qb, name = PAIR_CONFIGS[pair]
+    spec, name = _parse(pair)
+    qa, qb = spec.fprop.a, spec.wgrad.b
     x2 = x.reshape(-1, x.shape[-1])
     both = backends.get(name).operand_pair(x2, qa, qb, seeds=(None, None))
     if both is None:
@@ -114,7 +115,7 @@ def prepare_x_pair(x: torch.Tensor, pair: int) -> list[torch.Tensor]:
 
 @prepare_x_pair.register_fake
 def _(x, pair):
-    qa, qb, name = PAIR_CONFIGS[pair]
+    qb = _parse(pair)[0].wgrad.b
     x2 = x.reshape(-1, x.shape[-1])
     m, k = x2.shape
     cols = _reference_layout(x2, qb, 0, x.dtype)
@@ -126,11 +127,11 @@ def _(x, pair):
 torch.library.register_autograd("fp4train::prepare_x_pair", lambda ctx, grads: (None, None), setup_context=lambda ctx, inputs, output: None)
 
 
-def _unpack_pair(tensors: list[torch.Tensor], x2: torch.Tensor, config: int):
+def _unpack_pair(tensors: list[torch.Tensor], x2: torch.Tensor, config: str):
     """:func:`prepare_x_pair`'s tensors as the backend's ``(fprop's operand, wgrad's X)``."""
-    spec, name = CONFIGS[config]
+    spec, name = _parse(config)
     backend = backends.get(name)
-    pair = _PAIR_IDS[(spec.fprop.a, spec.wgrad.b, name)]
+    pair = pair_key(spec, name)
     meta = _PAIR_SKELETONS[(pair, tuple(x2.shape), x2.dtype)]
     from ..backends.fp8_blockwise import FoldedOperand
 
@@ -138,8 +139,8 @@ def _unpack_pair(tensors: list[torch.Tensor], x2: torch.Tensor, config: int):
     return xa, unpack_operand(tuple(tensors[2:]), meta)
 
 
-def _config(config: int):
-    spec, name = CONFIGS[config]
+def _config(config: str):
+    spec, name = _parse(config)
     return spec, backends.get(name)
 
 
@@ -164,7 +165,7 @@ def _saved_tensors(x_saved, w_saved, x_source: str | None, x_given: bool = False
 
 
 @torch.library.custom_op("fp4train::quantized_linear", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
-def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], config: int,
+def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], config: str,
                      out_dtype: torch.dtype, save_x: bool, save_w: bool, x_pair: list[torch.Tensor]) -> list[torch.Tensor]:
     spec, backend = _config(config)
     seed = fresh_seed() if spec.needs_seed else 0
@@ -213,7 +214,7 @@ def _reference_layout(x: torch.Tensor, q, axis: int, cdt: torch.dtype):
 
 @torch.library.custom_op("fp4train::quantized_linear_backward", mutates_args=())
 def quantized_linear_backward(grad: torch.Tensor, weight: torch.Tensor, x: Optional[torch.Tensor], saved: list[torch.Tensor],
-                              seed: torch.Tensor, config: int, x_shape: list[int], x_dtype: torch.dtype, out_dtype: torch.dtype,
+                              seed: torch.Tensor, config: str, x_shape: list[int], x_dtype: torch.dtype, out_dtype: torch.dtype,
                               save_x: bool, save_w: bool, needs_x: bool, needs_w: bool, needs_b: bool) -> list[torch.Tensor]:
     spec, backend = _config(config)
     m = 1
@@ -258,7 +259,7 @@ def _(grad, weight, x, saved, seed, config, x_shape, x_dtype, out_dtype, save_x,
 def _setup_context(ctx, inputs, output):
     x, weight, bias, config, out_dtype, save_x, save_w, x_pair = inputs
     _, seed, *saved = output
-    spec, _ = CONFIGS[config]
+    spec, _ = _parse(config)
     x_input = save_x and saved_x_source(spec) == X_INPUT
     x_given = list(x_pair[2:]) if x_pair and save_x else []  # wgrad's packed X, made by prepare_x_pair
     ctx.save_for_backward(weight, seed, x if x_input else None, *x_given, *saved)
@@ -279,8 +280,8 @@ def _backward(ctx, grads_out):
 torch.library.register_autograd("fp4train::quantized_linear", _backward, setup_context=_setup_context)
 
 
-def quantized_linear_in_graph(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: int,
-                              pair: int | None, out_dtype: torch.dtype) -> torch.Tensor:
+def quantized_linear_in_graph(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: str,
+                              pair: str | None, out_dtype: torch.dtype) -> torch.Tensor:
     """The quantized linear as the graph op (what :class:`QuantizedLinear` runs under ``torch.compile``)."""
     grad = torch.is_grad_enabled()
     save_x = grad and weight.requires_grad

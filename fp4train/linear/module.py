@@ -52,11 +52,11 @@ class QuantizedLinear(nn.Linear):
 
     @spec.setter
     def spec(self, spec: LinearSpec) -> None:
-        from .graph_op import config_id, pair_id
+        from .graph_op import config_key, pair_key
 
         self._spec = spec
-        self._config = config_id(spec, self.backend_name)  # what the graph op takes for (spec, backend)
-        self._pair = pair_id(spec, self.backend_name)  # its shared X preparation, if the specs allow one
+        self._config = config_key(spec, self.backend_name)  # what the graph op takes for (spec, backend)
+        self._pair = pair_key(spec, self.backend_name)  # its shared X preparation, if the specs allow one
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, spec: LinearSpec, *, backend: str = "emulated", recipe_name: str = "") -> QuantizedLinear:

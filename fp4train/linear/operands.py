@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from .. import formats
 from ..counter_rng import derive_seed
 from ..formats.qtensor import QuantizedTensor, ScaledBF16
-from ..formats.quantize import FORMATS, geometry, quantize, quantize_tensors, sr_keys
+from ..formats.quantize import FORMATS, geometry, kernels_usable_on, quantize, quantize_tensors, sr_keys
 from ..formats.quantize import encode_blocks as _encode_reference
 from ..formats.quantize import _raise_recompile_limit
 from ..recipes.spec import QuantSpec, TransformSpec
@@ -111,7 +111,7 @@ def prepare_now(
     if own is not None and (op := own(x, q, axis=axis, role=operand, seed=op_seed)) is not None:
         return op
     kw = q.quantize_kwargs()
-    if mode == "triton" and (v := _kernel_values(x, q, kw, axis, op_seed)) is not None:
+    if mode == "triton" and kernels_usable_on(x) and (v := _kernel_values(x, q, kw, axis, op_seed)) is not None:
         return v
     if not (mode == "compiled" or (mode == "triton" and x.is_cuda)):
         return prepare(x, q, axis=axis, transform=None, seed=seed, gemm=gemm, operand=operand, compute_dtype=compute_dtype)
