@@ -169,8 +169,9 @@ def test_graph_op_on_the_gpu_gives_the_eager_bits(recipe, fresh_dynamo):
     torch.library.opcheck(torch.ops.fp4train.quantized_linear.default,
                           (x.clone().requires_grad_(), m[0].weight, m[0].bias, m[0]._config, torch.bfloat16, True, True, []),
                           test_utils=("test_schema", "test_faketensor"))
-    if m[0]._pair is not None:  # the one-pass pair's fake layouts are the kernel's
-        torch.library.opcheck(torch.ops.fp4train.prepare_x_pair.default, (x, m[0]._pair), test_utils=("test_schema", "test_faketensor"))
+    if m[0]._prep is not None:  # the shared preparation's fake layouts are the kernels'
+        torch.library.opcheck(torch.ops.fp4train.prepare_x.default, (x, m[0]._prep, torch.bfloat16),
+                              test_utils=("test_schema", "test_faketensor"))
 
     def run(fwd, seed):
         torch.manual_seed(seed)
@@ -196,10 +197,10 @@ class _Siblings(nn.Module):
         return torch.cat([self.q(x), self.k(x), self.v(x)], -1)  # exact: no float order of the compiler's in the comparison
 
 
-@pytest.mark.parametrize("recipe", ["mxfp4", "tib2d"])
+@pytest.mark.parametrize("recipe", ["mxfp4", "tib2d", "fp8_rowwise", "hadamard_mxfp4"])
 def test_layers_reading_one_input_share_one_prepare_op(recipe, fresh_dynamo, monkeypatch):
-    """X's one-pass preparation for fprop and wgrad is its own deterministic op, so the compiler merges
-    the siblings' calls into one (as the eager memo does): one operand_pair per step, the eager bits."""
+    """X's preparation for fprop and wgrad is its own deterministic op, so the compiler merges the
+    siblings' calls into one (as the eager memo does): X prepared once per step, the eager bits."""
     from fp4train import backends
 
     torch.manual_seed(0)
@@ -207,14 +208,25 @@ def test_layers_reading_one_input_share_one_prepare_op(recipe, fresh_dynamo, mon
     m = fp4train.convert(_Siblings().to(dev), recipe, backend="triton")
     be = backends.get("triton")
     calls = []
-    real = be.operand_pair
-    monkeypatch.setattr(be, "operand_pair", lambda *a, **k: calls.append(1) or real(*a, **k))
+    # what prepares X for fprop (along K, axis 1) - once per input when shared
+    name = "operand_pair" if recipe in ("mxfp4", "tib2d") else "operand"
+    real = getattr(be, name)
+
+    x_storage = {}
+
+    def counted(*a, **k):
+        if a[0].untyped_storage().data_ptr() == x_storage["ptr"] and (name == "operand_pair" or k.get("axis") == 1):
+            calls.append(1)  # X (not dY) prepared for fprop
+        return real(*a, **k)
+
+    monkeypatch.setattr(be, name, counted)
     x = torch.randn(64, 128, device=dev)
 
     def run(fwd):
         torch.manual_seed(3)
         m.zero_grad()
         xg = x.clone().requires_grad_()
+        x_storage["ptr"] = xg.untyped_storage().data_ptr()
         fwd(xg).square().sum().backward()
         return [xg.grad] + [p.grad.clone() for p in m.parameters()]
 
@@ -228,15 +240,27 @@ def test_layers_reading_one_input_share_one_prepare_op(recipe, fresh_dynamo, mon
     assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
 
 
-def test_prepare_op_fake_layouts():
-    from fp4train.linear.graph_op import pair_fits
+@pytest.mark.parametrize("recipe,kind", [("mxfp4", "pair"), ("tib2d", "pair"), ("fp8_rowwise", "fp8_rowwise"),
+                                         ("hadamard_mxfp4", "hadamard_fold")])
+def test_prepare_op_fake_layouts(recipe, kind):
+    """The shared X preparation's fake layouts are the backend's (opcheck), for each kind."""
+    from fp4train.linear.graph_op import _parse, prep_fits, prep_kind
 
-    q = fp4train.convert(nn.Sequential(nn.Linear(128, 96)), "mxfp4", backend="triton")[0]
+    q = fp4train.convert(nn.Sequential(nn.Linear(128, 96)), recipe, backend="triton")[0]
     x = torch.randn(64, 128)
-    assert q._pair is not None and pair_fits(x)
-    torch.library.opcheck(torch.ops.fp4train.prepare_x_pair.default, (x, q._pair))
-    assert not pair_fits(x[:48])  # M not a multiple of 32: X is prepared inside the layer's op
-    assert fp4train.convert(nn.Sequential(nn.Linear(128, 96)), "nvfp4", backend="triton")[0]._pair is None
+    assert q._prep is not None and prep_kind(*_parse(q._prep)) == kind and prep_fits(x, q._prep)
+    for dt in (torch.float32, torch.bfloat16):
+        torch.library.opcheck(torch.ops.fp4train.prepare_x.default, (x, q._prep, dt))
+    if kind == "pair":
+        assert not prep_fits(x[:48], q._prep)  # M not a multiple of 32: X is prepared inside the layer's op
+
+
+def test_stochastic_or_unshareable_x_has_no_shared_op():
+    """nvfp4's wgrad X draws random Hadamard signs and AdaHOP's outlier layers pick from X itself:
+    nothing to share, X is prepared inside each layer's op."""
+    assert fp4train.convert(nn.Sequential(nn.Linear(128, 96)), "nvfp4", backend="triton")[0]._prep is None
+    assert QuantizedLinear.from_linear(nn.Linear(128, 96), _oe_spec(), backend="triton")._prep is None
+    assert fp4train.convert(nn.Sequential(nn.Linear(128, 96)), "mxfp4", backend="emulated")[0]._prep is None
 
 
 @pytest.mark.parametrize("recipe", RECIPES + ["adahop_oe"])

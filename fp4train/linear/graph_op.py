@@ -41,7 +41,8 @@ from ..formats.fold import FoldedFP8
 from ..formats.quantize import kernels_usable_on
 from .function import X_FPROP, X_INPUT, X_WGRAD, backward, deterministic, forward, saved_x_source, saves_fprop_w, x_from_input
 from ..formats.quantize import FORMATS, encode_blocks, geometry, quantize_tensors
-from .operands import pack_operand, pad_rows, unpack_operand
+from ..formats.qtensor import QuantizedTensor
+from .operands import FPROP, OP_A, OP_B, WGRAD, pack_operand, pad_rows, prepare, prepare_now, unpack_operand
 from .shared_input import UNSHARED
 
 #: (spec, backend) by the key the ops take: the key is the spec itself in JSON, not a process-local
@@ -66,77 +67,129 @@ def _parse(key: str) -> tuple[LinearSpec, str]:
     return _CONFIGS[key]
 
 
-_PAIR_SKELETONS: dict[tuple, object] = {}
+_PREP_SKELETONS: dict[tuple, tuple] = {}
+
+#: the kinds of shared X preparation: the backend's one-pass MXFP4 pair (fprop's X folded into FP8 +
+#: wgrad's X packed, one read), FP8 rowwise X for both GEMMs, and Hadamard + MXFP4 (the transform fused
+#: into fprop's fold; wgrad's X transformed and packed)
+PAIR, FP8_ROWWISE, HADAMARD_FOLD = "pair", "fp8_rowwise", "hadamard_fold"
+#: every kind's fprop operand is two tensors (FP8 codes + group scales, or E4M3 codes + row scales)
+_N_XA = 2
 
 
-def _pair_spec_ok(spec: LinearSpec, backend: str) -> bool:
-    """Can this layer's X for fprop and wgrad come from the backend's one-pass ``operand_pair``, the
-    same for every layer that reads X with these specs (deterministic: nearest rounding, no transform)?"""
+def prep_kind(spec: LinearSpec, backend: str) -> str | None:
+    """Which shared X preparation this layer's specs allow, or None (X is then prepared inside the
+    layer's own op). Shared preparations are deterministic (nearest rounding, no random signs), made by
+    a backend that prepares its own operands, and have wgrad's X saved packed."""
     g, w3 = spec.fprop, spec.wgrad
-    if getattr(backends.get(backend), "operand_pair", None) is None or saved_x_source(spec) != X_WGRAD:
-        return False
-    if g.outliers is not None or w3.outliers is not None or g.transform is not None or w3.transform is not None:
-        return False
-    return all(q.quantized and deterministic(q, None) and q.format == "mxfp4" and not q.four_over_six
-               and q.quantize_kwargs().get("block") in (None, 32) for q in (g.a, w3.b))
-
-
-def pair_key(spec: LinearSpec, backend: str) -> str | None:
-    """The key of this layer's shared X preparation (its fprop and wgrad X specs and backend, so that
-    layers with other W or dY specs share it too), or None where its specs do not allow the
-    backend's one-pass pair."""
-    if not _pair_spec_ok(spec, backend):
+    be = backends.get(backend)
+    if getattr(be, "operand", None) is None or saved_x_source(spec) != X_WGRAD or g.outliers is not None or w3.outliers is not None:
         return None
-    return config_key(LinearSpec(fprop=GemmSpec(a=spec.fprop.a), wgrad=GemmSpec(b=spec.wgrad.b)), backend)
+    if not (g.a.quantized and w3.b.quantized and deterministic(g.a, g.transform) and deterministic(w3.b, w3.transform)):
+        return None
+    if any(q.four_over_six for q in (g.a, w3.b)):
+        return None
+    mx_1x32 = all(q.format == "mxfp4" and not q.is_2d and q.quantize_kwargs().get("block") in (None, 32) for q in (g.a, w3.b))
+    if mx_1x32 and g.transform is None and w3.transform is None and getattr(be, "operand_pair", None) is not None:
+        return PAIR
+    if g.a.format == "fp8" and w3.b.format == "fp8" and g.transform is None and w3.transform is None:
+        return FP8_ROWWISE
+    if mx_1x32 and g.transform is not None and g.transform.block <= 128:
+        return HADAMARD_FOLD
+    return None
 
 
-def pair_fits(x: torch.Tensor) -> bool:
-    """Does X's shape and device allow the one-pass pair (tokens % 32, K % 128, a kernel device)?"""
-    k = x.shape[-1]
-    return (x.numel() // k) % 32 == 0 and k % 128 == 0 and kernels_usable_on(x)
+def prep_key(spec: LinearSpec, backend: str) -> str | None:
+    """The key of this layer's shared X preparation: its fprop and wgrad X specs and transforms and the
+    backend (so layers with other W or dY specs share it too); None where :func:`prep_kind` is None."""
+    if prep_kind(spec, backend) is None:
+        return None
+    g, w3 = spec.fprop, spec.wgrad
+    return config_key(LinearSpec(fprop=GemmSpec(a=g.a, transform=g.transform), wgrad=GemmSpec(b=w3.b, transform=w3.transform)), backend)
 
 
-@torch.library.custom_op("fp4train::prepare_x_pair", mutates_args=())
-def prepare_x_pair(x: torch.Tensor, pair: str) -> list[torch.Tensor]:
-    """X ``[..., K]`` prepared once for fprop (MXFP4 along K folded into FP8: codes, 1x128 scales)
-    and wgrad (MXFP4 along M, packed: codes, scales): deterministic, so the compiler's common-
-    subexpression pass merges the calls of layers that read the same X (q/k/v, gate/up) into one."""
-    spec, name = _parse(pair)
-    qa, qb = spec.fprop.a, spec.wgrad.b
+def prep_fits(x: torch.Tensor, key: str) -> bool:
+    """Does X's shape, dtype and device allow the shared preparation ``key`` names (the backend's
+    kernels: K % 128; the pair also tokens % 32; the fused Hadamard float32/bfloat16 input)?"""
+    k, kind = x.shape[-1], prep_kind(*_parse(key))
+    if x.ndim < 2 or not kernels_usable_on(x):
+        return False
+    if kind == PAIR:
+        return (x.numel() // k) % 32 == 0 and k % 128 == 0
+    if kind == HADAMARD_FOLD:
+        return k % 128 == 0 and x.dtype in (torch.float32, torch.bfloat16)
+    return kind == FP8_ROWWISE
+
+
+@torch.library.custom_op("fp4train::prepare_x", mutates_args=())
+def prepare_x(x: torch.Tensor, key: str, out_dtype: torch.dtype) -> list[torch.Tensor]:
+    """X ``[..., K]`` prepared for fprop (along K, as the backend multiplies it) and for wgrad (along M,
+    packed, as the layer saves it), by the kind :func:`prep_kind` names. Deterministic, so the compiler's
+    common-subexpression pass merges the calls of layers that read the same X (q/k/v, gate/up) into one -
+    what the eager memo (:mod:`~fp4train.linear.shared_input`) does outside a graph."""
+    spec, name = _parse(key)
+    backend, kind = backends.get(name), prep_kind(spec, name)
+    g, w3 = spec.fprop, spec.wgrad
     x2 = x.reshape(-1, x.shape[-1])
-    both = backends.get(name).operand_pair(x2, qa, qb, seeds=(None, None))
-    if both is None:
-        raise RuntimeError(f"fp4train: the {name} backend made no operand pair for X {tuple(x2.shape)} ({x2.dtype}, {x2.device})")
-    xa, cols = both
-    tensors, meta = pack_operand(cols)
-    _PAIR_SKELETONS[(pair, tuple(x2.shape), x2.dtype)] = meta
-    return [xa.data.codes, xa.data.scales, *tensors]
+    if kind == PAIR:
+        both = backend.operand_pair(x2, g.a, w3.b, seeds=(None, None))
+        if both is None:
+            raise RuntimeError(f"fp4train: the {name} backend made no operand pair for X {tuple(x2.shape)} ({x2.dtype}, {x2.device})")
+        xa, xs = both
+    else:  # as fprop() and forward() prepare them, seeds unused (deterministic)
+        xa = prepare_now(x2, g.a, axis=1, transform=g.transform, seed=0, gemm=FPROP, operand=OP_A, compute_dtype=out_dtype,
+                         backend=backend)
+        xm = pad_rows(x2, w3.transform.block) if w3.transform is not None else x2
+        xs = prepare(xm, w3.b, axis=0, transform=w3.transform, seed=0, gemm=WGRAD, operand=OP_B, compute_dtype=out_dtype)
+    xa_tensors, xa_meta = _pack_xa(xa, kind, name)
+    xs_tensors, xs_meta = pack_operand(xs)
+    _PREP_SKELETONS[(key, tuple(x2.shape), x2.dtype, out_dtype)] = (xa_meta, xs_meta)
+    return [*xa_tensors, *xs_tensors]
 
 
-@prepare_x_pair.register_fake
-def _(x, pair):
-    qb = _parse(pair)[0].wgrad.b
+def _pack_xa(xa, kind: str, backend: str):
+    from ..backends.fp8_blockwise import FoldedOperand
+
+    folded = kind in (PAIR, HADAMARD_FOLD)
+    if folded and isinstance(xa, FoldedOperand) and not xa.transposed and xa.data.group_rows == 1:
+        return (xa.data.codes, xa.data.scales), None
+    if not folded and isinstance(xa, QuantizedTensor) and len(xa.tensors()) == _N_XA:
+        return pack_operand(xa)
+    raise RuntimeError(f"fp4train: the {backend} backend prepared X for fprop as {type(xa).__name__}, not the {kind} "
+                       "operand the compiled graph was traced with")
+
+
+@prepare_x.register_fake
+def _(x, key, out_dtype):
+    spec, name = _parse(key)
+    kind, g, w3 = prep_kind(spec, name), spec.fprop, spec.wgrad
     x2 = x.reshape(-1, x.shape[-1])
     m, k = x2.shape
-    cols = _reference_layout(x2, qb, 0, x.dtype)
-    return [x2.new_empty((m, k), dtype=torch.uint8), x2.new_empty((m, k // 128), dtype=torch.float32),
-            *[torch.empty_like(t) for t in cols.tensors()]]
+    if kind == FP8_ROWWISE:
+        xa = list(_reference_layout(x2, g.a, 1, out_dtype).tensors())
+    else:  # FP8 codes + 1x128 group scales
+        xa = [x2.new_empty((m, k), dtype=torch.uint8), x2.new_empty((m, k // 128), dtype=torch.float32)]
+    xm = pad_rows(x2, w3.transform.block) if w3.transform is not None else x2
+    xs = _reference_layout(xm, w3.b, 0, out_dtype)
+    return [*[torch.empty_like(t) for t in xa], *[torch.empty_like(t) for t in xs.tensors()]]
 
 
 # X's gradient comes from the layers' backward (dgrad), not through its quantized copies
-torch.library.register_autograd("fp4train::prepare_x_pair", lambda ctx, grads: (None, None), setup_context=lambda ctx, inputs, output: None)
+torch.library.register_autograd("fp4train::prepare_x", lambda ctx, grads: (None, None, None), setup_context=lambda ctx, inputs, output: None)
 
 
-def _unpack_pair(tensors: list[torch.Tensor], x2: torch.Tensor, config: str):
-    """:func:`prepare_x_pair`'s tensors as the backend's ``(fprop's operand, wgrad's X)``."""
+def _unpack_prep(tensors: list[torch.Tensor], x2: torch.Tensor, config: str, out_dtype: torch.dtype):
+    """:func:`prepare_x`'s tensors as ``(fprop's operand, wgrad's X)``."""
     spec, name = _parse(config)
-    backend = backends.get(name)
-    pair = pair_key(spec, name)
-    meta = _PAIR_SKELETONS[(pair, tuple(x2.shape), x2.dtype)]
-    from ..backends.fp8_blockwise import FoldedOperand
+    key = prep_key(spec, name)
+    xa_meta, xs_meta = _PREP_SKELETONS[(key, tuple(x2.shape), x2.dtype, out_dtype)]
+    if xa_meta is None:
+        from ..backends.fp8_blockwise import FoldedOperand
 
-    xa = FoldedOperand(FoldedFP8(tensors[0], tensors[1], 1, backend._counter(x2.device)))
-    return xa, unpack_operand(tuple(tensors[2:]), meta)
+        xa = FoldedOperand(FoldedFP8(tensors[0], tensors[1], 1, backends.get(name)._counter(x2.device)))
+    else:
+        xa = unpack_operand(tuple(tensors[:_N_XA]), xa_meta)
+    return xa, unpack_operand(tuple(tensors[_N_XA:]), xs_meta)
 
 
 def _config(config: str):
@@ -166,21 +219,21 @@ def _saved_tensors(x_saved, w_saved, x_source: str | None, x_given: bool = False
 
 @torch.library.custom_op("fp4train::quantized_linear", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
 def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], config: str,
-                     out_dtype: torch.dtype, save_x: bool, save_w: bool, x_pair: list[torch.Tensor]) -> list[torch.Tensor]:
+                     out_dtype: torch.dtype, save_x: bool, save_w: bool, x_prep: list[torch.Tensor]) -> list[torch.Tensor]:
     spec, backend = _config(config)
     seed = fresh_seed() if spec.needs_seed else 0
     x2 = x.reshape(-1, x.shape[-1])
-    pair = _unpack_pair(x_pair, x2, config) if x_pair else None
+    prepared = _unpack_prep(x_prep, x2, config, out_dtype) if x_prep else None
     with torch.autocast(x.device.type, enabled=False):
         y, x_saved, w_saved = forward(x2, weight, bias, spec, backend, seed, out_dtype, save_x=save_x, save_w=save_w,
-                                      shared=UNSHARED, x_pair=pair)
-    tensors, x_meta, n_x, w_meta = _saved_tensors(x_saved, w_saved, saved_x_source(spec), x_given=bool(x_pair))
+                                      shared=UNSHARED, x_pair=prepared)
+    tensors, x_meta, n_x, w_meta = _saved_tensors(x_saved, w_saved, saved_x_source(spec), x_given=bool(x_prep))
     _SKELETONS[_skeleton_key(config, x2.shape, x.dtype, weight.shape, out_dtype, save_x, save_w)] = (x_meta, n_x, w_meta)
     return [y.reshape(*x.shape[:-1], weight.shape[0]), torch.tensor(seed, dtype=torch.int64), *tensors]
 
 
 @quantized_linear.register_fake
-def _(x, weight, bias, config, out_dtype, save_x, save_w, x_pair):
+def _(x, weight, bias, config, out_dtype, save_x, save_w, x_prep):
     spec, _ = _config(config)
     x2 = x.reshape(-1, x.shape[-1])
     cdt = out_dtype
@@ -196,7 +249,7 @@ def _(x, weight, bias, config, out_dtype, save_x, save_w, x_pair):
         x_saved = _reference_layout(xm, w3.b, 0, cdt)
     if save_w and saves_fprop_w(spec):
         w_saved = _reference_layout(weight, g.b, 1, cdt)
-    tensors, *_ = _saved_tensors(x_saved, w_saved, source, x_given=bool(x_pair))
+    tensors, *_ = _saved_tensors(x_saved, w_saved, source, x_given=bool(x_prep))
     y = x.new_empty((*x.shape[:-1], weight.shape[0]), dtype=out_dtype)
     return [y, torch.empty((), dtype=torch.int64, device="cpu"), *[torch.empty_like(t) for t in tensors]]
 
@@ -257,13 +310,13 @@ def _(grad, weight, x, saved, seed, config, x_shape, x_dtype, out_dtype, save_x,
 
 
 def _setup_context(ctx, inputs, output):
-    x, weight, bias, config, out_dtype, save_x, save_w, x_pair = inputs
+    x, weight, bias, config, out_dtype, save_x, save_w, x_prep = inputs
     _, seed, *saved = output
     spec, _ = _parse(config)
     x_input = save_x and saved_x_source(spec) == X_INPUT
-    x_given = list(x_pair[2:]) if x_pair and save_x else []  # wgrad's packed X, made by prepare_x_pair
+    x_given = list(x_prep[_N_XA:]) if x_prep and save_x else []  # wgrad's packed X, made by prepare_x
     ctx.save_for_backward(weight, seed, x if x_input else None, *x_given, *saved)
-    ctx.config, ctx.out_dtype, ctx.save_x, ctx.save_w, ctx.n_pair = config, out_dtype, save_x, save_w, len(x_pair)
+    ctx.config, ctx.out_dtype, ctx.save_x, ctx.save_w, ctx.n_prep = config, out_dtype, save_x, save_w, len(x_prep)
     ctx.x_shape, ctx.x_dtype, ctx.has_bias = list(x.shape), x.dtype, bias is not None
 
 
@@ -274,17 +327,17 @@ def _backward(ctx, grads_out):
     grads = iter(torch.ops.fp4train.quantized_linear_backward(
         grad_y, weight, x, saved, seed, ctx.config, ctx.x_shape, ctx.x_dtype, ctx.out_dtype, ctx.save_x, ctx.save_w, *needs))
     dx, dw, db = (next(grads) if n else None for n in needs)
-    return dx, dw, db, None, None, None, None, [None] * ctx.n_pair  # x_pair: no gradient (its codes are integers)
+    return dx, dw, db, None, None, None, None, [None] * ctx.n_prep  # x_prep: no gradient
 
 
 torch.library.register_autograd("fp4train::quantized_linear", _backward, setup_context=_setup_context)
 
 
 def quantized_linear_in_graph(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: str,
-                              pair: str | None, out_dtype: torch.dtype) -> torch.Tensor:
+                              prep: str | None, out_dtype: torch.dtype) -> torch.Tensor:
     """The quantized linear as the graph op (what :class:`QuantizedLinear` runs under ``torch.compile``)."""
     grad = torch.is_grad_enabled()
     save_x = grad and weight.requires_grad
     save_w = grad and x.requires_grad
-    x_pair = torch.ops.fp4train.prepare_x_pair(x, pair) if save_x and pair is not None and pair_fits(x) else []
-    return torch.ops.fp4train.quantized_linear(x, weight, bias, config, out_dtype, save_x, save_w, x_pair)[0]
+    x_prep = torch.ops.fp4train.prepare_x(x, prep, out_dtype) if save_x and prep is not None and prep_fits(x, prep) else []
+    return torch.ops.fp4train.quantized_linear(x, weight, bias, config, out_dtype, save_x, save_w, x_prep)[0]

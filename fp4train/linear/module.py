@@ -52,11 +52,11 @@ class QuantizedLinear(nn.Linear):
 
     @spec.setter
     def spec(self, spec: LinearSpec) -> None:
-        from .graph_op import config_key, pair_key
+        from .graph_op import config_key, prep_key
 
         self._spec = spec
         self._config = config_key(spec, self.backend_name)  # what the graph op takes for (spec, backend)
-        self._pair = pair_key(spec, self.backend_name)  # its shared X preparation, if the specs allow one
+        self._prep = prep_key(spec, self.backend_name)  # its shared X preparation, if the specs allow one
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, spec: LinearSpec, *, backend: str = "emulated", recipe_name: str = "") -> QuantizedLinear:
@@ -76,7 +76,7 @@ class QuantizedLinear(nn.Linear):
         if IN_GRAPH and torch.compiler.is_compiling():
             from .graph_op import quantized_linear_in_graph
 
-            return quantized_linear_in_graph(x, self.weight, self.bias, self._config, self._pair, self._out_dtype(x))
+            return quantized_linear_in_graph(x, self.weight, self.bias, self._config, self._prep, self._out_dtype(x))
         return _UNCOMPILED(self, x)
 
     @staticmethod
