@@ -293,3 +293,21 @@ def test_triton_numerics_leave_cpu_tensors_to_the_reference(monkeypatch):
     monkeypatch.setattr(mx_values, "mxfp4_values", no_kernel)
     formats.set_numerics("triton")
     assert torch.equal(q(x), ref)
+
+
+def test_dynamic_shapes_compile_once_and_keep_the_eager_bits(fresh_dynamo):
+    """compile(dynamic=True): one graph for any token count - where the shared preparation fits (64
+    tokens) and where it does not (48: not a multiple of 32, so X is prepared inside the layer's op)."""
+    torch.manual_seed(0)
+    m = fp4train.convert(nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 128)), "mxfp4", backend="triton")
+    c = torch.compile(m, dynamic=True, fullgraph=True)
+    for tokens in (64, 48, 96):
+        x = torch.randn(tokens, 128)
+        outs = []
+        for fwd in (m, c):
+            m.zero_grad()
+            xg = x.clone().requires_grad_()
+            y = fwd(xg)
+            y.square().sum().backward()
+            outs.append([y.detach(), xg.grad, m[0].weight.grad.clone()])
+        assert all(torch.equal(a, b) for a, b in zip(*outs)), tokens

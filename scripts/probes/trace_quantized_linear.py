@@ -12,6 +12,10 @@ CPU (``emulated`` backend, reference numerics) and reports, per recipe:
    gradients still equal eager ones from the same ``torch.manual_seed``.
 
     python scripts/probes/trace_quantized_linear.py --recipes mxfp4,tib2d
+
+Kept as the record of session 10's finding; what it led to is ``fp4train/linear/graph_op.py`` (session 11):
+under torch.compile the quantized linear is now torch.library ops, with the seed drawn inside the op.
+The probe still lifts the older graph break (``_UNCOMPILED``) to trace the layer's Python itself.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ def _model(recipe: str) -> nn.Module:
     m = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64))
     fp4train.convert(m, recipe)
     module._make_uncompiled()
+    module.set_in_graph(False)  # not the graph op: the layer's own Python, traced by dynamo
     module._UNCOMPILED = module.QuantizedLinear._quantized  # lift the graph break
     return m
 
