@@ -35,7 +35,20 @@ ROOT = Path(__file__).resolve().parent.parent
 def saved_bytes(model_name: str, recipe: str, batch: int, seq: int, compile_: bool, device: str) -> dict:
     torch.manual_seed(0)
     model = models.build(model_name).to(device)
-    if recipe != "bf16":
+    rec = fp4train.recipes.get(recipe)
+    strategies = None
+    if rec.calibrate:  # AdaHOP: its BF16 calibration steps first, as the trainer and bench/train_speed.py run them
+        from fp4train.adahop.calibration import calibrate_in_place
+
+        cal_tokens = torch.randint(0, 1000, (batch, seq), device=device)
+
+        def step():
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+                model(cal_tokens, cal_tokens).backward()
+            model.zero_grad(set_to_none=True)
+
+        strategies = calibrate_in_place(model, rec, step, 3).strategy_counts()
+    elif recipe != "bf16":
         fp4train.convert(model, recipe)
     if compile_:
         model = torch.compile(model)
@@ -72,7 +85,8 @@ def saved_bytes(model_name: str, recipe: str, batch: int, seq: int, compile_: bo
     by_dtype: dict = {}
     for dtype, n in storages.values():
         by_dtype[dtype] = by_dtype.get(dtype, 0) + n
-    return {"recipe": recipe, "compile": compile_, "saved_mib": sum(by_dtype.values()) / 2**20,
+    return {"recipe": recipe, "compile": compile_, **({"adahop_strategies": strategies} if strategies else {}),
+            "saved_mib": sum(by_dtype.values()) / 2**20,
             "saved_mib_by_dtype": {k: v / 2**20 for k, v in sorted(by_dtype.items())}, "storages": len(storages), **mem}
 
 
