@@ -71,6 +71,11 @@ def test_compiled_model_is_one_graph(recipe, fresh_dynamo):
         assert float((a - b).norm() / a.norm()) < 1e-4
 
 
+def _iht_wgrad_spec():
+    return LinearSpec(gemm_spec(Strategy.PLAIN, "none", "none", 4), gemm_spec(Strategy.IHT, "none", "none", 4),
+                      gemm_spec(Strategy.IHT, "none", "none", 4))
+
+
 def _oe_spec():
     return LinearSpec(gemm_spec(Strategy.OE, Relative.INNER, Relative.OUTER, k=4), gemm_spec(Strategy.OE, "outer", "inner", 4),
                       gemm_spec(Strategy.OE, "inner", "inner", 4))
@@ -197,7 +202,7 @@ class _Siblings(nn.Module):
         return torch.cat([self.q(x), self.k(x), self.v(x)], -1)  # exact: no float order of the compiler's in the comparison
 
 
-@pytest.mark.parametrize("recipe", ["mxfp4", "tib2d", "fp8_rowwise", "hadamard_mxfp4"])
+@pytest.mark.parametrize("recipe", ["mxfp4", "tib2d", "fp8_rowwise", "hadamard_mxfp4", "adahop_iht_wgrad"])
 def test_layers_reading_one_input_share_one_prepare_op(recipe, fresh_dynamo, monkeypatch):
     """X's preparation for fprop and wgrad is its own deterministic op, so the compiler merges the
     siblings' calls into one (as the eager memo does): X prepared once per step, the eager bits."""
@@ -205,7 +210,12 @@ def test_layers_reading_one_input_share_one_prepare_op(recipe, fresh_dynamo, mon
 
     torch.manual_seed(0)
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels: on the GPU, or interpreted on a CPU
-    m = fp4train.convert(_Siblings().to(dev), recipe, backend="triton")
+    if recipe == "adahop_iht_wgrad":  # AdaHOP layers with the same strategies for X (plain fprop, IHT wgrad)
+        m = _Siblings().to(dev)
+        for n in ("q", "k", "v"):
+            setattr(m, n, QuantizedLinear.from_linear(getattr(m, n), _iht_wgrad_spec(), backend="triton"))
+    else:
+        m = fp4train.convert(_Siblings().to(dev), recipe, backend="triton")
     be = backends.get("triton")
     calls = []
     # what prepares X for fprop (along K, axis 1) - once per input when shared
@@ -241,12 +251,16 @@ def test_layers_reading_one_input_share_one_prepare_op(recipe, fresh_dynamo, mon
 
 
 @pytest.mark.parametrize("recipe,kind", [("mxfp4", "pair"), ("tib2d", "pair"), ("fp8_rowwise", "fp8_rowwise"),
-                                         ("hadamard_mxfp4", "hadamard_fold")])
+                                         ("hadamard_mxfp4", "fold"), ("adahop_iht_wgrad", "fold")])
 def test_prepare_op_fake_layouts(recipe, kind):
-    """The shared X preparation's fake layouts are the backend's (opcheck), for each kind."""
+    """The shared X preparation's fake layouts are the backend's (opcheck), for each kind; the layers reading
+    one input share it (the sibling test below counts the calls)."""
     from fp4train.linear.graph_op import _parse, prep_fits, prep_kind
 
-    q = fp4train.convert(nn.Sequential(nn.Linear(128, 96)), recipe, backend="triton")[0]
+    if recipe == "adahop_iht_wgrad":  # an AdaHOP layer: plain fprop, IHT on wgrad
+        q = QuantizedLinear.from_linear(nn.Linear(128, 96), _iht_wgrad_spec(), backend="triton")
+    else:
+        q = fp4train.convert(nn.Sequential(nn.Linear(128, 96)), recipe, backend="triton")[0]
     x = torch.randn(64, 128)
     assert q._prep is not None and prep_kind(*_parse(q._prep)) == kind and prep_fits(x, q._prep)
     for dt in (torch.float32, torch.bfloat16):

@@ -70,9 +70,10 @@ def _parse(key: str) -> tuple[LinearSpec, str]:
 _PREP_SKELETONS: dict[tuple, tuple] = {}
 
 #: the kinds of shared X preparation: the backend's one-pass MXFP4 pair (fprop's X folded into FP8 +
-#: wgrad's X packed, one read), FP8 rowwise X for both GEMMs, and Hadamard + MXFP4 (the transform fused
-#: into fprop's fold; wgrad's X transformed and packed)
-PAIR, FP8_ROWWISE, HADAMARD_FOLD = "pair", "fp8_rowwise", "hadamard_fold"
+#: wgrad's X packed, one read), FP8 rowwise X for both GEMMs, and MXFP4 with a block Hadamard on either
+#: GEMM (fprop's X folded, the transform fused into the fold; wgrad's X transformed and packed -
+#: hadamard_mxfp4, and AdaHOP's layers with an IHT)
+PAIR, FP8_ROWWISE, FOLD = "pair", "fp8_rowwise", "fold"
 #: every kind's fprop operand is two tensors (FP8 codes + group scales, or E4M3 codes + row scales)
 _N_XA = 2
 
@@ -94,8 +95,8 @@ def prep_kind(spec: LinearSpec, backend: str) -> str | None:
         return PAIR
     if g.a.format == "fp8" and w3.b.format == "fp8" and g.transform is None and w3.transform is None:
         return FP8_ROWWISE
-    if mx_1x32 and g.transform is not None and g.transform.block <= 128:
-        return HADAMARD_FOLD
+    if mx_1x32 and (g.transform is None or g.transform.block <= 128):
+        return FOLD
     return None
 
 
@@ -116,7 +117,7 @@ def prep_fits(x: torch.Tensor, key: str) -> bool:
         return False
     if kind == PAIR:
         return (x.numel() // k) % 32 == 0 and k % 128 == 0
-    if kind == HADAMARD_FOLD:
+    if kind == FOLD:
         return k % 128 == 0 and x.dtype in (torch.float32, torch.bfloat16)
     return kind == FP8_ROWWISE
 
@@ -150,7 +151,7 @@ def prepare_x(x: torch.Tensor, key: str, out_dtype: torch.dtype) -> list[torch.T
 def _pack_xa(xa, kind: str, backend: str):
     from ..backends.fp8_blockwise import FoldedOperand
 
-    folded = kind in (PAIR, HADAMARD_FOLD)
+    folded = kind in (PAIR, FOLD)
     if folded and isinstance(xa, FoldedOperand) and not xa.transposed and xa.data.group_rows == 1:
         return (xa.data.codes, xa.data.scales), None
     if not folded and isinstance(xa, QuantizedTensor) and len(xa.tensors()) == _N_XA:
