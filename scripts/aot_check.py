@@ -108,6 +108,7 @@ def _kernel_calls() -> None:
             fp8_values.fp8_rowwise_values(x, axis=axis)
             fp8_values.quantize_fp8_rowwise(x, axis=axis)
             amax.finite_amax_along(x, axis)
+        fp8_values.quantize_fp8_rowwise_both(x)
         kernels.block_hadamard(x, None, block=32, axis=1)
     q = fp4train.quantize(x32, "mxfp4")
     kernels.decode_fp4_scaled(q)

@@ -219,7 +219,7 @@ def test_layers_reading_one_input_share_one_prepare_op(recipe, fresh_dynamo, mon
     be = backends.get("triton")
     calls = []
     # what prepares X for fprop (along K, axis 1) - once per input when shared
-    name = "operand_pair" if recipe in ("mxfp4", "tib2d") else "operand"
+    name = "operand_pair" if recipe in ("mxfp4", "tib2d", "fp8_rowwise") else "operand"
     real = getattr(be, name)
 
     x_storage = {}

@@ -587,3 +587,22 @@ def test_e2m1_nearest_rounding_at_every_tie_and_its_neighbours_equals_the_refere
     got = quantize_mxfp4(x.to(DEV))
     assert torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
     assert torch.equal(quantize_mxfp4_fp8(x.to(DEV), group_rows=1).codes.cpu(), fold(ref, 1).codes)  # the fold kernel's rounding
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(70, 200), (33, 129)])
+def test_fp8_rowwise_both_layouts_from_two_reads_equal_the_reference(dtype, shape):
+    """Both FP8 rowwise layouts of one tensor (the row and the column amax in one pass, both code
+    layouts in another) equal quantize(x, "fp8", axis=1) and axis=0 bit for bit: NaN/Inf rows and
+    columns, an all-zero row, -0.0, saturation, partial tiles."""
+    from fp4train.kernels.fp8_values import quantize_fp8_rowwise_both
+
+    x = _special(*shape, 5).to(dtype)
+    x[11, 13], x[12, 14] = -0.0, 1e30 if dtype == torch.float32 else 3e38
+    x[20] = 0.0
+    rows, cols = quantize_fp8_rowwise_both(x.to(DEV))
+    for got, axis in ((rows, 1), (cols, 0)):
+        ref = fp4train.quantize(x, "fp8", axis=axis)
+        assert got.layout == ref.layout and torch.equal(got.codes.cpu(), ref.codes), axis
+        torch.testing.assert_close(got.scales.cpu(), ref.scales, rtol=0, atol=0, equal_nan=True)
+        assert bool(ref.scales.isnan().any())

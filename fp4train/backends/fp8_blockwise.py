@@ -203,8 +203,17 @@ class Fp8BlockwiseBackend:
     def operand_pair(self, x: torch.Tensor, qa, qb, *, seeds: tuple[int | None, int | None]):
         """X ``[M, K]`` read once for its two GEMMs: (fprop's A operand, MXFP4 along K folded into FP8,
         wgrad's X, MXFP4 along M packed - what the layer saves), or None where the specs or the shape
-        do not allow it (both MXFP4 with 1x32 blocks, M % 32 == 0, K % 128 == 0)."""
-        if x.ndim != 2 or not kernels_usable_on(x) or x.shape[0] % 32 or x.shape[1] % 128:
+        do not allow it (both MXFP4 with 1x32 blocks, M % 32 == 0, K % 128 == 0). Both FP8 rowwise with
+        nearest rounding: the two QuantizedTensors (along K, along M - the latter also an A operand, dY
+        for wgrad), from two reads instead of four."""
+        if x.ndim != 2 or not kernels_usable_on(x):
+            return None
+        if all(q.quantized and q.format == "fp8" and not q.stochastic for q in (qa, qb)) and x.dtype in (
+                torch.float32, torch.bfloat16, torch.float16):
+            from ..kernels.fp8_values import quantize_fp8_rowwise_both
+
+            return quantize_fp8_rowwise_both(x.detach())
+        if x.shape[0] % 32 or x.shape[1] % 128:
             return None
         if any(not q.quantized or q.format != "mxfp4" or q.four_over_six for q in (qa, qb)):
             return None

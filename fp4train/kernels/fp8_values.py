@@ -7,6 +7,11 @@ rounded once, ``s = 1`` for an all-zero row), then one pass writes ``e4m3(x / s)
 448, NaN/Inf elements to NaN - as BF16 (every E4M3 value is exact in BF16). A row holding
 NaN/Inf gets a NaN scale, as in the reference. ``axis=1``: one scale per row; ``axis=0``: one per
 column (the values stay in ``x``'s layout).
+
+:func:`quantize_fp8_rowwise_both` makes both layouts of one tensor (X for fprop and wgrad, dY for
+dgrad and wgrad) from two reads instead of four: one pass for the row and the column amax together
+(per-tile maxima merged with integer atomic max on the FP32 bit patterns, exact in any order for
+non-negative values), one pass that writes both code layouts.
 """
 
 from __future__ import annotations
@@ -84,3 +89,66 @@ def quantize_fp8_rowwise(x: torch.Tensor, *, axis: int) -> QuantizedTensor:
     That stored layout is what an FP8 tensor-core GEMM takes: row-major A, and B as the transposed view."""
     codes, s, red = _fp8_rows("quantize_fp8_rowwise", x, axis, codes=True)
     return QuantizedTensor("fp8", codes, s.reshape(-1, 1), None, BlockLayout(tuple(x.shape), (x.shape[red],), red), x.dtype)
+
+
+@triton.jit
+def _amax_both_kernel(x_ptr, ramax_ptr, camax_ptr, rbad_ptr, cbad_ptr, M, K, sx, RB: tl.constexpr, BK: tl.constexpr):
+    """Row and column finite amax of a [RB, BK] tile of x [M, K], merged into int32 buffers (the FP32
+    bits of non-negative values order like the integers, so atomic max is exact in any order)."""
+    r = tl.program_id(0) * RB + tl.arange(0, RB)
+    c = tl.program_id(1) * BK + tl.arange(0, BK)
+    rm, cm = r < M, c < K
+    a = tl.abs(tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=rm[:, None] & cm[None, :], other=0.0).to(tl.float32))
+    finite = a < float("inf")  # NaN compares false too
+    af = tl.where(finite, a, 0.0)
+    bad = tl.where(finite, 0, 1)
+    tl.atomic_max(ramax_ptr + r, tl.max(af, axis=1).to(tl.int32, bitcast=True), mask=rm)
+    tl.atomic_max(camax_ptr + c, tl.max(af, axis=0).to(tl.int32, bitcast=True), mask=cm)
+    tl.atomic_max(rbad_ptr + r, tl.max(bad, axis=1), mask=rm)
+    tl.atomic_max(cbad_ptr + c, tl.max(bad, axis=0), mask=cm)
+
+
+@triton.jit
+def _fp8_both_kernel(x_ptr, rs_ptr, cs_ptr, yr_ptr, yc_ptr, M, K, sx, RB: tl.constexpr, BK: tl.constexpr):
+    """E4M3 codes of a [RB, BK] tile of x [M, K] scaled per row (stored at ``yr[r, c]``, [M, K]) and per
+    column (stored transposed at ``yc[c, r]``, [K, M]), from one read; as ``_fp8_values_kernel`` with CODES."""
+    r = tl.program_id(0) * RB + tl.arange(0, RB)
+    c = tl.program_id(1) * BK + tl.arange(0, BK)
+    mask = (r < M)[:, None] & (c < K)[None, :]
+    x = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=mask, other=0.0).to(tl.float32)
+    rs = tl.load(rs_ptr + r, mask=r < M, other=1.0)[:, None]
+    cs = tl.load(cs_ptr + c, mask=c < K, other=1.0)[None, :]
+    for per_row in tl.static_range(2):
+        v = tl.math.div_rn(x, rs if per_row == 1 else cs)
+        code, mag = e4m3_rtne(tl.minimum(tl.abs(v), 448.0))
+        negative = v.to(tl.int32, bitcast=True) < 0
+        out = tl.where(tl.abs(v) < float("inf"), code | tl.where(negative, 0x80, 0), 0x7F).to(tl.uint8)
+        if per_row == 1:
+            tl.store(yr_ptr + r[:, None] * K + c[None, :], out, mask=mask)
+        else:
+            tl.store(yc_ptr + c[None, :] * M + r[:, None], out, mask=mask)
+
+
+def quantize_fp8_rowwise_both(x: torch.Tensor) -> tuple[QuantizedTensor, QuantizedTensor]:
+    """``(quantize(x, "fp8", axis=1), quantize(x, "fp8", axis=0))`` (nearest rounding) of a 2D tensor,
+    bit for bit :func:`quantize_fp8_rowwise` of each axis, from two reads of ``x`` instead of four."""
+    if x.ndim != 2 or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"quantize_fp8_rowwise_both takes a 2D float32/bfloat16/float16 tensor, got {x.dtype} {tuple(x.shape)}")
+    x = x.contiguous()
+    M, K = x.shape
+    if M == 0 or K == 0:
+        return quantize_fp8_rowwise(x, axis=1), quantize_fp8_rowwise(x, axis=0)
+    bufs = torch.zeros(2 * (M + K), dtype=torch.int32, device=x.device)
+    ramax, camax, rbad, cbad = bufs.split((M, K, M, K))
+    rb, bk = 32, 128
+    grid = (triton.cdiv(M, rb), triton.cdiv(K, bk))
+    _amax_both_kernel[grid](x, ramax, camax, rbad, cbad, M, K, x.stride(0), RB=rb, BK=bk)
+    rs, cs = (ref_fp8.scale_from_amax(a.view(torch.float32)).contiguous() for a in (ramax, camax))
+    yr = torch.empty(M, K, dtype=torch.uint8, device=x.device)
+    yc = torch.empty(K, M, dtype=torch.uint8, device=x.device)
+    _fp8_both_kernel[grid](x, rs, cs, yr, yc, M, K, x.stride(0), RB=rb, BK=bk)
+    out = []
+    for codes, s, bad, red in ((yr, rs, rbad, 1), (yc, cs, cbad, 0)):
+        s = torch.where(bad.bool(), torch.full_like(s, float("nan")), s)
+        out.append(QuantizedTensor("fp8", codes, s.reshape(-1, 1), None, BlockLayout(tuple(x.shape), (x.shape[red],), red), x.dtype))
+    return out[0], out[1]

@@ -135,8 +135,16 @@ def backward(dy2, weight, x_op, w_q, spec: LinearSpec, backend, seed: int, cdt: 
     g2, g3 = spec.dgrad, spec.wgrad
     share_dy = g2.outliers is None and g3.outliers is None and shares_quantization(g2.a, g2.transform, g3.a, g3.transform)
     dx = dw = db = None
-    dy_dgrad = None
-    if (needs[0] and g2.outliers is None) or share_dy:
+    dy_dgrad = dy_wgrad = None
+    pair = getattr(backend, "operand_pair", None)
+    if (needs[0] and needs[1] and pair is not None and not share_dy and g2.outliers is None and g3.outliers is None
+            and g2.transform is None and g3.transform is None and g2.a.format == g3.a.format == "fp8"):
+        # dY for dgrad (along N) and wgrad (along M) from two reads, where the backend can; FP8 rowwise only,
+        # whose along-M half is an A operand too (MXFP4's pair packs its second half as a B operand)
+        both = pair(dy2, g2.a, g3.a, seeds=(sr_seed(g2.a, seed, DGRAD, OP_A), sr_seed(g3.a, seed, WGRAD, OP_A)))
+        if both is not None:
+            dy_dgrad, dy_wgrad = both
+    if dy_dgrad is None and ((needs[0] and g2.outliers is None) or share_dy):
         dy_dgrad = prepare_now(dy2, g2.a, axis=1, transform=g2.transform, seed=seed, gemm=DGRAD, operand=OP_A, compute_dtype=cdt, backend=backend)
     if needs[0] and g2.outliers is not None:
         dx = gemm_with_outliers(dy2, weight.t(), g2, seed=seed, gemm=DGRAD, compute_dtype=cdt, backend=backend, out_dtype=x_dtype)
@@ -153,7 +161,7 @@ def backward(dy2, weight, x_op, w_q, spec: LinearSpec, backend, seed: int, cdt: 
         # GEMM 3, wgrad: dW[N,K] = dY^T[N,M] @ (X^T)[K,M]^T, both along M
         if share_dy:
             dy_wgrad = dy_dgrad
-        else:
+        elif dy_wgrad is None:
             dym = pad_rows(dy2, g3.transform.block) if g3.transform is not None else dy2
             dy_wgrad = prepare_now(dym, g3.a, axis=0, transform=g3.transform, seed=seed, gemm=WGRAD, operand=OP_A, compute_dtype=cdt, backend=backend)
         dw = backend.gemm(dy_wgrad.t(), x_op.t(), weight.dtype)

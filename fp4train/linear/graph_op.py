@@ -132,10 +132,10 @@ def prepare_x(x: torch.Tensor, key: str, out_dtype: torch.dtype) -> list[torch.T
     backend, kind = backends.get(name), prep_kind(spec, name)
     g, w3 = spec.fprop, spec.wgrad
     x2 = x.reshape(-1, x.shape[-1])
-    if kind == PAIR:
-        both = backend.operand_pair(x2, g.a, w3.b, seeds=(None, None))
-        if both is None:
-            raise RuntimeError(f"fp4train: the {name} backend made no operand pair for X {tuple(x2.shape)} ({x2.dtype}, {x2.device})")
+    both = backend.operand_pair(x2, g.a, w3.b, seeds=(None, None)) if kind in (PAIR, FP8_ROWWISE) else None
+    if kind == PAIR and both is None:
+        raise RuntimeError(f"fp4train: the {name} backend made no operand pair for X {tuple(x2.shape)} ({x2.dtype}, {x2.device})")
+    if both is not None:
         xa, xs = both
     else:  # as fprop() and forward() prepare them, seeds unused (deterministic)
         xa = prepare_now(x2, g.a, axis=1, transform=g.transform, seed=0, gemm=FPROP, operand=OP_A, compute_dtype=out_dtype,
