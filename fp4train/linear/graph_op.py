@@ -1,9 +1,9 @@
-"""The quantized linear as two ``torch.library`` ops, so that ``torch.compile`` keeps it in the model's graph.
+"""The quantized linear as ``torch.library`` ops, so that ``torch.compile`` keeps it in the model's graph.
 
 Eager calls go through :class:`~fp4train.linear.function.QuantizedLinearFunction`. Under
-``torch.compile`` a quantized linear is instead one opaque node in forward and one in backward:
+``torch.compile`` a quantized linear is instead opaque nodes of the model's graph:
 
-* ``fp4train::quantized_linear(x, weight, bias, config, out_dtype, save_x, save_w)`` ->
+* ``fp4train::quantized_linear(x, weight, bias, config, out_dtype, save_x, save_w, x_prep)`` ->
   ``[Y, seed, *saved]``: :func:`~fp4train.linear.function.forward` run as it is (fp4train's
   kernels, the backend's GEMMs). ``seed`` is the call's stochastic-rounding / random-sign seed,
   drawn inside the op from torch's default CPU generator exactly where an eager call draws it
@@ -11,20 +11,22 @@ Eager calls go through :class:`~fp4train.linear.function.QuantizedLinearFunction
   (FP4 codes + scales), as outputs, so the compiler's partitioner sees and frees them.
 * ``fp4train::quantized_linear_backward(dY, weight, x, saved, seed, ...)`` -> ``[dX, dW, db]``
   (those asked for): :func:`~fp4train.linear.function.backward`.
+* ``fp4train::prepare_x(x, key, out_dtype)`` -> X prepared for fprop and for wgrad (``x_prep``),
+  where the layer's specs make that deterministic (:func:`prep_kind`). The eager path shares one
+  preparation among the layers that read the same input through a memo keyed on tensor identity
+  (:mod:`~fp4train.linear.shared_input`), which is unsafe in a graph (the compiler reuses buffers
+  without bumping version counters). As an op of its own, the compiler's common-subexpression pass
+  merges the q/k/v (and gate/up) calls into one instead.
 
 The compiler then sees one graph for the whole model: no graph break per layer (guards and
 Python between graphs), and the layers' neighbours (norms, activations, residual adds) fuse
 and free their activations as in a BF16 model. The ops' numerics are the eager ones, bit for bit.
 
-Layers that read the same input do not share its preparation here (the eager path's memo,
-:mod:`~fp4train.linear.shared_input`, keys on tensor identity, and the compiler reuses buffers
-without bumping version counters, so a memo could see another tensor's values under the same
-key): q/k/v quantize their X each.
-
-Everything that is not a tensor - the spec and backend - travels as ``config``, their JSON
+Everything that is not a tensor - the spec and backend - travels as a string, their JSON
 (:func:`config_key`): not a process-local index, since Inductor caches compiled graphs on disk
-with the ops' arguments in them and another process must read the same recipe from them. The fake (shape) implementation prepares the saved operands with the reference
-numerics on fake tensors: the kernels write the same layouts (tests compare the two).
+with the ops' arguments in them and another process must read the same recipe from them. The
+fake (shape) implementations describe the saved operands by the reference quantization's layouts
+on fake tensors: the kernels write the same layouts (``torch.library.opcheck`` in the tests).
 """
 
 from __future__ import annotations
@@ -36,12 +38,11 @@ import torch
 
 from .. import backends
 from ..counter_rng import fresh_seed
-from ..recipes.spec import GemmSpec, LinearSpec, _linear_from_dict, _to_plain
 from ..formats.fold import FoldedFP8
-from ..formats.quantize import kernels_usable_on
-from .function import X_FPROP, X_INPUT, X_WGRAD, backward, deterministic, forward, saved_x_source, saves_fprop_w, x_from_input
-from ..formats.quantize import FORMATS, encode_blocks, geometry, quantize_tensors
 from ..formats.qtensor import QuantizedTensor
+from ..formats.quantize import FORMATS, encode_blocks, geometry, kernels_usable_on, quantize_tensors
+from ..recipes.spec import GemmSpec, LinearSpec, _linear_from_dict, _to_plain
+from .function import X_FPROP, X_INPUT, X_WGRAD, backward, deterministic, forward, saved_x_source, saves_fprop_w, x_from_input
 from .operands import FPROP, OP_A, OP_B, WGRAD, pack_operand, pad_rows, prepare, prepare_now, unpack_operand
 from .shared_input import UNSHARED
 
@@ -67,6 +68,7 @@ def _parse(key: str) -> tuple[LinearSpec, str]:
     return _CONFIGS[key]
 
 
+#: what prepare_x made besides tensors (the operands' metadata), by its call's key and shapes
 _PREP_SKELETONS: dict[tuple, tuple] = {}
 
 #: the kinds of shared X preparation: the backend's one-pass MXFP4 pair (fprop's X folded into FP8 +
