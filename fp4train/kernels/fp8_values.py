@@ -28,6 +28,15 @@ from .e4m3 import e4m3_rtne
 
 
 @triton.jit
+def _e4m3_byte(v):
+    """The E4M3 byte of scaled values ``v``: round to nearest even, saturating at 448, sign in bit 7,
+    NaN/Inf -> the NaN code 0x7F (the reference's encode)."""
+    code, mag = e4m3_rtne(tl.minimum(tl.abs(v), 448.0))
+    negative = v.to(tl.int32, bitcast=True) < 0
+    return tl.where(tl.abs(v) < float("inf"), code | tl.where(negative, 0x80, 0), 0x7F).to(tl.uint8)
+
+
+@triton.jit
 def _fp8_values_kernel(x_ptr, s_ptr, y_ptr, M, K, sx, sy_r, sy_c, PER_ROW: tl.constexpr, CODES: tl.constexpr,
                        RB: tl.constexpr, BK: tl.constexpr):
     """``e4m3(x / s)`` of a [RB, BK] tile of x [M, K] (s per row or per column), stored at
@@ -42,13 +51,12 @@ def _fp8_values_kernel(x_ptr, s_ptr, y_ptr, M, K, sx, sy_r, sy_c, PER_ROW: tl.co
     else:
         s = tl.load(s_ptr + c, mask=c < K, other=1.0)[None, :]
     v = tl.math.div_rn(x, s)
-    code, mag = e4m3_rtne(tl.minimum(tl.abs(v), 448.0))
-    negative = v.to(tl.int32, bitcast=True) < 0
-    finite = tl.abs(v) < float("inf")
     if CODES:
-        out = tl.where(finite, code | tl.where(negative, 0x80, 0), 0x7F).to(tl.uint8)
+        out = _e4m3_byte(v)
     else:
-        out = tl.where(finite, tl.where(negative, -mag, mag), float("nan")).to(y_ptr.dtype.element_ty)
+        code, mag = e4m3_rtne(tl.minimum(tl.abs(v), 448.0))
+        negative = v.to(tl.int32, bitcast=True) < 0
+        out = tl.where(tl.abs(v) < float("inf"), tl.where(negative, -mag, mag), float("nan")).to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + r[:, None] * sy_r + c[None, :] * sy_c, out, mask=mask)
 
 
@@ -73,7 +81,18 @@ def _fp8_rows(name: str, x: torch.Tensor, axis: int, codes: bool) -> tuple[torch
         rb, bk = 16, 128
         _fp8_values_kernel[(triton.cdiv(M, rb), triton.cdiv(K, bk))](x, s, y, M, K, x.stride(0), sy_r, sy_c,
                                                                     PER_ROW=red == 1, CODES=codes, RB=rb, BK=bk)
-    return y, torch.where(bad, torch.full_like(s, float("nan")), s), red
+    return y, _nan_where(bad, s), red
+
+
+def _nan_where(bad: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """The scales with NaN for each row that holds a NaN/Inf (as the reference's)."""
+    return torch.where(bad.bool(), torch.full_like(s, float("nan")), s)
+
+
+def _fp8_qtensor(codes: torch.Tensor, s: torch.Tensor, x: torch.Tensor, red: int) -> QuantizedTensor:
+    """``quantize(x, "fp8", axis=red)``'s QuantizedTensor over the kernel's codes (the scaled axis last)
+    and FP32 scales (one per row of that layout)."""
+    return QuantizedTensor("fp8", codes, s.reshape(-1, 1), None, BlockLayout(tuple(x.shape), (x.shape[red],), red), x.dtype)
 
 
 def fp8_rowwise_values(x: torch.Tensor, *, axis: int) -> ScaledBF16:
@@ -88,7 +107,7 @@ def quantize_fp8_rowwise(x: torch.Tensor, *, axis: int) -> QuantizedTensor:
     transposed by the kernel) and one FP32 scale per row of that layout (NaN for a row holding NaN/Inf).
     That stored layout is what an FP8 tensor-core GEMM takes: row-major A, and B as the transposed view."""
     codes, s, red = _fp8_rows("quantize_fp8_rowwise", x, axis, codes=True)
-    return QuantizedTensor("fp8", codes, s.reshape(-1, 1), None, BlockLayout(tuple(x.shape), (x.shape[red],), red), x.dtype)
+    return _fp8_qtensor(codes, s, x, red)
 
 
 @triton.jit
@@ -118,15 +137,8 @@ def _fp8_both_kernel(x_ptr, rs_ptr, cs_ptr, yr_ptr, yc_ptr, M, K, sx, RB: tl.con
     x = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=mask, other=0.0).to(tl.float32)
     rs = tl.load(rs_ptr + r, mask=r < M, other=1.0)[:, None]
     cs = tl.load(cs_ptr + c, mask=c < K, other=1.0)[None, :]
-    for per_row in tl.static_range(2):
-        v = tl.math.div_rn(x, rs if per_row == 1 else cs)
-        code, mag = e4m3_rtne(tl.minimum(tl.abs(v), 448.0))
-        negative = v.to(tl.int32, bitcast=True) < 0
-        out = tl.where(tl.abs(v) < float("inf"), code | tl.where(negative, 0x80, 0), 0x7F).to(tl.uint8)
-        if per_row == 1:
-            tl.store(yr_ptr + r[:, None] * K + c[None, :], out, mask=mask)
-        else:
-            tl.store(yc_ptr + c[None, :] * M + r[:, None], out, mask=mask)
+    tl.store(yr_ptr + r[:, None] * K + c[None, :], _e4m3_byte(tl.math.div_rn(x, rs)), mask=mask)
+    tl.store(yc_ptr + c[None, :] * M + r[:, None], _e4m3_byte(tl.math.div_rn(x, cs)), mask=mask)
 
 
 def quantize_fp8_rowwise_both(x: torch.Tensor) -> tuple[QuantizedTensor, QuantizedTensor]:
@@ -147,8 +159,4 @@ def quantize_fp8_rowwise_both(x: torch.Tensor) -> tuple[QuantizedTensor, Quantiz
     yr = torch.empty(M, K, dtype=torch.uint8, device=x.device)
     yc = torch.empty(K, M, dtype=torch.uint8, device=x.device)
     _fp8_both_kernel[grid](x, rs, cs, yr, yc, M, K, x.stride(0), RB=rb, BK=bk)
-    out = []
-    for codes, s, bad, red in ((yr, rs, rbad, 1), (yc, cs, cbad, 0)):
-        s = torch.where(bad.bool(), torch.full_like(s, float("nan")), s)
-        out.append(QuantizedTensor("fp8", codes, s.reshape(-1, 1), None, BlockLayout(tuple(x.shape), (x.shape[red],), red), x.dtype))
-    return out[0], out[1]
+    return _fp8_qtensor(yr, _nan_where(rbad, rs), x, 1), _fp8_qtensor(yc, _nan_where(cbad, cs), x, 0)
