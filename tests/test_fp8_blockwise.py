@@ -163,3 +163,19 @@ def test_a_torch_without_rowwise_fp8_gemms_falls_back_once_with_a_warning(monkey
     with pytest.warns(RuntimeWarning, match="cannot run rowwise-scaled FP8 GEMMs.*BF16 tensor cores"):
         y = be.gemm(a, b, torch.float32)
     assert torch.equal(y, ref) and fb._ROWWISE_OK is False
+
+
+def test_operand_pair_gives_a_second_operand_only_in_a_role_it_can_play():
+    """MXFP4's pair packs its along-M half for the layer to save and fold as a B operand (X for wgrad):
+    asked for an A operand (dY for wgrad) it declines. FP8 rowwise's halves serve either role."""
+    from fp4train.backends import get
+    from fp4train.recipes import QuantSpec
+
+    be = get("fp8_blockwise")
+    x = torch.randn(64, 256)
+    mx, f8 = QuantSpec("mxfp4"), QuantSpec("fp8")
+    assert be.operand_pair(x, mx, mx, seeds=(None, None)) is not None
+    assert be.operand_pair(x, mx, mx, seeds=(None, None), b_role=0) is None
+    for role in (0, 1):
+        rows, cols = be.operand_pair(x, f8, f8, seeds=(None, None), b_role=role)
+        assert rows.block_axis == 1 and cols.block_axis == 0

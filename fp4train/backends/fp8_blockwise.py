@@ -200,12 +200,15 @@ class Fp8BlockwiseBackend:
                                     rounding=kw.get("rounding", "nearest"), seed=seed, counter=self._counter(x.device), **had)
         return FoldedOperand(folded, transposed=axis % 2 == 0)
 
-    def operand_pair(self, x: torch.Tensor, qa, qb, *, seeds: tuple[int | None, int | None]):
-        """X ``[M, K]`` read once for its two GEMMs: (fprop's A operand, MXFP4 along K folded into FP8,
-        wgrad's X, MXFP4 along M packed - what the layer saves), or None where the specs or the shape
-        do not allow it (both MXFP4 with 1x32 blocks, M % 32 == 0, K % 128 == 0). Both FP8 rowwise with
-        nearest rounding: the two QuantizedTensors (along K, along M - the latter also an A operand, dY
-        for wgrad), from two reads instead of four."""
+    def operand_pair(self, x: torch.Tensor, qa, qb, *, seeds: tuple[int | None, int | None], b_role: int = 1):
+        """A tensor ``[M, K]`` read once for its two GEMMs: (the A operand along K, the operand along M
+        for GEMM operand ``b_role`` - 1: B, X for wgrad; 0: A, dY for wgrad), or None where the specs,
+        the shape or the role do not allow it:
+
+        * both MXFP4 with 1x32 blocks, M % 32 == 0, K % 128 == 0, ``b_role`` 1: (folded into FP8, packed
+          MXFP4 along M - what the layer saves for wgrad, folded there as a B operand);
+        * both FP8 rowwise with nearest rounding, either role: the two QuantizedTensors, from two reads
+          instead of four."""
         if x.ndim != 2 or not kernels_usable_on(x):
             return None
         if all(q.quantized and q.format == "fp8" and not q.stochastic for q in (qa, qb)) and x.dtype in (
@@ -213,7 +216,7 @@ class Fp8BlockwiseBackend:
             from ..kernels.fp8_values import quantize_fp8_rowwise_both
 
             return quantize_fp8_rowwise_both(x.detach())
-        if x.shape[0] % 32 or x.shape[1] % 128:
+        if b_role != 1 or x.shape[0] % 32 or x.shape[1] % 128:
             return None
         if any(not q.quantized or q.format != "mxfp4" or q.four_over_six for q in (qa, qb)):
             return None

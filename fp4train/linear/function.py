@@ -138,10 +138,9 @@ def backward(dy2, weight, x_op, w_q, spec: LinearSpec, backend, seed: int, cdt: 
     dy_dgrad = dy_wgrad = None
     pair = getattr(backend, "operand_pair", None)
     if (needs[0] and needs[1] and pair is not None and not share_dy and g2.outliers is None and g3.outliers is None
-            and g2.transform is None and g3.transform is None and g2.a.format == g3.a.format == "fp8"):
-        # dY for dgrad (along N) and wgrad (along M) from two reads, where the backend can; FP8 rowwise only,
-        # whose along-M half is an A operand too (MXFP4's pair packs its second half as a B operand)
-        both = pair(dy2, g2.a, g3.a, seeds=(sr_seed(g2.a, seed, DGRAD, OP_A), sr_seed(g3.a, seed, WGRAD, OP_A)))
+            and g2.transform is None and g3.transform is None):
+        # dY for dgrad (along N) and wgrad (along M, an A operand there) in one go, where the backend can
+        both = pair(dy2, g2.a, g3.a, seeds=(sr_seed(g2.a, seed, DGRAD, OP_A), sr_seed(g3.a, seed, WGRAD, OP_A)), b_role=OP_A)
         if both is not None:
             dy_dgrad, dy_wgrad = both
     if dy_dgrad is None and ((needs[0] and g2.outliers is None) or share_dy):
