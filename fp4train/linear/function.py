@@ -30,15 +30,15 @@ def deterministic(q, transform) -> bool:
 
 
 def fprop(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: torch.dtype, *, save_x: bool = False, shared=None,
-          x_pair=None):
+          x_prepared=None):
     """GEMM 1, fprop: ``Y[M,N] = X[M,K] @ W[N,K]^T (+ b)``, both operands along K.
 
     Returns ``(Y, xa, wb, x_wgrad)``: the two prepared operands (the caller may keep them for
     backward) and, with ``save_x``, X prepared for wgrad where a backend's ``operand_pair`` made
     it in the same pass as fprop's (else None). Also the whole forward of the layer when no
     gradient is needed (inference, evaluation). ``shared``: the memo of operands prepared from
-    one input (default :data:`~fp4train.linear.shared_input.SHARED`); ``x_pair``: the backend's
-    ``operand_pair`` of X made beforehand (the graph op's shared preparation), used as it is.
+    one input (default :data:`~fp4train.linear.shared_input.SHARED`); ``x_prepared``: ``(fprop's X,
+    wgrad's X)`` made beforehand (the graph op's shared preparation), used as they are.
     """
     shared = SHARED if shared is None else shared
     g = spec.fprop
@@ -52,8 +52,8 @@ def fprop(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: tor
     kw = dict(axis=1, transform=g.transform, seed=seed, gemm=FPROP, operand=OP_B, compute_dtype=out_dtype)
     xa = x_saved = None
     pair = getattr(backend, "operand_pair", None)
-    if x_pair is not None:
-        xa, x_saved = x_pair
+    if x_prepared is not None:
+        xa, x_saved = x_prepared
     elif save_x and pair is not None and not keep_x and spec.wgrad.outliers is None and g.transform is None and spec.wgrad.transform is None:
         # X read once for fprop (along K) and wgrad (along M), where the backend can
         seeds = (sr_seed(g.a, seed, FPROP, OP_A), sr_seed(spec.wgrad.b, seed, WGRAD, OP_B))
@@ -100,17 +100,17 @@ def x_from_input(x2: torch.Tensor, spec: LinearSpec, cdt: torch.dtype) -> torch.
 
 
 def forward(x2, weight, bias, spec: LinearSpec, backend, seed: int, out_dtype: torch.dtype, *, save_x: bool, save_w: bool, shared=None,
-            x_pair=None):
+            x_prepared=None):
     """The layer's forward on ``X[M, K]``: ``(Y, x_saved, w_saved)`` - Y and what backward needs
     besides W: with ``save_x`` (W wants a gradient) X prepared for wgrad, with ``save_w`` (X wants
     a gradient) W prepared for dgrad where fprop's serves (else None: dgrad prepares W itself)."""
     cdt = out_dtype
-    y, xa, wb, x_pair = fprop(x2, weight, bias, spec, backend, seed, out_dtype, save_x=save_x, shared=shared, x_pair=x_pair)
+    y, xa, wb, x_made = fprop(x2, weight, bias, spec, backend, seed, out_dtype, save_x=save_x, shared=shared, x_prepared=x_prepared)
     x_saved = w_saved = None
     if save_x:
         source, w3 = saved_x_source(spec), spec.wgrad
-        if x_pair is not None:
-            x_saved = x_pair  # made in fprop's pass over X
+        if x_made is not None:
+            x_saved = x_made  # made with fprop's X (one pass, or given)
         elif source == X_INPUT:
             x_saved = x_from_input(x2, spec, cdt)
         elif source == X_FPROP:

@@ -31,6 +31,7 @@ on fake tensors: the kernels write the same layouts (``torch.library.opcheck`` i
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Optional
 
@@ -111,10 +112,16 @@ def prep_key(spec: LinearSpec, backend: str) -> str | None:
     return config_key(LinearSpec(fprop=GemmSpec(a=g.a, transform=g.transform), wgrad=GemmSpec(b=w3.b, transform=w3.transform)), backend)
 
 
+@functools.lru_cache(maxsize=None)
+def _prep_kind_of(key: str) -> str | None:
+    """:func:`prep_kind` of a preparation key, once per key (the ops run it on every call)."""
+    return prep_kind(*_parse(key))
+
+
 def prep_fits(x: torch.Tensor, key: str) -> bool:
     """Does X's shape, dtype and device allow the shared preparation ``key`` names (the backend's
     kernels: K % 128; the pair also tokens % 32; the fused Hadamard float32/bfloat16 input)?"""
-    k, kind = x.shape[-1], prep_kind(*_parse(key))
+    k, kind = x.shape[-1], prep_kind(*_parse(key))  # traced by dynamo (runs once per compilation): no cache wrapper
     if x.ndim < 2 or not kernels_usable_on(x):
         return False
     if kind == PAIR:
@@ -131,7 +138,7 @@ def prepare_x(x: torch.Tensor, key: str, out_dtype: torch.dtype) -> list[torch.T
     common-subexpression pass merges the calls of layers that read the same X (q/k/v, gate/up) into one -
     what the eager memo (:mod:`~fp4train.linear.shared_input`) does outside a graph."""
     spec, name = _parse(key)
-    backend, kind = backends.get(name), prep_kind(spec, name)
+    backend, kind = backends.get(name), _prep_kind_of(key)
     g, w3 = spec.fprop, spec.wgrad
     x2 = x.reshape(-1, x.shape[-1])
     both = backend.operand_pair(x2, g.a, w3.b, seeds=(None, None)) if kind in (PAIR, FP8_ROWWISE) else None
@@ -164,8 +171,8 @@ def _pack_xa(xa, kind: str, backend: str):
 
 @prepare_x.register_fake
 def _(x, key, out_dtype):
-    spec, name = _parse(key)
-    kind, g, w3 = prep_kind(spec, name), spec.fprop, spec.wgrad
+    spec, _ = _parse(key)
+    kind, g, w3 = _prep_kind_of(key), spec.fprop, spec.wgrad
     x2 = x.reshape(-1, x.shape[-1])
     m, k = x2.shape
     if kind == FP8_ROWWISE:
@@ -181,10 +188,16 @@ def _(x, key, out_dtype):
 torch.library.register_autograd("fp4train::prepare_x", lambda ctx, grads: (None, None, None), setup_context=lambda ctx, inputs, output: None)
 
 
+@functools.lru_cache(maxsize=None)
+def _prep_key_of(config: str) -> str | None:
+    """:func:`prep_key` of a layer's config (once per config: the JSON is not rebuilt on every call)."""
+    return prep_key(*_parse(config))
+
+
 def _unpack_prep(tensors: list[torch.Tensor], x2: torch.Tensor, config: str, out_dtype: torch.dtype):
     """:func:`prepare_x`'s tensors as ``(fprop's operand, wgrad's X)``."""
-    spec, name = _parse(config)
-    key = prep_key(spec, name)
+    name = _parse(config)[1]
+    key = _prep_key_of(config)
     xa_meta, xs_meta = _PREP_SKELETONS[(key, tuple(x2.shape), x2.dtype, out_dtype)]
     if xa_meta is None:
         from ..backends.fp8_blockwise import FoldedOperand
@@ -205,19 +218,13 @@ def _skeleton_key(config, x2_shape, x_dtype, w_shape, out_dtype, save_x, save_w)
 
 
 def _saved_tensors(x_saved, w_saved, x_source: str | None, x_given: bool = False):
-    """``(tensors, x_meta, n_x, w_meta)``; an X that is the input itself or came in prepared
-    (``x_given``) is not among the tensors (an op's output may not alias its input; setup_context
-    saves the input)."""
-    if x_given:
-        _, x_meta = pack_operand(x_saved) if x_saved is not None else ((), None)
-        x_tensors = ()
-    elif x_saved is None or x_source == X_INPUT:
-        x_tensors, x_meta = (), None
-    else:
-        x_tensors, x_meta = pack_operand(x_saved)
+    """``(tensors, x_meta, n_x, w_meta)``: the tensors the forward op outputs for backward and what
+    rebuilds the operands from them. An X that is the input itself, or that came in prepared
+    (``x_given``: its ``n_x`` tensors are prepare_x's), is not among the outputs (an op's output may not
+    alias its input; setup_context saves the input)."""
+    x_tensors, x_meta = pack_operand(x_saved) if x_saved is not None and x_source != X_INPUT else ((), None)
     w_tensors, w_meta = pack_operand(w_saved) if w_saved is not None else ((), None)
-    n_x = len(pack_operand(x_saved)[0]) if x_given and x_saved is not None else len(x_tensors)
-    return [*x_tensors, *w_tensors], x_meta, n_x, w_meta
+    return [*(() if x_given else x_tensors), *w_tensors], x_meta, len(x_tensors), w_meta
 
 
 @torch.library.custom_op("fp4train::quantized_linear", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
@@ -229,7 +236,7 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     prepared = _unpack_prep(x_prep, x2, config, out_dtype) if x_prep else None
     with torch.autocast(x.device.type, enabled=False):
         y, x_saved, w_saved = forward(x2, weight, bias, spec, backend, seed, out_dtype, save_x=save_x, save_w=save_w,
-                                      shared=UNSHARED, x_pair=prepared)
+                                      shared=UNSHARED, x_prepared=prepared)
     tensors, x_meta, n_x, w_meta = _saved_tensors(x_saved, w_saved, saved_x_source(spec), x_given=bool(x_prep))
     _SKELETONS[_skeleton_key(config, x2.shape, x.dtype, weight.shape, out_dtype, save_x, save_w)] = (x_meta, n_x, w_meta)
     return [y.reshape(*x.shape[:-1], weight.shape[0]), torch.tensor(seed, dtype=torch.int64), *tensors]
