@@ -3,8 +3,8 @@
 Question: how far does the fold kernel (the FP8 tensor-core operand; the largest cost of a 1b
 training step on the H200, docs/LOG.md session 9) get from its current launch (16 rows per program,
 4 warps) to the copy bandwidth, by launch parameters alone? Input a 16384 x 8192 BF16 tensor; for
-blocks along dim 1 and along dim 0 (read in place as x^T), 1x128 and 128x128 groups, each
-(rows per program, warps) pair is timed with CUDA events (median of ``--repeats``) against the copy
+blocks along dim 1 and along dim 0 (read in place as x^T, down x's columns or along its rows
+with the transpose in the kernel), 1x128 and 128x128 groups, each (rows per program, warps) pair is timed with CUDA events (median of ``--repeats``) against the copy
 baseline of the same run. The bits do not depend on these parameters (tests/test_kernels.py).
 Writes ``bench/results/fold_sweep-<gpu>.json``.
 
@@ -45,24 +45,27 @@ def main(argv=None):
     counter = torch.zeros((), dtype=torch.int32, device="cuda")
     rows = []
     for axis in (1, 0):
-        for gr in (1, 128):
-            for rb in ((4, 8, 16, 32, 64) if gr == 1 else (128,)):
-                for nw in (4, 8, 16, 32):
-                    def run():
-                        quantize_mxfp4_fp8(x, axis=axis, group_rows=gr, rows_per_program=rb, num_warps=nw, counter=counter)
-                    try:
-                        t = median_time(run, args.repeats)
-                    except Exception as e:  # noqa: BLE001 - a launch that does not fit (registers, shared memory) is recorded
-                        rows.append({"axis": axis, "group_rows": gr, "rows_per_program": rb, "num_warps": nw, "error": repr(e)[:200]})
-                        continue
-                    gbps = moved / t / 1e9
-                    rows.append({"axis": axis, "group_rows": gr, "rows_per_program": rb, "num_warps": nw, "ms": t * 1e3,
-                                 "GBps": gbps, "fraction_of_copy": gbps / copy_gbps})
-                    print(f"axis {axis} groups {gr:>3}x128 rows/program {rb:>3} warps {nw:>2}: {t * 1e3:7.3f} ms "
-                          f"{gbps:7.1f} GB/s ({gbps / copy_gbps:.0%} of copy)", flush=True)
+        for trans in ((False, True) if axis == 0 else (False,)):
+            for gr in (1, 128):
+                for rb in ((8, 16, 32, 64, 128) if gr == 1 else (128,)):
+                    for nw in (4, 8, 16, 32):
+                        cfg = {"axis": axis, "transpose_in_kernel": trans, "group_rows": gr, "rows_per_program": rb, "num_warps": nw}
+
+                        def run():
+                            quantize_mxfp4_fp8(x, axis=axis, group_rows=gr, rows_per_program=rb, num_warps=nw, counter=counter,
+                                               transpose_in_kernel=trans)
+                        try:
+                            t = median_time(run, args.repeats)
+                        except Exception as e:  # noqa: BLE001 - a launch that does not fit (registers, shared memory) is recorded
+                            rows.append({**cfg, "error": repr(e)[:200]})
+                            continue
+                        gbps = moved / t / 1e9
+                        rows.append({**cfg, "ms": t * 1e3, "GBps": gbps, "fraction_of_copy": gbps / copy_gbps})
+                        print(f"axis {axis}{' (transposed in kernel)' if trans else ''} groups {gr:>3}x128 rows/program {rb:>3} "
+                              f"warps {nw:>2}: {t * 1e3:7.3f} ms {gbps:7.1f} GB/s ({gbps / copy_gbps:.0%} of copy)", flush=True)
     best = {}
     for r in rows:
-        key = f"axis {r['axis']}, {r['group_rows']}x128"
+        key = f"axis {r['axis']}{' transposed in kernel' if r['transpose_in_kernel'] else ''}, {r['group_rows']}x128"
         if "ms" in r and (key not in best or r["ms"] < best[key]["ms"]):
             best[key] = r
     for k, r in best.items():

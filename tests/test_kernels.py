@@ -463,17 +463,56 @@ def test_fold_kernel_near_and_general_paths_each_equal_the_reference(group_rows,
     assert int(ref.codes[400, 33]) & 0x7F == 4  # 0.5 * 2**-12 relative: the E4M3 subnormal 2**-7 (the general path's case)
 
 
+@pytest.mark.parametrize("group_rows", [1, 128])
+@pytest.mark.parametrize("scale", ["floor", "ceil"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fold_kernel_nearest_ties_signs_and_subnormal_inputs_equal_the_reference(group_rows, scale, dtype):
+    """The nearest-rounding fold rounds ``x * 2**(6 - g)`` onto the block's scaled E2M1 grid in float
+    arithmetic: every tie (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, 7), the saturation above 6, negative
+    values that round to -0, -0.0 itself, blocks 0..17 binades below their group's top (exact in E4M3
+    up to 14, then E4M3 subnormals, rounding and the inexact count), and blocks of FP32 subnormals
+    (exponent clamped at -127), each against the reference fold."""
+    from fp4train.formats.fold import fold
+    from fp4train.kernels import quantize_mxfp4_fp8
+
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0, 6.5, 7.99, 0.1, 0.26, 0.74, 2.99, 4.5, 5.9])
+    rows = []
+    for d in range(18):
+        for sign in (1.0, -1.0):
+            row = torch.zeros(128)
+            row[0] = 4.0 * 2.0**3  # block 0 sets the group's top exponent (e = 3)
+            row[32:48] = sign * ties * 2.0 ** (3 - d)  # block 1: e = 3 - d (its max 7.99 * 2**e)
+            row[48] = -0.0
+            row[64:80] = -ties * 2.0 ** (3 - min(d + 1, 14))
+            row[96:112] = ties.flip(0) * 2.0**3
+            rows.append(row)
+    tiny = torch.tensor([1e-39, -3e-39, 5e-40, 1.1e-38, -1.17e-38, 2e-45, 0.0, -0.0]).repeat(16)  # FP32 subnormals
+    if dtype == torch.float32 or DEV == "cuda":  # Triton's CPU interpreter converts BF16 subnormals wrongly (1e-39 -> 4.4e-39)
+        rows.append(tiny)
+    x = torch.stack(rows + [torch.linspace(-7.5, 7.5, 128) * 2.0 ** (k % 9 - 4) for k in range(256 - len(rows))])
+    x = x.to(dtype)
+    ref = fold(fp4train.quantize(x, "mxfp4", scale=scale), group_rows)
+    got = quantize_mxfp4_fp8(x.to(DEV), group_rows=group_rows, scale=scale)
+    assert torch.equal(got.codes.cpu(), ref.codes)
+    torch.testing.assert_close(got.scales.cpu(), ref.scales, rtol=0, atol=0)
+    assert int(got.inexact) == ref.inexact
+    assert (ref.codes == 0x80).any()  # -0 codes are there to be got wrong
+
+
 @pytest.mark.parametrize("axis", [1, 0])
 def test_fold_kernel_launch_tuning_does_not_change_the_bits(axis):
-    """rows_per_program / num_warps (what bench/fold_sweep.py varies) are launch tuning only."""
+    """rows_per_program / num_warps / transpose_in_kernel (what bench/fold_sweep.py varies) are launch
+    tuning only."""
     from fp4train.kernels import quantize_mxfp4_fp8
 
     x = _special(256, 256, 14).to(DEV)
-    want = quantize_mxfp4_fp8(x, axis=axis, group_rows=1, rounding="stochastic", seed=2)
-    for rb, nw in ((1, 1), (4, 2), (32, 8)):
-        got = quantize_mxfp4_fp8(x, axis=axis, group_rows=1, rounding="stochastic", seed=2, rows_per_program=rb, num_warps=nw)
-        assert torch.equal(got.codes, want.codes) and torch.equal(got.scales.isnan(), want.scales.isnan())
-        torch.testing.assert_close(got.scales, want.scales, rtol=0, atol=0, equal_nan=True)
+    for rounding in ("stochastic", "nearest"):
+        want = quantize_mxfp4_fp8(x, axis=axis, group_rows=1, rounding=rounding, seed=2)
+        for rb, nw, t in ((1, 1, False), (4, 2, True), (32, 8, False), (16, 4, True)):
+            got = quantize_mxfp4_fp8(x, axis=axis, group_rows=1, rounding=rounding, seed=2, rows_per_program=rb, num_warps=nw,
+                                     transpose_in_kernel=t)
+            assert torch.equal(got.codes, want.codes) and torch.equal(got.scales.isnan(), want.scales.isnan())
+            torch.testing.assert_close(got.scales, want.scales, rtol=0, atol=0, equal_nan=True)
     with pytest.raises(ValueError, match="power of two"):
         quantize_mxfp4_fp8(x, group_rows=1, rows_per_program=12)
 

@@ -41,19 +41,24 @@ def _round_bf16(y):
 @triton.jit(do_not_specialize=["key", "key2"])
 def _fold_kernel(x_ptr, d_ptr, codes_ptr, scales_ptr, count_ptr, R, K, s_r, s_k, sc, ss, key, key2,
                  CEIL: tl.constexpr, SR: tl.constexpr, GR: tl.constexpr, RB: tl.constexpr,
-                 HAD: tl.constexpr, LOG_HAD: tl.constexpr, HAS_D: tl.constexpr, NORM: tl.constexpr, ROUND_BF16: tl.constexpr):
+                 HAD: tl.constexpr, LOG_HAD: tl.constexpr, HAS_D: tl.constexpr, NORM: tl.constexpr, ROUND_BF16: tl.constexpr,
+                 LOAD_T: tl.constexpr = False):
     """Program (i, j): rows i*RB .. +RB, columns j*128 .. +128 (RB = GR for 128x128 groups; any power of
     two for 1x128 groups, which are per row) of
     the operand [R, K] whose element (r, k) is ``x_ptr[r * s_r + k * s_k]``: x itself (``s_k`` = 1) or,
     for blocks along x's dim 0, x transposed, read in place (``s_r`` = 1: no transposed copy).
     ``HAD`` > 0: first the block-HAD Hadamard transform along the rows (signs ``d`` if HAS_D), exactly as
     kernels/hadamard.py does it, rounded to BF16 when the input is BF16 (the reference transforms into
-    the input's dtype, then quantizes)."""
+    the input's dtype, then quantizes). ``LOAD_T`` (for ``s_r`` = 1): read the tile as [128, RB] along
+    x's rows, coalesced, and transpose it in the kernel, instead of reading down x's columns."""
     r = tl.program_id(0) * RB + tl.arange(0, RB)
     c = tl.program_id(1) * 128 + tl.arange(0, 128)
     rmask = r < R
     mask = rmask[:, None]
-    x = tl.load(x_ptr + r[:, None] * s_r + c[None, :] * s_k, mask=mask, other=0.0).to(tl.float32)
+    if LOAD_T:
+        x = tl.trans(tl.load(x_ptr + c[:, None] * s_k + r[None, :] * s_r, mask=rmask[None, :], other=0.0).to(tl.float32))
+    else:
+        x = tl.load(x_ptr + r[:, None] * s_r + c[None, :] * s_k, mask=mask, other=0.0).to(tl.float32)
     if HAD > 0:
         NB: tl.constexpr = RB * (128 // HAD)
         y = tl.reshape(x, [NB, HAD])
@@ -71,20 +76,87 @@ def _fold_kernel(x_ptr, d_ptr, codes_ptr, scales_ptr, count_ptr, R, K, s_r, s_k,
 def _fold_rows(x, r, rmask, c, K, key, key2, codes_ptr, scales_ptr, count_ptr, sc, ss,
                CEIL: tl.constexpr, SR: tl.constexpr, RB: tl.constexpr, GR: tl.constexpr):
     """A [RB, 128] tile of X (rows ``r``, columns ``c``) quantized to MXFP4 along the rows (four 1x32
-    blocks) and folded into E4M3 + group scales (:func:`_fold_store`)."""
-    a = tl.abs(x)
-    finite = a < float("inf")
-    amax = tl.max(tl.reshape(tl.where(finite, a, 0.0), [RB, 4, 32]), axis=2)
-    bad = tl.max(tl.reshape(tl.where(finite, 0, 1), [RB, 4, 32]), axis=2) > 0
-    e = _scale_exponent(amax, CEIL)  # [RB, 4]
-    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
-    v = tl.reshape(x, [RB, 4, 32]) * inv[:, :, None]
-    u = v
-    if SR:
+    blocks) and folded into E4M3 + group scales. Nearest rounding takes :func:`_fold_rows_nearest`
+    (float arithmetic, a few operations per element); stochastic rounding the E2M1 codes and
+    :func:`_fold_store`."""
+    if not SR:
+        _fold_rows_nearest(x, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, CEIL, RB, GR)
+    else:
+        a = tl.abs(x)
+        finite = a < float("inf")
+        amax = tl.max(tl.reshape(tl.where(finite, a, 0.0), [RB, 4, 32]), axis=2)
+        bad = tl.max(tl.reshape(tl.where(finite, 0, 1), [RB, 4, 32]), axis=2) > 0
+        e = _scale_exponent(amax, CEIL)  # [RB, 4]
+        inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
+        v = tl.reshape(x, [RB, 4, 32]) * inv[:, :, None]
         u = tl.reshape(_uniforms(r[:, None] * K + c[None, :], key, key2), [RB, 4, 32])
-    code = tl.where(bad[:, :, None], 0, _e2m1_codes(v, u, SR))
-    # the reference's fold reads the block exponent from the scale byte: a NaN block (0xFF) counts as 128
-    _fold_store(code, tl.where(bad, 128, e), bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, RB, GR)
+        code = tl.where(bad[:, :, None], 0, _e2m1_codes(v, u, SR))
+        # the reference's fold reads the block exponent from the scale byte: a NaN block (0xFF) counts as 128
+        _fold_store(code, tl.where(bad, 128, e), bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, RB, GR)
+
+
+@triton.jit
+def _fold_rows_nearest(x, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss,
+                       CEIL: tl.constexpr, RB: tl.constexpr, GR: tl.constexpr):
+    """:func:`_fold_rows` with nearest rounding, straight to the E4M3 value. With block exponent ``e``,
+    group maximum ``g`` and ``d = g - e``, the folded value is ``f = q * 2**(6 - d)`` where ``q`` is
+    ``v = x * 2**-e`` rounded to E2M1. Scaling by a power of two commutes with rounding onto a
+    scaled grid, so ``f`` is ``w = x * 2**(6 - g)`` (exact: a power-of-two product) rounded onto the
+    E2M1 grid times ``2**(6 - d)``: a step of ``2**(k - 1)`` in the binade ``[2**k, 2**(k+1))`` of
+    ``w``, and ``2**(5 - d)`` below ``2**(6 - d)`` (E2M1's 0, 0.5, 1), saturating at ``6 * 2**(6 - d)``.
+    RTNE to that step is ``(|w| + C) - C`` with ``C = 2**(max(k, 6 - d) + 22)`` (its FP32 ulp is the
+    step; the sum never leaves C's binade), and ties to even there are E2M1's ties to the even
+    code. For ``d <= 14`` every ``f`` is an E4M3 number (down to its subnormal 2**-9), so the
+    hardware cast to E4M3 is exact (in the interpreter too, which does not round as the GPU); tiles with a live block farther down, or with a
+    group of FP32 subnormals (``2**(6 - g)`` past FP32's range), take :func:`_fold_store`'s general
+    path (E4M3 subnormals, the inexact count). The sign is ``x``'s,
+    -0.0 included, as the reference's E2M1 code keeps it. Bit for bit the codes path
+    (tests/test_kernels.py)."""
+    xb = tl.reshape(x.to(tl.int32, bitcast=True), [RB, 4, 32])
+    mb = tl.max(xb & 0x7FFFFFFF, axis=2)  # [RB, 4] the bits of each block's max |x|; >= Inf's bits: NaN/Inf in it
+    bad = mb >= 0x7F800000
+    e = _scale_exponent(mb.to(tl.float32, bitcast=True), CEIL)  # (bad blocks: unused)
+    eb = tl.where(bad, 128, e)  # the reference's fold reads a NaN block's exponent from its 0xFF scale: 128
+    eb = tl.where(rmask[:, None], eb, -(1 << 20))  # rows past the end do not take part in the group max
+    if GR == 1:
+        g = tl.max(eb, axis=1)[:, None]  # [RB, 1]: one group per row
+        nan_g = tl.max(bad.to(tl.int32), axis=1)[:, None] > 0
+    else:
+        g = tl.max(tl.max(eb, axis=1), axis=0)  # one group per tile
+        nan_g = tl.max(tl.max(bad.to(tl.int32), axis=1), axis=0) > 0
+    d = g - eb  # [RB, 4], >= 0
+    live = (mb > 0) & ~bad  # blocks that may hold a nonzero code
+    c = tl.program_id(1) * 128 + tl.arange(0, 128)
+    # the usual tile: live blocks within 14 binades of their group's top (every folded value exact in
+    # E4M3, formats.fold.MAX_EXACT_SPAN), and 2**(6 - g) a normal float (not so for groups of FP32
+    # subnormals, whose exponent is clamped at -127)
+    near = tl.max(tl.reshape(tl.where(live, d, 0), [RB * 4]), axis=0) <= 14
+    if near & (tl.min(tl.reshape(tl.where(live, eb, 0), [RB * 4]), axis=0) >= -121):
+        s_g = _pow2(tl.minimum(tl.maximum(6 - g, -126), 127))  # 2**(6 - g) (masked rows: any value)
+        if GR == 1:
+            w = tl.reshape(x, [RB, 4, 32]) * s_g[:, :, None]
+        else:
+            w = tl.reshape(x, [RB, 4, 32]) * s_g
+        wb = w.to(tl.int32, bitcast=True)
+        floor_bits = (tl.minimum(tl.maximum(6 - d, -126), 127) + 127) << 23  # [RB, 4]: 2**(6 - d)
+        big = tl.maximum(wb & 0x7F800000, floor_bits[:, :, None]) + (22 << 23)
+        cst = big.to(tl.float32, bitcast=True)
+        sat = (floor_bits + (2 << 23) + 0x400000).to(tl.float32, bitcast=True)  # 1.5 * 2**2 * 2**(6 - d)
+        q = tl.minimum((tl.abs(w) + cst) - cst, sat[:, :, None])
+        f = (q.to(tl.int32, bitcast=True) | (wb & -0x80000000)).to(tl.float32, bitcast=True)
+        byte = tl.where(bad[:, :, None], 0, f.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32))
+        tl.store(codes_ptr + r[:, None] * sc + c[None, :], tl.reshape(byte, [RB, 128]).to(tl.uint8), mask=rmask[:, None])
+        gs = tl.minimum(tl.maximum(g - 6, -149), 127)
+        scale = tl.where(nan_g, float("nan"), _pow2(gs))
+        if GR == 1:
+            tl.store(scales_ptr + r[:, None] * ss + tl.program_id(1), scale, mask=rmask[:, None])
+        else:
+            tl.store(scales_ptr + tl.program_id(0) * ss + tl.program_id(1), scale)
+    else:
+        inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
+        v = tl.reshape(x, [RB, 4, 32]) * inv[:, :, None]
+        code = tl.where(bad[:, :, None], 0, _e2m1_codes(v, v, False))
+        _fold_store(code, tl.where(bad, 128, e), bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, RB, GR)
 
 
 @triton.jit
@@ -228,18 +300,22 @@ def _packed_fold(codes, scales, R: int, K: int, group_rows: int, counter, *, til
 # made hadamard_mxfp4 slower (Llama-3-8B layers 0.66-1.09x BF16 against 0.73-1.32x; docs/LOG.md).
 FOLD_LAUNCH = {(False, 1): (64, 8), (False, 128): (128, 32), (True, 1): (8, 4), (True, 128): (128, 4)}
 FOLD_LAUNCH_HADAMARD = {1: (16, 8), 128: (128, 32)}
+FOLD_TRANSPOSE_IN_KERNEL = True
 
 
 def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor", rounding: str = "nearest",
                        seed: int | None = None, counter: torch.Tensor | None = None,
                        hadamard_block: int | None = None, hadamard_signs: torch.Tensor | None = None,
-                       axis: int = -1, rows_per_program: int | None = None, num_warps: int | None = None) -> FoldedFP8:
+                       axis: int = -1, rows_per_program: int | None = None, num_warps: int | None = None,
+                       transpose_in_kernel: bool | None = None) -> FoldedFP8:
     """MXFP4 (1x32 along the last dim) folded into FP8 with ``group_rows`` x 128 groups; see the module
     docstring. ``axis`` 0: blocks along x's dim 0 instead - the result is that of ``x.t()`` (codes
     ``[x.shape[1], x.shape[0]]``), read from x in place, without the transposed copy.
     ``rows_per_program`` (1x128 groups only; 128x128 groups take 128) and ``num_warps`` (defaults:
     :data:`FOLD_LAUNCH`, with a Hadamard :data:`FOLD_LAUNCH_HADAMARD`): launch tuning, the same bits
-    whatever they are (bench/fold_sweep.py times them). ``counter``: an int32 device tensor that the
+    whatever they are (bench/fold_sweep.py times them), as is ``transpose_in_kernel`` (``axis`` 0 only;
+    default :data:`FOLD_TRANSPOSE_IN_KERNEL`): read x's tile along its rows and transpose it in the
+    kernel rather than read down x's columns. ``counter``: an int32 device tensor that the
     inexact-element count is added to (one is made if None); :attr:`FoldedFP8.inexact` is that tensor. ``hadamard_block`` (a power of two up to
     128): the block Hadamard transform along the last dim first, with ``hadamard_signs`` (RHT) if given -
     ``fold(quantize(hadamard(x, block, seed), "mxfp4", ...))`` bit for bit, for float32 and bfloat16 ``x``."""
@@ -272,7 +348,9 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
                                                      op.stride(1), codes.stride(0), scales.stride(0), key, key2, CEIL=scale == "ceil", SR=sr,
                                                      GR=group_rows, RB=rb, num_warps=num_warps or warps_default, HAD=had,
                                                      LOG_HAD=max(had.bit_length() - 1, 0),
-                                                     HAS_D=d is not None, NORM=norm, ROUND_BF16=had > 0 and x.dtype == torch.bfloat16)
+                                                     HAS_D=d is not None, NORM=norm, ROUND_BF16=had > 0 and x.dtype == torch.bfloat16,
+                                                     LOAD_T=along_0 and (FOLD_TRANSPOSE_IN_KERNEL if transpose_in_kernel is None
+                                                                         else transpose_in_kernel))
     return FoldedFP8(codes, scales, group_rows, counter)
 
 
