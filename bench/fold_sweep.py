@@ -3,9 +3,10 @@
 Question: how far does the fold kernel (the FP8 tensor-core operand; the largest cost of a 1b
 training step on the H200, docs/LOG.md session 9) get from its current launch (16 rows per program,
 4 warps) to the copy bandwidth, by launch parameters alone? Input a 16384 x 8192 BF16 tensor; for
-blocks along dim 1 and along dim 0 (read in place as x^T, down x's columns or along its rows
-with the transpose in the kernel), 1x128 and 128x128 groups, each (rows per program, warps) pair is timed with CUDA events (median of ``--repeats``) against the copy
-baseline of the same run. The bits do not depend on these parameters (tests/test_kernels.py).
+blocks along dim 1 and along dim 0 (read in place as x^T), 1x128 and 128x128 groups, each
+(rows per program, warps) pair is timed with CUDA events (median of ``--repeats``) against the copy
+baseline of the same run; then the columns kernel (MXFP4 along dim 0, packed: X's wgrad operand) by
+(columns per program, warps). The bits do not depend on these parameters (tests/test_kernels.py).
 Writes ``bench/results/fold_sweep-<gpu>.json``.
 
     python bench/fold_sweep.py [--rows 16384 --cols 8192 --repeats 10]
@@ -45,31 +46,49 @@ def main(argv=None):
     counter = torch.zeros((), dtype=torch.int32, device="cuda")
     rows = []
     for axis in (1, 0):
-        for trans in ((False, True) if axis == 0 else (False,)):
-            for gr in (1, 128):
-                for rb in ((8, 16, 32, 64, 128) if gr == 1 else (128,)):
-                    for nw in (4, 8, 16, 32):
-                        cfg = {"axis": axis, "transpose_in_kernel": trans, "group_rows": gr, "rows_per_program": rb, "num_warps": nw}
+        for gr in (1, 128):
+            for rb in ((8, 16, 32, 64, 128) if gr == 1 else (128,)):
+                for nw in (4, 8, 16, 32):
+                    cfg = {"axis": axis, "group_rows": gr, "rows_per_program": rb, "num_warps": nw}
 
-                        def run():
-                            quantize_mxfp4_fp8(x, axis=axis, group_rows=gr, rows_per_program=rb, num_warps=nw, counter=counter,
-                                               transpose_in_kernel=trans)
-                        try:
-                            t = median_time(run, args.repeats)
-                        except Exception as e:  # noqa: BLE001 - a launch that does not fit (registers, shared memory) is recorded
-                            rows.append({**cfg, "error": repr(e)[:200]})
-                            continue
-                        gbps = moved / t / 1e9
-                        rows.append({**cfg, "ms": t * 1e3, "GBps": gbps, "fraction_of_copy": gbps / copy_gbps})
-                        print(f"axis {axis}{' (transposed in kernel)' if trans else ''} groups {gr:>3}x128 rows/program {rb:>3} "
-                              f"warps {nw:>2}: {t * 1e3:7.3f} ms {gbps:7.1f} GB/s ({gbps / copy_gbps:.0%} of copy)", flush=True)
+                    def run():
+                        quantize_mxfp4_fp8(x, axis=axis, group_rows=gr, rows_per_program=rb, num_warps=nw, counter=counter)
+                    try:
+                        t = median_time(run, args.repeats)
+                    except Exception as e:  # noqa: BLE001 - a launch that does not fit (registers, shared memory) is recorded
+                        rows.append({**cfg, "error": repr(e)[:200]})
+                        continue
+                    gbps = moved / t / 1e9
+                    rows.append({**cfg, "ms": t * 1e3, "GBps": gbps, "fraction_of_copy": gbps / copy_gbps})
+                    print(f"axis {axis} groups {gr:>3}x128 rows/program {rb:>3} "
+                          f"warps {nw:>2}: {t * 1e3:7.3f} ms {gbps:7.1f} GB/s ({gbps / copy_gbps:.0%} of copy)", flush=True)
+    from fp4train.kernels.mx_quantize import quantize_mxfp4_columns
+
+    moved_cols = 2 * n + n // 2 + n // 32  # BF16 in, packed E2M1 and E8M0 scales out
+    for bk in (32, 64, 128, 256):
+        for nw in (2, 4, 8):
+            cfg = {"kernel": "columns", "block_cols": bk, "num_warps": nw}
+            try:
+                t = median_time(lambda: quantize_mxfp4_columns(x, block_cols=bk, num_warps=nw), args.repeats)
+            except Exception as e:  # noqa: BLE001
+                rows.append({**cfg, "error": repr(e)[:200]})
+                continue
+            gbps = moved_cols / t / 1e9
+            rows.append({**cfg, "ms": t * 1e3, "GBps": gbps, "fraction_of_copy": gbps / copy_gbps})
+            print(f"columns (MXFP4 along dim 0, packed) block_cols {bk:>3} warps {nw}: {t * 1e3:7.3f} ms {gbps:7.1f} GB/s "
+                  f"({gbps / copy_gbps:.0%} of copy)", flush=True)
     best = {}
     for r in rows:
-        key = f"axis {r['axis']}{' transposed in kernel' if r['transpose_in_kernel'] else ''}, {r['group_rows']}x128"
+        if r.get("kernel") == "columns":
+            if "ms" in r and ("columns" not in best or r["ms"] < best["columns"]["ms"]):
+                best["columns"] = r
+            continue
+        key = f"axis {r['axis']}, {r['group_rows']}x128"
         if "ms" in r and (key not in best or r["ms"] < best[key]["ms"]):
             best[key] = r
     for k, r in best.items():
-        print(f"best {k}: rows/program {r['rows_per_program']}, warps {r['num_warps']}: {r['fraction_of_copy']:.0%} of copy")
+        launch = f"block_cols {r['block_cols']}" if k == "columns" else f"rows/program {r['rows_per_program']}"
+        print(f"best {k}: {launch}, warps {r['num_warps']}: {r['ms']:.3f} ms, {r['fraction_of_copy']:.0%} of copy")
     gpu = torch.cuda.get_device_name()
     out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit() or "unknown", "torch": torch.__version__,
            "shape": [args.rows, args.cols], "copy_GBps": copy_gbps, "results": rows, "best": best}

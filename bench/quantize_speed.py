@@ -81,8 +81,6 @@ def main(argv=None):
         "triton hadamard 32 + mxfp4 -> fp8 1x128 (fused)": ("fold", lambda: quantize_mxfp4_fp8(x, group_rows=1, hadamard_block=32)),
         # the layer's X: fprop's folded operand and wgrad's packed X from one read
         "triton X -> fp8 1x128 + mxfp4 along M": ("fold + columns", lambda: quantize_mxfp4_fp8_and_columns(x)),
-        "triton X -> fp8 1x128, then mxfp4 along M (two kernels)": (
-            "fold + columns", lambda: (quantize_mxfp4_fp8(x, group_rows=1), quantize_mxfp4_columns(x))),
     }.items():
         t = median_time(fn, args.repeats)
         gbps = moved[kind] / t / 1e9

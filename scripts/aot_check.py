@@ -103,7 +103,6 @@ def _kernel_calls() -> None:
                 mx_fold.quantize_mxfp4_fp8(x, group_rows=gr, rounding=rounding, seed=seed, hadamard_block=32,
                                            hadamard_signs=signs(5, 32))
                 mx_fold.quantize_mxfp4_fp8(x, group_rows=gr, rounding=rounding, seed=seed, hadamard_block=128)
-            mx_fold.quantize_mxfp4_fp8_and_columns(x, rounding=(rounding, rounding), seed=(seed, seed))
         for axis in (1, 0):
             fp8_values.fp8_rowwise_values(x, axis=axis)
             fp8_values.quantize_fp8_rowwise(x, axis=axis)
@@ -124,7 +123,6 @@ def _kernel_calls() -> None:
 _FOLD_ELEMENTS = {
     "_fold_kernel": lambda c: c["RB"] * 128,
     "_packed_fold_kernel": lambda c: (16 if c["GR"] == 1 else c["GR"]) * 128,
-    "_fold_and_columns_kernel": lambda c: 32 * 128,
 }
 
 

@@ -32,15 +32,16 @@ def test_every_kernel_compiles_for_sm90_without_large_spills(tmp_path):
             "mx_quantize._mx_kernel", "nvfp4_quantize._nvfp4_kernel", "nvfp4_tiles._nvfp4_tile_kernel"} <= kernels
     if (Path(triton.__file__).parent / "backends/nvidia/bin/nvdisasm").exists():  # SASS counted, per element for the folds
         assert all(x["sass_instructions"] > 0 for x in results)
-        assert all(x["warp_instructions_per_element"] > 0 for x in results if x["kernel"].endswith(("_fold_kernel", "_fold_and_columns_kernel")))
+        assert all(x["warp_instructions_per_element"] > 0 for x in results if x["kernel"].endswith("_fold_kernel"))
     if all(x.get("spill_store_bytes") is not None for x in results):  # ptxas ran
         # the 128-row fold programs spilled 5-31 KB per thread with 4 warps (aot_check.py --warps 4); 32 warps hold
-        # them. One launch keeps 4 warps on purpose: the fold along dim 0 with 128x128 groups ran 2.8x faster so on
-        # the H200 (bench/results/fold_sweep-NVIDIA_H200.json) - time decides there, and only there.
+        # them. The fold's own launches (FOLD_LAUNCH) are exempt on purpose: they are the fastest of
+        # bench/fold_sweep.py on the H200 (bench/results/fold_sweep-NVIDIA_H200.json) - time decides there, and only there.
         from fp4train.kernels.mx_fold import FOLD_LAUNCH
 
-        rb, warps = FOLD_LAUNCH[(True, 128)]
-        timed = [x for x in results if x["kernel"] == "mx_fold._fold_kernel" and x["constexprs"]["RB"] == rb and x["num_warps"] == warps]
-        assert timed, "the dim-0 128x128 fold launch was not compiled"
-        worst = max((x for x in results if not any(x is t for t in timed)), key=lambda x: x["spill_store_bytes"])
+        def timed(x):
+            return x["kernel"] == "mx_fold._fold_kernel" and not x["constexprs"]["HAD"] and (x["constexprs"]["RB"], x["num_warps"]) in \
+                set(FOLD_LAUNCH.values())
+        assert any(timed(x) for x in results), "no fold launch of FOLD_LAUNCH was compiled"
+        worst = max((x for x in results if not timed(x)), key=lambda x: x["spill_store_bytes"])
         assert worst["spill_store_bytes"] <= 512, worst

@@ -501,16 +501,14 @@ def test_fold_kernel_nearest_ties_signs_and_subnormal_inputs_equal_the_reference
 
 @pytest.mark.parametrize("axis", [1, 0])
 def test_fold_kernel_launch_tuning_does_not_change_the_bits(axis):
-    """rows_per_program / num_warps / transpose_in_kernel (what bench/fold_sweep.py varies) are launch
-    tuning only."""
+    """rows_per_program / num_warps (what bench/fold_sweep.py varies) are launch tuning only."""
     from fp4train.kernels import quantize_mxfp4_fp8
 
     x = _special(256, 256, 14).to(DEV)
     for rounding in ("stochastic", "nearest"):
         want = quantize_mxfp4_fp8(x, axis=axis, group_rows=1, rounding=rounding, seed=2)
-        for rb, nw, t in ((1, 1, False), (4, 2, True), (32, 8, False), (16, 4, True)):
-            got = quantize_mxfp4_fp8(x, axis=axis, group_rows=1, rounding=rounding, seed=2, rows_per_program=rb, num_warps=nw,
-                                     transpose_in_kernel=t)
+        for rb, nw in ((1, 1), (4, 2), (32, 8), (128, 4)):
+            got = quantize_mxfp4_fp8(x, axis=axis, group_rows=1, rounding=rounding, seed=2, rows_per_program=rb, num_warps=nw)
             assert torch.equal(got.codes, want.codes) and torch.equal(got.scales.isnan(), want.scales.isnan())
             torch.testing.assert_close(got.scales, want.scales, rtol=0, atol=0, equal_nan=True)
     with pytest.raises(ValueError, match="power of two"):
@@ -558,6 +556,10 @@ def test_column_kernels_quantize_along_dim_0_without_a_transposed_copy(fmt, roun
     if fmt == "nvfp4":
         assert torch.equal(got.tensor_scale.cpu(), ref.tensor_scale)
     torch.testing.assert_close(got.dequantize().cpu(), ref.dequantize(), rtol=0, atol=0, equal_nan=True)
+    if fmt == "mxfp4":  # launch tuning (bench/fold_sweep.py): the same bits
+        for bk, nw in ((32, 2), (128, 8)):
+            t = quantize_mxfp4_columns(x.to(DEV), scale="floor", block_cols=bk, num_warps=nw, **kw)
+            assert torch.equal(t.codes.cpu(), ref.codes) and torch.equal(t.scales.cpu(), ref.scales)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -26,7 +26,7 @@ from ..formats.layout import BlockLayout
 from ..formats.qtensor import QuantizedTensor
 from .e4m3 import e4m3_rtne
 from .hadamard import _butterfly
-from .mx_quantize import _e2m1_codes, _keys, _pow2, _scale_exponent, _store_columns, _uniforms
+from .mx_quantize import _e2m1_codes, _keys, _pow2, _scale_exponent, _uniforms, quantize_mxfp4_columns
 
 
 @triton.jit
@@ -41,24 +41,19 @@ def _round_bf16(y):
 @triton.jit(do_not_specialize=["key", "key2"])
 def _fold_kernel(x_ptr, d_ptr, codes_ptr, scales_ptr, count_ptr, R, K, s_r, s_k, sc, ss, key, key2,
                  CEIL: tl.constexpr, SR: tl.constexpr, GR: tl.constexpr, RB: tl.constexpr,
-                 HAD: tl.constexpr, LOG_HAD: tl.constexpr, HAS_D: tl.constexpr, NORM: tl.constexpr, ROUND_BF16: tl.constexpr,
-                 LOAD_T: tl.constexpr = False):
+                 HAD: tl.constexpr, LOG_HAD: tl.constexpr, HAS_D: tl.constexpr, NORM: tl.constexpr, ROUND_BF16: tl.constexpr):
     """Program (i, j): rows i*RB .. +RB, columns j*128 .. +128 (RB = GR for 128x128 groups; any power of
     two for 1x128 groups, which are per row) of
     the operand [R, K] whose element (r, k) is ``x_ptr[r * s_r + k * s_k]``: x itself (``s_k`` = 1) or,
     for blocks along x's dim 0, x transposed, read in place (``s_r`` = 1: no transposed copy).
     ``HAD`` > 0: first the block-HAD Hadamard transform along the rows (signs ``d`` if HAS_D), exactly as
     kernels/hadamard.py does it, rounded to BF16 when the input is BF16 (the reference transforms into
-    the input's dtype, then quantizes). ``LOAD_T`` (for ``s_r`` = 1): read the tile as [128, RB] along
-    x's rows, coalesced, and transpose it in the kernel, instead of reading down x's columns."""
+    the input's dtype, then quantizes)."""
     r = tl.program_id(0) * RB + tl.arange(0, RB)
     c = tl.program_id(1) * 128 + tl.arange(0, 128)
     rmask = r < R
     mask = rmask[:, None]
-    if LOAD_T:
-        x = tl.trans(tl.load(x_ptr + c[:, None] * s_k + r[None, :] * s_r, mask=rmask[None, :], other=0.0).to(tl.float32))
-    else:
-        x = tl.load(x_ptr + r[:, None] * s_r + c[None, :] * s_k, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + r[:, None] * s_r + c[None, :] * s_k, mask=mask, other=0.0).to(tl.float32)
     if HAD > 0:
         NB: tl.constexpr = RB * (128 // HAD)
         y = tl.reshape(x, [NB, HAD])
@@ -292,30 +287,26 @@ def _packed_fold(codes, scales, R: int, K: int, group_rows: int, counter, *, til
 
 
 # (rows per program, warps) of quantize_mxfp4_fp8 by (blocks along dim 0, group rows): the fastest of
-# bench/fold_sweep.py on the H200 (16384 x 8192 BF16; bench/results/fold_sweep-NVIDIA_H200.json).
-# Along dim 0 the tile is read down x's columns and stored along its rows, a transpose in registers /
-# shared memory: there 4 warps beat more (128x128 groups: 0.96 ms with 4 warps, 2.71 ms with 32), though
-# ptxas reports spills for that launch - measured time, not the spill count, decides.
-# With a fused Hadamard transform (a heavier program) the launch stays (16, 8) / (128, 32): the sweep's launches
-# made hadamard_mxfp4 slower (Llama-3-8B layers 0.66-1.09x BF16 against 0.73-1.32x; docs/LOG.md).
-FOLD_LAUNCH = {(False, 1): (64, 8), (False, 128): (128, 32), (True, 1): (8, 4), (True, 128): (128, 4)}
+# bench/fold_sweep.py on the H200 (16384 x 8192 BF16; bench/results/fold_sweep-NVIDIA_H200.json, at 93647de,
+# the float-arithmetic nearest path): 4 warps everywhere, 16 rows per program along dim 1 (0.198 ms, 51% of
+# copy), 128 rows along dim 0 (read down x's columns: 0.379 ms for 1x128 groups, 0.365 ms for 128x128).
+# Reading x's tile along its rows and transposing it in the kernel was no faster along dim 0 (best 0.426 ms).
+# With a fused Hadamard transform (a heavier program) the launch stays (16, 8) / (128, 32): the session-10
+# sweep's launches made hadamard_mxfp4 slower (docs/LOG.md); not swept again since.
+FOLD_LAUNCH = {(False, 1): (16, 4), (False, 128): (128, 4), (True, 1): (128, 4), (True, 128): (128, 4)}
 FOLD_LAUNCH_HADAMARD = {1: (16, 8), 128: (128, 32)}
-FOLD_TRANSPOSE_IN_KERNEL = True
 
 
 def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor", rounding: str = "nearest",
                        seed: int | None = None, counter: torch.Tensor | None = None,
                        hadamard_block: int | None = None, hadamard_signs: torch.Tensor | None = None,
-                       axis: int = -1, rows_per_program: int | None = None, num_warps: int | None = None,
-                       transpose_in_kernel: bool | None = None) -> FoldedFP8:
+                       axis: int = -1, rows_per_program: int | None = None, num_warps: int | None = None) -> FoldedFP8:
     """MXFP4 (1x32 along the last dim) folded into FP8 with ``group_rows`` x 128 groups; see the module
     docstring. ``axis`` 0: blocks along x's dim 0 instead - the result is that of ``x.t()`` (codes
     ``[x.shape[1], x.shape[0]]``), read from x in place, without the transposed copy.
     ``rows_per_program`` (1x128 groups only; 128x128 groups take 128) and ``num_warps`` (defaults:
     :data:`FOLD_LAUNCH`, with a Hadamard :data:`FOLD_LAUNCH_HADAMARD`): launch tuning, the same bits
-    whatever they are (bench/fold_sweep.py times them), as is ``transpose_in_kernel`` (``axis`` 0 only;
-    default :data:`FOLD_TRANSPOSE_IN_KERNEL`): read x's tile along its rows and transpose it in the
-    kernel rather than read down x's columns. ``counter``: an int32 device tensor that the
+    whatever they are (bench/fold_sweep.py times them). ``counter``: an int32 device tensor that the
     inexact-element count is added to (one is made if None); :attr:`FoldedFP8.inexact` is that tensor. ``hadamard_block`` (a power of two up to
     128): the block Hadamard transform along the last dim first, with ``hadamard_signs`` (RHT) if given -
     ``fold(quantize(hadamard(x, block, seed), "mxfp4", ...))`` bit for bit, for float32 and bfloat16 ``x``."""
@@ -348,9 +339,7 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
                                                      op.stride(1), codes.stride(0), scales.stride(0), key, key2, CEIL=scale == "ceil", SR=sr,
                                                      GR=group_rows, RB=rb, num_warps=num_warps or warps_default, HAD=had,
                                                      LOG_HAD=max(had.bit_length() - 1, 0),
-                                                     HAS_D=d is not None, NORM=norm, ROUND_BF16=had > 0 and x.dtype == torch.bfloat16,
-                                                     LOAD_T=along_0 and (FOLD_TRANSPOSE_IN_KERNEL if transpose_in_kernel is None
-                                                                         else transpose_in_kernel))
+                                                     HAS_D=d is not None, NORM=norm, ROUND_BF16=had > 0 and x.dtype == torch.bfloat16)
     return FoldedFP8(codes, scales, group_rows, counter)
 
 
@@ -365,47 +354,22 @@ def fold_packed_mxfp4(codes: torch.Tensor, scales: torch.Tensor, *, group_rows: 
     return _packed_fold(codes, scales, codes.shape[0], codes.shape[1] * 2, group_rows, counter, tile=False)
 
 
-@triton.jit(do_not_specialize=["key_r", "key2_r", "key_c", "key2_c"])
-def _fold_and_columns_kernel(x_ptr, codes_ptr, scales_ptr, count_ptr, cc_ptr, cs_ptr, M, K, sx, sc, ss, scc, scs,
-                             key_r, key2_r, key_c, key2_c,
-                             CEIL_R: tl.constexpr, SR_R: tl.constexpr, CEIL_C: tl.constexpr, SR_C: tl.constexpr):
-    """One read of a [32, 128] tile of X -> its fprop operand (MXFP4 along K folded into FP8 with 1x128
-    groups) and its wgrad operand (MXFP4 along M, packed)."""
-    pm = tl.program_id(0)
-    m = pm * 32 + tl.arange(0, 32)
-    kk = tl.program_id(1) * 128 + tl.arange(0, 128)
-    x = tl.load(x_ptr + m[:, None] * sx + kk[None, :]).to(tl.float32)
-    _fold_rows(x, m, m < M, kk, K, key_r, key2_r, codes_ptr, scales_ptr, count_ptr, sc, ss, CEIL_R, SR_R, 32, 1)  # along K
-    a = tl.abs(x)
-    finite = a < float("inf")
-    _store_columns(x, tl.where(finite, a, 0.0), tl.where(finite, 0, 1), m, kk, kk < K, pm, M, key_c, key2_c,
-                   cc_ptr, cs_ptr, scc, scs, CEIL_C, SR_C, 128)  # along M
-
-
 def quantize_mxfp4_fp8_and_columns(
     x: torch.Tensor, *, scale: tuple[str, str] = ("floor", "floor"), rounding: tuple[str, str] = ("nearest", "nearest"),
     seed: tuple[int | None, int | None] = (None, None), counter: torch.Tensor | None = None,
 ) -> tuple[FoldedFP8, QuantizedTensor]:
-    """X ``[M, K]`` read once for both GEMMs that use it: its fprop operand, MXFP4 along K folded into FP8
-    with 1x128 groups (= ``quantize_mxfp4_fp8(x, group_rows=1, ...)``), and its wgrad operand, MXFP4
-    along M packed (= ``quantize(x, "mxfp4", axis=0, ...)``), each bit for bit; ``scale``, ``rounding``
-    and ``seed`` are (along K, along M) pairs. M must be a multiple of 32 and K of 128."""
+    """X ``[M, K]`` for both GEMMs that use it: its fprop operand, MXFP4 along K folded into FP8 with
+    1x128 groups (``quantize_mxfp4_fp8(x, group_rows=1, ...)``), and its wgrad operand, MXFP4 along M
+    packed (``quantize(x, "mxfp4", axis=0, ...)``, bit for bit); ``scale``, ``rounding`` and ``seed``
+    are (along K, along M) pairs. M must be a multiple of 32 and K of 128.
+
+    Two kernels, two reads of X: a single kernel that read X once and wrote both took 1.64 ms on a
+    16384 x 8192 BF16 X on the H200, these two 0.65 ms together (bench/quantize_speed.py,
+    bench/results/quantize_speed-NVIDIA_H200.json at 93647de) - its [32, 128] tiles, each quantized along
+    both axes, cost more in registers and layout shuffles than the second read of X."""
     if x.ndim != 2 or x.shape[0] % 32 or x.shape[1] % 128 or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"quantize_mxfp4_fp8_and_columns takes a 2D float tensor [M, K] with M % 32 == 0 and K % 128 == 0, "
                          f"got {x.dtype} {tuple(x.shape)}")
-    x = x.contiguous()
-    M, K = x.shape
-    codes = torch.empty(M, K, dtype=torch.uint8, device=x.device)
-    scales = torch.empty(M, K // 128, dtype=torch.float32, device=x.device)
-    cc = torch.empty(K, M // 2, dtype=torch.uint8, device=x.device)
-    cs = torch.empty(K, M // 32, dtype=torch.uint8, device=x.device)
-    counter = torch.zeros((), dtype=torch.int32, device=x.device) if counter is None else counter
-    sr_r, k_r, k2_r = _keys(rounding[0], seed[0])
-    sr_c, k_c, k2_c = _keys(rounding[1], seed[1])
-    if M and K:
-        _fold_and_columns_kernel[(M // 32, K // 128)](
-            x, codes, scales, counter, cc, cs, M, K, x.stride(0), codes.stride(0), scales.stride(0), cc.stride(0), cs.stride(0),
-            k_r, k2_r, k_c, k2_c, CEIL_R=scale[0] == "ceil", SR_R=sr_r, CEIL_C=scale[1] == "ceil", SR_C=sr_c,
-            num_warps=16)  # a [32, 128] tile, two layouts: 4 warps spill, 16 hold it in ~100 registers (ptxas)
-    cols = QuantizedTensor("mxfp4", cc, cs, None, BlockLayout((M, K), (32,), 0), x.dtype)
-    return FoldedFP8(codes, scales, 1, counter), cols
+    folded = quantize_mxfp4_fp8(x, group_rows=1, scale=scale[0], rounding=rounding[0], seed=seed[0], counter=counter)
+    cols = quantize_mxfp4_columns(x, scale=scale[1], rounding=rounding[1], seed=seed[1])
+    return folded, cols

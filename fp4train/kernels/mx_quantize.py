@@ -288,9 +288,11 @@ def _mxfp4_cols_kernel(x_ptr, cc_ptr, cs_ptr, M, K, stride_x, stride_cc, stride_
 
 
 def quantize_mxfp4_columns(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None,
-                           block_cols: int = 64) -> QuantizedTensor:
+                           block_cols: int = 64, num_warps: int = 4) -> QuantizedTensor:
     """MXFP4 along dim 0 of a 2D tensor (``quantize(x, "mxfp4", axis=0, ...)`` bit for bit; dim 0 a
-    multiple of 32) straight from ``x``'s row-major layout - no transposed copy of ``x``."""
+    multiple of 32) straight from ``x``'s row-major layout - no transposed copy of ``x``.
+    ``block_cols`` (a power of two) and ``num_warps``: launch tuning, the same bits (bench/fold_sweep.py
+    times them)."""
     x = _check("quantize_mxfp4_columns", x, scale, rounding)
     if x.shape[0] % 32:
         raise ValueError(f"quantize_mxfp4_columns needs dim 0 to be a multiple of 32, got {tuple(x.shape)}")
@@ -300,7 +302,8 @@ def quantize_mxfp4_columns(x: torch.Tensor, *, scale: str = "floor", rounding: s
     sr, key, key2 = _keys(rounding, seed)
     if M and K:
         _mxfp4_cols_kernel[(M // 32, triton.cdiv(K, block_cols))](x, cc, cs, M, K, x.stride(0), cc.stride(0), cs.stride(0),
-                                                                   key, key2, CEIL=scale == "ceil", SR=sr, BK=block_cols)
+                                                                   key, key2, CEIL=scale == "ceil", SR=sr, BK=block_cols,
+                                                                   num_warps=num_warps)
     return QuantizedTensor("mxfp4", cc, cs, None, BlockLayout((M, K), (32,), 0), x.dtype)
 
 
