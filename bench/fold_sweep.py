@@ -1,4 +1,4 @@
-"""Launch tuning of the MXFP4 -> FP8 fold kernel: which rows-per-program and warps are fastest?
+"""Launch tuning of the operand kernels (the MXFP4 -> FP8 fold and its neighbours): which launch is fastest?
 
 Question: how far does the fold kernel (the FP8 tensor-core operand; the largest cost of a 1b
 training step on the H200, docs/LOG.md session 9) get from its current launch (16 rows per program,
@@ -6,10 +6,12 @@ training step on the H200, docs/LOG.md session 9) get from its current launch (1
 blocks along dim 1 and along dim 0 (read in place as x^T), 1x128 and 128x128 groups, each
 (rows per program, warps) pair is timed with CUDA events (median of ``--repeats``) against the copy
 baseline of the same run; then the columns kernel (MXFP4 along dim 0, packed: X's wgrad operand) by
-(columns per program, warps). The bits do not depend on these parameters (tests/test_kernels.py).
+(columns per program, warps); then tib2d's 32x32-tile kernel (stochastic rounding) by (tiles per program,
+warps) and its tile fold (either orientation) by (rows per program, warps). The bits do not depend on
+these parameters (tests/test_kernels.py).
 Writes ``bench/results/fold_sweep-<gpu>.json``.
 
-    python bench/fold_sweep.py [--rows 16384 --cols 8192 --repeats 10]
+    python bench/fold_sweep.py [--rows 16384 --cols 8192 --repeats 10 --kernels fold,columns,tiles,tile_fold]
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def main(argv=None):
     ap.add_argument("--rows", type=int, default=16384)
     ap.add_argument("--cols", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--kernels", default="fold,columns,tiles,tile_fold", help="which sweeps to run (comma list)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -45,7 +48,8 @@ def main(argv=None):
     copy_gbps = 4 * n / t_copy / 1e9
     counter = torch.zeros((), dtype=torch.int32, device="cuda")
     rows = []
-    for axis in (1, 0):
+    which = set(args.kernels.split(","))
+    for axis in ((1, 0) if "fold" in which else ()):
         for gr in (1, 128):
             for rb in ((8, 16, 32, 64, 128) if gr == 1 else (128,)):
                 for nw in (4, 8, 16, 32):
@@ -65,7 +69,7 @@ def main(argv=None):
     from fp4train.kernels.mx_quantize import quantize_mxfp4_columns
 
     moved_cols = 2 * n + n // 2 + n // 32  # BF16 in, packed E2M1 and E8M0 scales out
-    for bk in (32, 64, 128, 256):
+    for bk in ((32, 64, 128, 256) if "columns" in which else ()):
         for nw in (2, 4, 8):
             cfg = {"kernel": "columns", "block_cols": bk, "num_warps": nw}
             try:
@@ -77,17 +81,56 @@ def main(argv=None):
             rows.append({**cfg, "ms": t * 1e3, "GBps": gbps, "fraction_of_copy": gbps / copy_gbps})
             print(f"columns (MXFP4 along dim 0, packed) block_cols {bk:>3} warps {nw}: {t * 1e3:7.3f} ms {gbps:7.1f} GB/s "
                   f"({gbps / copy_gbps:.0%} of copy)", flush=True)
+    # tib2d's kernels: 32x32 tiles (dY: ceil scale, stochastic rounding), then their folds as either operand
+    from fp4train.kernels import quantize_mxfp4_2d
+    from fp4train.kernels.mx_fold import fold_tiles_mxfp4
+
+    moved_tiles = 2 * n + n // 2 + n // 1024
+    for tc in ((1, 2, 4, 8) if "tiles" in which else ()):
+        for nw in (1, 2, 4, 8):
+            cfg = {"kernel": "tiles", "tiles_per_program": tc, "num_warps": nw}
+            try:
+                t = median_time(lambda: quantize_mxfp4_2d(x, scale="ceil", rounding="stochastic", seed=1, tiles_per_program=tc,
+                                                          num_warps=nw), args.repeats)
+            except Exception as e:  # noqa: BLE001
+                rows.append({**cfg, "error": repr(e)[:200]})
+                continue
+            gbps = moved_tiles / t / 1e9
+            rows.append({**cfg, "ms": t * 1e3, "GBps": gbps, "fraction_of_copy": gbps / copy_gbps})
+            print(f"tiles (MXFP4 32x32, SR) tiles/program {tc} warps {nw}: {t * 1e3:7.3f} ms ({gbps / copy_gbps:.0%} of copy)",
+                  flush=True)
+    q = quantize_mxfp4_2d(x, scale="ceil", rounding="stochastic", seed=1)
+    moved_tile_fold = n // 2 + n // 1024 + n + n // 32
+    for transposed, gr, per_row in (((False, 1, False), (False, 128, False), (True, 128, True)) if "tile_fold" in which else ()):
+        for rb in ((4, 8, 16, 32, 64) if gr == 1 else (128,)):
+            for nw in (2, 4, 8, 16, 32):
+                cfg = {"kernel": "tile fold", "transposed": transposed, "group_rows": gr, "scale_per_row": per_row,
+                       "rows_per_program": rb, "num_warps": nw}
+                try:
+                    t = median_time(lambda: fold_tiles_mxfp4(q.codes, q.scales, transposed=transposed, group_rows=gr,
+                                                             scale_per_row=per_row, rows_per_program=rb, num_warps=nw,
+                                                             counter=counter), args.repeats)
+                except Exception as e:  # noqa: BLE001
+                    rows.append({**cfg, "error": repr(e)[:200]})
+                    continue
+                gbps = moved_tile_fold / t / 1e9
+                rows.append({**cfg, "ms": t * 1e3, "GBps": gbps, "fraction_of_copy": gbps / copy_gbps})
+                print(f"tile fold transposed {transposed} groups {gr:>3}x128 rows/program {rb:>3} warps {nw:>2}: "
+                      f"{t * 1e3:7.3f} ms ({gbps / copy_gbps:.0%} of copy)", flush=True)
     best = {}
     for r in rows:
-        if r.get("kernel") == "columns":
-            if "ms" in r and ("columns" not in best or r["ms"] < best["columns"]["ms"]):
-                best["columns"] = r
+        kind = r.get("kernel")
+        if kind in ("columns", "tiles", "tile fold"):
+            key = kind if kind != "tile fold" else f"tile fold transposed {r['transposed']}, {r['group_rows']}x128"
+            if "ms" in r and (key not in best or r["ms"] < best[key]["ms"]):
+                best[key] = r
             continue
         key = f"axis {r['axis']}, {r['group_rows']}x128"
         if "ms" in r and (key not in best or r["ms"] < best[key]["ms"]):
             best[key] = r
     for k, r in best.items():
-        launch = f"block_cols {r['block_cols']}" if k == "columns" else f"rows/program {r['rows_per_program']}"
+        launch = (f"block_cols {r['block_cols']}" if k == "columns" else f"tiles/program {r['tiles_per_program']}" if k == "tiles"
+                  else f"rows/program {r['rows_per_program']}")
         print(f"best {k}: {launch}, warps {r['num_warps']}: {r['ms']:.3f} ms, {r['fraction_of_copy']:.0%} of copy")
     gpu = torch.cuda.get_device_name()
     out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit() or "unknown", "torch": torch.__version__,

@@ -288,7 +288,7 @@ def test_fold_sweep_explains_itself_and_needs_a_gpu(capsys):
     mod = _load("fold_sweep")
     with pytest.raises(SystemExit) as e:
         mod.main(["--help"])
-    assert e.value.code == 0 and "rows-per-program" in capsys.readouterr().out
+    assert e.value.code == 0 and "which launch is fastest" in capsys.readouterr().out
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="needs a CUDA GPU"):
             mod.main([])

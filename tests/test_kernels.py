@@ -170,6 +170,10 @@ def test_mx_2d_tile_kernels_equal_reference(fmt, seed, shape, scale, rounding):
     got = tiles(x.to(DEV), scale=scale, rounding=rounding, seed=2**35 + seed)
     assert torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
     torch.testing.assert_close(got.t().dequantize().cpu(), ref.t().dequantize(), rtol=0, atol=0, equal_nan=True)
+    if fmt == "mxfp4":  # launch tuning (bench/fold_sweep.py): several tiles per program, a partial last one
+        for tc, nw in ((2, 2), (4, 8)):
+            t = tiles(x.to(DEV), scale=scale, rounding=rounding, seed=2**35 + seed, tiles_per_program=tc, num_warps=nw)
+            assert torch.equal(t.codes.cpu(), ref.codes) and torch.equal(t.scales.cpu(), ref.scales)
 
 
 @pytest.mark.parametrize("shape", [(1, 32), (7, 96)])
@@ -361,6 +365,10 @@ def test_fold_of_packed_mxfp4_equals_reference_fold(group_rows):
     assert torch.equal(got.codes, ref.codes)
     torch.testing.assert_close(got.scales, ref.scales, rtol=0, atol=0, equal_nan=True)
     assert int(got.inexact) == ref.inexact > 0
+    for rb, nw in ((4, 4), (64, 8)):  # launch tuning (bench/fold_sweep.py): the same bits
+        t = fold_packed_mxfp4(q.codes, q.scales, group_rows=group_rows, rows_per_program=rb, num_warps=nw)
+        assert torch.equal(t.codes, ref.codes)
+        torch.testing.assert_close(t.scales, ref.scales, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("transposed,group_rows,per_row", [(False, 1, False), (False, 128, False), (True, 128, False), (True, 128, True)])
@@ -392,6 +400,11 @@ def test_tile_fold_kernel_equals_the_reference_fold_in_either_orientation(transp
     torch.testing.assert_close(got.scales.cpu(), want_scales, rtol=0, atol=0, equal_nan=True)
     assert got.group_rows == (1 if per_row else group_rows)
     assert int(got.inexact) == ref.inexact > 0 and bool(got.scales.isnan().any())
+    for rb, nw in ((2, 2), (32, 4)):  # launch tuning (bench/fold_sweep.py): the same bits
+        t = fold_tiles_mxfp4(q.codes.to(DEV), q.scales.to(DEV), transposed=transposed, group_rows=group_rows,
+                             scale_per_row=per_row, rows_per_program=rb, num_warps=nw)
+        assert torch.equal(t.codes.cpu(), ref.codes)
+        torch.testing.assert_close(t.scales.cpu(), want_scales, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("scale,rounding", [(("floor", "floor"), ("nearest", "nearest")), (("ceil", "floor"), ("nearest", "stochastic"))])

@@ -221,14 +221,15 @@ def _fold_bytes_any(code, d, rmask, count_ptr, RB: tl.constexpr):
 
 @triton.jit
 def _packed_fold_kernel(pc_ptr, ps_ptr, codes_ptr, scales_ptr, count_ptr, R, spc, sps, sc, ss,
-                        TILE: tl.constexpr, TRANS: tl.constexpr, GR: tl.constexpr, SCALE_PER_ROW: tl.constexpr):
+                        TILE: tl.constexpr, TRANS: tl.constexpr, GR: tl.constexpr, SCALE_PER_ROW: tl.constexpr,
+                        RB: tl.constexpr):
     """Packed MXFP4 (codes [S_rows, S_cols / 2], two per byte along the stored columns, element 2j in
     the low nibble; E8M0 scales per 1x32 block [S_rows, S_cols / 32], or with TILE per 32x32 tile
     [S_rows / 32, S_cols / 32]) -> the same folded output as ``_fold_kernel``, for the operand [R, K]
     whose inner dim K is the stored columns, or (TRANS, tiles only) the stored rows: the stored tensor
     transposed, read in place. Program (i, j): operand rows i*RB .., columns j*128 .. . A tile's
-    scale is the block exponent of each of its 1x32 row (or column) pieces."""
-    RB: tl.constexpr = 16 if GR == 1 else GR
+    scale is the block exponent of each of its 1x32 row (or column) pieces. ``RB``: rows per program
+    (``GR`` for 128x128 groups; with TRANS a multiple of 2)."""
     r = tl.program_id(0) * RB + tl.arange(0, RB)
     rmask = r < R
     blk = tl.program_id(1) * 4 + tl.arange(0, 4)  # the four 32-blocks of this program's 128 columns
@@ -247,13 +248,15 @@ def _packed_fold_kernel(pc_ptr, ps_ptr, codes_ptr, scales_ptr, count_ptr, R, spc
 
 
 def fold_tiles_mxfp4(codes: torch.Tensor, tile_scales: torch.Tensor, *, transposed: bool, group_rows: int,
-                     scale_per_row: bool = False, counter: torch.Tensor | None = None) -> FoldedFP8:
+                     scale_per_row: bool = False, counter: torch.Tensor | None = None,
+                     rows_per_program: int | None = None, num_warps: int | None = None) -> FoldedFP8:
     """Fold packed MXFP4 with 32x32 tiles (``codes`` uint8 [S_r, S_c / 2], E8M0 ``tile_scales``
     [S_r / 32, S_c / 32], both dims multiples of 128) into FP8 with ``group_rows`` x 128 groups, as the
     operand with the stored columns as inner dim, or (``transposed``) the stored rows - read in place,
     no transposed copy. ``scale_per_row`` (with 128x128 groups): each row carries its group's scale
     (the A-operand layout, 1x128 groups of equal scales). ``formats.fold`` of the tiles' 1x32 pieces,
-    bit for bit, and the same inexact count."""
+    bit for bit, and the same inexact count. ``rows_per_program`` / ``num_warps``: launch tuning, as
+    for :func:`fold_packed_mxfp4`."""
     s_r, s_c = codes.shape[0], codes.shape[1] * 2
     if codes.ndim != 2 or s_r % 128 or s_c % 128 or tile_scales.shape != (s_r // 32, s_c // 32):
         raise ValueError(f"fold_tiles_mxfp4: codes {tuple(codes.shape)} / scales {tuple(tile_scales.shape)} are not "
@@ -262,27 +265,36 @@ def fold_tiles_mxfp4(codes: torch.Tensor, tile_scales: torch.Tensor, *, transpos
         raise ValueError(f"group_rows must be 1 or 128 (scale_per_row only with 128), got {group_rows}, {scale_per_row}")
     R, K = (s_c, s_r) if transposed else (s_r, s_c)
     return _packed_fold(codes, tile_scales, R, K, group_rows, counter, tile=True, transposed=transposed,
-                        scale_per_row=scale_per_row)
+                        scale_per_row=scale_per_row, launch=(rows_per_program, num_warps))
+
+
+# (rows per program, warps) of the packed fold (fold_packed_mxfp4, fold_tiles_mxfp4) by group rows: from ptxas
+# on sm90 (scripts/aot_check.py), a 128-row program with the default 4 warps spilled 5-31 KB per thread, 32 warps
+# hold it in 64 registers (<= 264 B spilled); 16 rows take 96-136 registers with 4 warps, 64-80 with 8
+# (bench/results/kernels-sm90-ptxas{,-4warps}.json). Not yet timed against other launches (bench/fold_sweep.py).
+PACKED_FOLD_LAUNCH = {1: (16, 8), 128: (128, 32)}
 
 
 def _packed_fold(codes, scales, R: int, K: int, group_rows: int, counter, *, tile: bool, transposed: bool = False,
-                 scale_per_row: bool = False) -> FoldedFP8:
-    """Launch :func:`_packed_fold_kernel` for the operand [R, K] (shapes checked by the caller).
-    Programs of 16 rows (1x128 groups) take 8 warps, of 128 rows 32: from ptxas on sm90
-    (scripts/aot_check.py), a 128-row tile with the default 4 warps spilled 5-31 KB per thread, 32
-    warps hold it in 64 registers (<= 264 B spilled); 16 rows take 96-136 registers with 4 warps, 64-80
-    with 8 (bench/results/kernels-sm90-ptxas{,-4warps}.json). Same bits whatever the launch."""
+                 scale_per_row: bool = False, launch: tuple[int | None, int | None] = (None, None)) -> FoldedFP8:
+    """Launch :func:`_packed_fold_kernel` for the operand [R, K] (shapes checked by the caller), with
+    ``launch`` = (rows per program, warps) overriding :data:`PACKED_FOLD_LAUNCH` (1x128 groups: any power
+    of two >= 2 rows; 128x128 groups take 128). Same bits whatever the launch."""
     codes, scales = codes.contiguous(), scales.contiguous()
     out = torch.empty(R, K, dtype=torch.uint8, device=codes.device)
     rows_of_scales = R if scale_per_row else triton.cdiv(R, group_rows)
     out_s = torch.empty(rows_of_scales, K // 128, dtype=torch.float32, device=codes.device)
     counter = torch.zeros((), dtype=torch.int32, device=codes.device) if counter is None else counter
-    rb = 16 if group_rows == 1 else 128  # the kernel's RB
+    rb, warps = PACKED_FOLD_LAUNCH[group_rows]
+    rb = (launch[0] or rb) if group_rows == 1 else 128
+    warps = launch[1] or warps
+    if rb < 2 or rb & (rb - 1):
+        raise ValueError(f"rows_per_program must be a power of two >= 2, got {launch[0]}")
     if R and K:
         _packed_fold_kernel[(triton.cdiv(R, rb), K // 128)](codes, scales, out, out_s, counter, R, codes.stride(0),
                                                             scales.stride(0), out.stride(0), out_s.stride(0), TILE=tile,
                                                             TRANS=transposed, GR=group_rows, SCALE_PER_ROW=scale_per_row,
-                                                            num_warps=8 if group_rows == 1 else 32)
+                                                            RB=rb, num_warps=warps)
     return FoldedFP8(out, out_s, 1 if scale_per_row else group_rows, counter)
 
 
@@ -344,14 +356,18 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
 
 
 def fold_packed_mxfp4(codes: torch.Tensor, scales: torch.Tensor, *, group_rows: int,
-                      counter: torch.Tensor | None = None) -> FoldedFP8:
+                      counter: torch.Tensor | None = None, rows_per_program: int | None = None,
+                      num_warps: int | None = None) -> FoldedFP8:
     """Fold packed MXFP4 (``codes`` uint8 [R, K/2], E8M0 ``scales`` [R, K/32], blocks along the last
-    dim, K % 128 == 0) into FP8 with ``group_rows`` x 128 groups: ``formats.fold`` bit for bit, one pass."""
+    dim, K % 128 == 0) into FP8 with ``group_rows`` x 128 groups: ``formats.fold`` bit for bit, one pass.
+    ``rows_per_program`` (1x128 groups) / ``num_warps``: launch tuning (:data:`PACKED_FOLD_LAUNCH`), the
+    same bits."""
     if codes.ndim != 2 or scales.shape != (codes.shape[0], codes.shape[1] // 16) or (2 * codes.shape[1]) % 128:
         raise ValueError(f"fold_packed_mxfp4: codes {tuple(codes.shape)} / scales {tuple(scales.shape)} are not 1x32 MXFP4 with K % 128 == 0")
     if group_rows not in (1, 128):
         raise ValueError(f"group_rows must be 1 or 128, got {group_rows}")
-    return _packed_fold(codes, scales, codes.shape[0], codes.shape[1] * 2, group_rows, counter, tile=False)
+    return _packed_fold(codes, scales, codes.shape[0], codes.shape[1] * 2, group_rows, counter, tile=False,
+                        launch=(rows_per_program, num_warps))
 
 
 def quantize_mxfp4_fp8_and_columns(

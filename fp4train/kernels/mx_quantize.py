@@ -349,33 +349,41 @@ def quantize_mxfp4_dual(
 @triton.jit(do_not_specialize=["key", "key2"])
 def _mx_tile_kernel(
     x_ptr, codes_ptr, scales_ptr, R, C, n_tc, stride_x, stride_c, stride_s, key, key2,
-    CEIL: tl.constexpr, SR: tl.constexpr, ELEM: tl.constexpr,
+    CEIL: tl.constexpr, SR: tl.constexpr, ELEM: tl.constexpr, TC: tl.constexpr,
 ):
-    """One 32x32 tile -> one E8M0 scale and 1024 codes (E2M1 packed along the columns, or E4M3)."""
+    """``TC`` 32x32 tiles side by side (a [32, TC * 32] strip) -> one E8M0 scale and 1024 codes each
+    (E2M1 packed along the columns, or E4M3)."""
     tr = tl.program_id(0)
-    tc = tl.program_id(1)
+    tc = tl.program_id(1) * TC + tl.arange(0, TC)  # this program's tiles
     r = tr * 32 + tl.arange(0, 32)
-    c = tc * 32 + tl.arange(0, 32)
+    c = tl.program_id(1) * TC * 32 + tl.arange(0, TC * 32)
     m = (r < R)[:, None] & (c < C)[None, :]
     x = tl.load(x_ptr + r[:, None] * stride_x + c[None, :], mask=m, other=0.0).to(tl.float32)
-    a = tl.abs(x)
+    a = tl.reshape(tl.abs(x), [32, TC, 32])
     finite = a < float("inf")
-    nan_tile = tl.max(tl.max(tl.where(finite, 0, 1), axis=1), axis=0) > 0
-    amax = tl.max(tl.max(tl.where(finite, a, 0.0), axis=1), axis=0)
+    nan_tile = tl.max(tl.max(tl.where(finite, 0, 1), axis=2), axis=0) > 0  # [TC]
+    amax = tl.max(tl.max(tl.where(finite, a, 0.0), axis=2), axis=0)
     e = _mx_exponent(amax, CEIL, ELEM)
     inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
-    v = x * inv
+    v = tl.reshape(tl.reshape(x, [32, TC, 32]) * inv[None, :, None], [32, TC * 32])
     u = v
     if SR:
         # the reference's blocked layout: tile (tr, tc) is block tr * n_tc + tc, element (i, j) at i * 32 + j
         i = tl.arange(0, 32)
-        u = _uniforms((tr * n_tc + tc) * 1024 + i[:, None] * 32 + i[None, :], key, key2)
-    keep = tl.full([32, 32], 1, tl.int1) & ~nan_tile
-    _mx_store_codes(codes_ptr, r[:, None] * stride_c, tc * 32, v, u, keep, tl.full([32, 32], 1, tl.int1), SR, ELEM, 32, 32)
-    tl.store(scales_ptr + tr * stride_s + tc, tl.where(nan_tile, 255, e + 127).to(tl.uint8))
+        idx = (tr * n_tc + tc[None, :, None]) * 1024 + i[:, None, None] * 32 + i[None, None, :]
+        u = tl.reshape(_uniforms(idx, key, key2), [32, TC * 32])
+    keep = tl.reshape(tl.broadcast_to(~nan_tile[None, :, None], [32, TC, 32]), [32, TC * 32])
+    in_tensor = tl.broadcast_to((c < n_tc * 32)[None, :], [32, TC * 32])  # tiles past the last: not stored
+    _mx_store_codes(codes_ptr, r[:, None] * stride_c, tl.program_id(1) * TC * 32, v, u, keep, in_tensor, SR, ELEM, 32, TC * 32)
+    tl.store(scales_ptr + tr * stride_s + tc, tl.where(nan_tile, 255, e + 127).to(tl.uint8), mask=tc < n_tc)
 
 
-def _quantize_tiles(fmt: str, x, scale, rounding, seed) -> QuantizedTensor:
+# (tiles per program, warps) of the 32x32 tile kernel: the session-11 launch (one tile, 4 warps) until
+# bench/fold_sweep.py times others on the H200.
+TILE_LAUNCH = (1, 4)
+
+
+def _quantize_tiles(fmt: str, x, scale, rounding, seed, launch=(None, None)) -> QuantizedTensor:
     x = _check(f"quantize_{fmt}_2d", x, scale, rounding)
     R, C = x.shape
     layout = BlockLayout((R, C), (32, 32), None)
@@ -384,15 +392,21 @@ def _quantize_tiles(fmt: str, x, scale, rounding, seed) -> QuantizedTensor:
     codes = torch.empty(rp, cp // 2 if elem == E2M1 else cp, dtype=torch.uint8, device=x.device)
     scales = torch.empty(rp // 32, cp // 32, dtype=torch.uint8, device=x.device)
     sr, key, key2 = _keys(rounding, seed)
+    tc, warps = launch[0] or TILE_LAUNCH[0], launch[1] or TILE_LAUNCH[1]
+    if tc < 1 or tc & (tc - 1):
+        raise ValueError(f"tiles_per_program must be a power of two, got {tc}")
     if rp and cp:
-        _mx_tile_kernel[(rp // 32, cp // 32)](x, codes, scales, R, C, cp // 32, x.stride(0), codes.stride(0), scales.stride(0),
-                                             key, key2, CEIL=scale == "ceil", SR=sr, ELEM=elem)
+        _mx_tile_kernel[(rp // 32, triton.cdiv(cp // 32, tc))](x, codes, scales, R, C, cp // 32, x.stride(0), codes.stride(0),
+                                                               scales.stride(0), key, key2, CEIL=scale == "ceil", SR=sr,
+                                                               ELEM=elem, TC=tc, num_warps=warps)
     return QuantizedTensor(fmt, codes, scales, None, layout, x.dtype)
 
 
-def quantize_mxfp4_2d(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None) -> QuantizedTensor:
-    """MXFP4 with 32x32 tiles (transposition-invariant) of a 2D tensor, any shape (padded like the reference)."""
-    return _quantize_tiles("mxfp4", x, scale, rounding, seed)
+def quantize_mxfp4_2d(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None,
+                      tiles_per_program: int | None = None, num_warps: int | None = None) -> QuantizedTensor:
+    """MXFP4 with 32x32 tiles (transposition-invariant) of a 2D tensor, any shape (padded like the reference).
+    ``tiles_per_program`` / ``num_warps``: launch tuning (:data:`TILE_LAUNCH`), the same bits."""
+    return _quantize_tiles("mxfp4", x, scale, rounding, seed, (tiles_per_program, num_warps))
 
 
 def quantize_mxfp8_2d(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None) -> QuantizedTensor:
