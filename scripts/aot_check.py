@@ -110,8 +110,8 @@ def _kernel_calls() -> None:
         fp8_values.quantize_fp8_rowwise_both(x)
         kernels.block_hadamard(x, None, block=32, axis=1)
     q = fp4train.quantize(x32, "mxfp4")
-    kernels.decode_fp4_scaled(q)
-    kernels.decode_fp4_scaled(fp4train.quantize(x32, "nvfp4"))
+    kernels.decode_scaled_bf16(q)
+    kernels.decode_scaled_bf16(fp4train.quantize(x32, "nvfp4"))
     for gr in (1, 128):
         mx_fold.fold_packed_mxfp4(q.codes, q.scales, group_rows=gr)
     t = fp4train.quantize(x32, "mxfp4", block=(32, 32))

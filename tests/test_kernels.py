@@ -310,23 +310,44 @@ def test_fp8_rowwise_values_kernel_is_the_scaled_reference(axis, dtype):
     torch.testing.assert_close(got.scale, ref.scale, rtol=0, atol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
-@pytest.mark.parametrize("axis", [1, 0])
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "mxfp8"])
+@pytest.mark.parametrize("axis", [1, 0, "tiles"])
 @pytest.mark.parametrize("transposed", [False, True])
-def test_fp4_decode_kernel_is_scaled_bf16(fmt, axis, transposed):
-    from fp4train.kernels import decode_fp4_scaled
+def test_decode_kernel_is_scaled_bf16(fmt, axis, transposed):
+    """Codes + scales -> exact BF16 values (the saved X, MXFP8 operands), 1D blocks along either axis
+    or square tiles, viewed either way: ``scaled_bf16()`` of the reference, NaN blocks and -0 included."""
+    from fp4train.kernels import decode_scaled_bf16
 
     big = DEV == "cuda"
     x = _special(512 if big else 64, 1024 if big else 96, 7).to(DEV)
-    q = fp4train.quantize(x, fmt, axis=axis, rounding="stochastic", seed=3)
+    x[5, 3] = -0.0
+    if fmt == "nvfp4":  # one tensor scale: the 3.3e38 element would flush every other block to zero
+        x = x.clamp(-1e6, 1e6)
+    if axis == "tiles":
+        q = fp4train.quantize(x, fmt, block=(16, 16) if fmt == "nvfp4" else (32, 32), rounding="stochastic", seed=3)
+    else:
+        q = fp4train.quantize(x, fmt, axis=axis, rounding="stochastic", seed=3)
     if transposed:
         q = q.t()
-    ref = q.scaled_bf16()
-    got = decode_fp4_scaled(q)
+    ref = _reference_split(q)
+    got = decode_scaled_bf16(q)
     assert got.block_axis == ref.block_axis and got.shape == ref.shape
+    assert torch.equal(got.values.isnan(), ref.values.isnan()) and bool(ref.values.isnan().any())
+    num = ~ref.values.isnan()  # (a NaN's sign bit carries nothing)
+    assert torch.equal(torch.signbit(got.values)[num], torch.signbit(ref.values)[num]) and bool(torch.signbit(ref.values[num]).any())
     torch.testing.assert_close(got.values, ref.values, rtol=0, atol=0, equal_nan=True)
     assert (got.divisor is None) == (ref.divisor is None)
-    assert decode_fp4_scaled(fp4train.quantize(x, "mxfp4", block=(32, 32))) is None  # tiles: the reference
+
+
+def _reference_split(q):
+    """``scaled_bf16()`` by the reference decode, whatever split kernel is installed."""
+    from fp4train.formats import qtensor
+
+    kernel, qtensor._SPLIT_KERNEL = qtensor._SPLIT_KERNEL, None
+    try:
+        return q.scaled_bf16()
+    finally:
+        qtensor._SPLIT_KERNEL = kernel
 
 
 @pytest.mark.parametrize("group_rows", [1, 128])

@@ -79,9 +79,9 @@ def _apply_numerics(mode: str) -> None:
     set_kernels(mode == "triton")
     set_transform_kernel(mode != "eager" and cuda)
     if mode == "triton":
-        from ..kernels.fp4_decode import decode_fp4_scaled
+        from ..kernels.scaled_decode import decode_scaled_bf16
 
-        set_split_kernel(decode_fp4_scaled)  # packed MXFP4/NVFP4 (the saved X) -> BF16 values in one pass
+        set_split_kernel(decode_scaled_bf16)  # MXFP4/NVFP4/MXFP8 codes (the saved X, MXFP8 operands) -> BF16 values, one pass
     else:
         set_split_kernel(None)
 

@@ -268,11 +268,11 @@ def fold_tiles_mxfp4(codes: torch.Tensor, tile_scales: torch.Tensor, *, transpos
                         scale_per_row=scale_per_row, launch=(rows_per_program, num_warps))
 
 
-# (rows per program, warps) of the packed fold (fold_packed_mxfp4, fold_tiles_mxfp4) by group rows: from ptxas
-# on sm90 (scripts/aot_check.py), a 128-row program with the default 4 warps spilled 5-31 KB per thread, 32 warps
-# hold it in 64 registers (<= 264 B spilled); 16 rows take 96-136 registers with 4 warps, 64-80 with 8
-# (bench/results/kernels-sm90-ptxas{,-4warps}.json). Not yet timed against other launches (bench/fold_sweep.py).
-PACKED_FOLD_LAUNCH = {1: (16, 8), 128: (128, 32)}
+# (rows per program, warps) of the packed fold (fold_packed_mxfp4, fold_tiles_mxfp4) by group rows: the fastest
+# of bench/fold_sweep.py on the H200 (16384 x 8192 tile-quantized MXFP4; bench/results/fold_sweep-NVIDIA_H200-8c3b88e.json):
+# 1x128 groups 64 rows, 4 warps (0.163 ms; the earlier 16 rows, 8 warps 0.239); 128x128 groups 4 warps (0.218 ms,
+# transposed 0.306; 32 warps 0.247 / 0.589) - though ptxas reports spills for that launch: time decides.
+PACKED_FOLD_LAUNCH = {1: (64, 4), 128: (128, 4)}
 
 
 def _packed_fold(codes, scales, R: int, K: int, group_rows: int, counter, *, tile: bool, transposed: bool = False,

@@ -288,11 +288,12 @@ def _mxfp4_cols_kernel(x_ptr, cc_ptr, cs_ptr, M, K, stride_x, stride_cc, stride_
 
 
 def quantize_mxfp4_columns(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None,
-                           block_cols: int = 64, num_warps: int = 4) -> QuantizedTensor:
+                           block_cols: int = 128, num_warps: int = 2) -> QuantizedTensor:
     """MXFP4 along dim 0 of a 2D tensor (``quantize(x, "mxfp4", axis=0, ...)`` bit for bit; dim 0 a
     multiple of 32) straight from ``x``'s row-major layout - no transposed copy of ``x``.
-    ``block_cols`` (a power of two) and ``num_warps``: launch tuning, the same bits (bench/fold_sweep.py
-    times them)."""
+    ``block_cols`` (a power of two) and ``num_warps``: launch tuning, the same bits; the defaults are the
+    fastest of bench/fold_sweep.py on the H200 (0.254 ms on 16384 x 8192 BF16; 64 columns and 4 warps took
+    0.468 ms; bench/results/fold_sweep-NVIDIA_H200-8c3b88e.json)."""
     x = _check("quantize_mxfp4_columns", x, scale, rounding)
     if x.shape[0] % 32:
         raise ValueError(f"quantize_mxfp4_columns needs dim 0 to be a multiple of 32, got {tuple(x.shape)}")
@@ -378,9 +379,10 @@ def _mx_tile_kernel(
     tl.store(scales_ptr + tr * stride_s + tc, tl.where(nan_tile, 255, e + 127).to(tl.uint8), mask=tc < n_tc)
 
 
-# (tiles per program, warps) of the 32x32 tile kernel: the session-11 launch (one tile, 4 warps) until
-# bench/fold_sweep.py times others on the H200.
-TILE_LAUNCH = (1, 4)
+# (tiles per program, warps) of the 32x32 tile kernel: the fastest of bench/fold_sweep.py on the H200 (16384 x 8192
+# BF16, ceil scale, stochastic rounding: 0.515 ms against one tile with 4 warps 0.627 ms;
+# bench/results/fold_sweep-NVIDIA_H200-8c3b88e.json).
+TILE_LAUNCH = (8, 8)
 
 
 def _quantize_tiles(fmt: str, x, scale, rounding, seed, launch=(None, None)) -> QuantizedTensor:

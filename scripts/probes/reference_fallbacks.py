@@ -56,15 +56,15 @@ def main(argv=None):
     fq.quantize_tensors = spy
     import fp4train.linear.operands as ops
     ops.quantize_tensors = spy
-    # QuantizedTensor -> BF16 values: on a GPU a kernel (decode_fp4_scaled) covers packed 1D MXFP4/NVFP4;
+    # QuantizedTensor -> BF16 values: on a GPU a kernel (decode_scaled_bf16) covers most (MXFP4/NVFP4/MXFP8);
     # anything else decodes through the reference (compiled by Inductor). The CPU takes the reference for all,
     # so a call counts only when the kernel would not cover it.
     from fp4train.formats.qtensor import QuantizedTensor
-    from fp4train.kernels import decode_fp4_scaled
+    from fp4train.kernels import decode_scaled_bf16
     real_split = QuantizedTensor.scaled_bf16
 
     def split_spy(self):
-        if decode_fp4_scaled(self) is None:
+        if decode_scaled_bf16(self) is None:
             here = next((f for f in reversed(traceback.extract_stack()[:-1]) if "fp4train/linear" in f.filename or
                          "fp4train/backends" in f.filename), None)
             where = f"{os.path.basename(here.filename)}:{here.lineno} {here.name}" if here else "?"
