@@ -247,8 +247,8 @@ def test_readme_fast_path_numbers_are_the_committed_h200_results():
         assert f"| {k} | {' | '.join(cells)} |" in readme, k
     # the summary's e2e table is what bench/summary.py makes of the committed runs (a later run's entry wins)
     e2e_dir = res / "e2e-h200"
-    runs = [e2e_dir / f"train_speed-1b-{c}.json" for c in ("a35b562-gpu0", "a35b562-gpu1", "d8fb690", "57bd0e9")]
-    runs += [res / "train_speed-3b-NVIDIA_H200.json"] + [e2e_dir / f"train_speed-3b-{c}.json" for c in ("d8fb690", "57bd0e9")]
+    runs = [e2e_dir / f"train_speed-1b-{c}.json" for c in ("a35b562-gpu0", "a35b562-gpu1", "d8fb690", "57bd0e9", "7a9e335")]
+    runs += [res / "train_speed-3b-NVIDIA_H200.json"] + [e2e_dir / f"train_speed-3b-{c}.json" for c in ("d8fb690", "57bd0e9", "7a9e335")]
     assert _load("summary").e2e_table([json.loads(p.read_text()) for p in runs]) == e2e
     assert all(json.loads(p.read_text()).get("quantized_linears") == "in graph" for p in runs if "e2e-h200" in str(p))
     old = {m: {r["recipe"]: r for r in json.loads((e2e_dir / f"train_speed-{m}.json").read_text())["results"]}
@@ -259,6 +259,15 @@ def test_readme_fast_path_numbers_are_the_committed_h200_results():
             f"memory from {old['3b-ff0a0ad-gpu0']['mxfp4']['peak_mem_gib']:.1f} to {m3['peak_mem_gib']:.1f} GiB") in readme
     assert (f"fp8_rowwise fell from {old['3b-ff0a0ad-gpu1']['fp8_rowwise']['speedup_vs_bf16']:.2f}× to "
             f"{e2e['3b']['fp8_rowwise']['speedup_vs_bf16']:.2f}× at 3b") in readme
+    assert f"at 1b it is now {e2e['1b']['fp8_rowwise']['speedup_vs_bf16']:.2f}×" in readme
+    t1, t3 = e2e["1b"]["tib2d"], e2e["3b"]["tib2d"]
+    assert f"tib2d went from 0.72× to {t1['speedup_vs_bf16']:.2f}× at 1b\n  and from 0.82× to {t3['speedup_vs_bf16']:.2f}× at 3b" in readme
+    ada = [r["speedup_vs_bf16"] for c in ("93647de", "f264ba3", "7a9e335")
+           for r in json.loads((e2e_dir / f"train_speed-1b-{c}.json").read_text())["results"] if r["recipe"] == "adahop"]
+    assert f"({min(ada):.2f}–{max(ada):.2f}× at the last three" in readme
+    prof = {r["recipe"]: r for r in json.loads((res / "profile_step/1b-H200-mxfp4-8c3b88e.json").read_text())["results"]}
+    assert (f"({prof['mxfp4']['gpu_kernel_ms_per_step']:.0f} vs {prof['bf16']['gpu_kernel_ms_per_step']:.0f} ms a step" in readme
+            and f"in {prof['mxfp4']['kernels_per_step']:.0f}\n  launches against BF16's {prof['bf16']['kernels_per_step']:.0f}" in readme)
     fixed = _load("summary").optimizer_state_gib("3b")
     t3 = e2e["3b"]["tib2d"]
     above = [(r["bf16_peak_mem_gib"] - fixed) / (r["peak_mem_gib"] - fixed) for r in (m3, t3)]
@@ -270,7 +279,7 @@ def test_readme_fast_path_numbers_are_the_committed_h200_results():
     g = json.loads((res / "gemm_speed-NVIDIA_H200.json").read_text())["results"][0]
     assert g["layer"] == "8192^3" and g["inexact_elements_first_fold"] == 0
     assert (f"{g['mxfp4_fp8_blockwise']:.0f} TFLOP/s, {g['speedup_vs_bf16']:.2f}× cuBLAS BF16\n  ({g['bf16']:.0f} TFLOP/s)") in readme
-    q = json.loads((res / "quantize_speed-NVIDIA_H200-2457109.json").read_text())["results"]
+    q = json.loads((res / "quantize_speed-NVIDIA_H200-93647de.json").read_text())["results"]
     mx = [v["fraction_of_copy"] * 100 for k, v in q.items() if k.startswith("triton mxfp4") and "values" not in k]
     assert f"reach {min(mx):.0f}–{max(mx):.0f}% of the GPU's copy bandwidth" in readme
     lin = json.loads((res / "linear_speed-NVIDIA_H200-2457109.json").read_text())["results"]

@@ -25,6 +25,7 @@ from ..formats.layout import BlockLayout
 from ..formats.qtensor import QuantizedTensor, ScaledBF16
 from .amax import finite_amax_along
 from .e4m3 import e4m3_rtne
+from .mx_quantize import _with_sign
 
 
 @triton.jit
@@ -56,7 +57,7 @@ def _fp8_values_kernel(x_ptr, s_ptr, y_ptr, M, K, sx, sy_r, sy_c, PER_ROW: tl.co
     else:
         code, mag = e4m3_rtne(tl.minimum(tl.abs(v), 448.0))
         negative = v.to(tl.int32, bitcast=True) < 0
-        out = tl.where(tl.abs(v) < float("inf"), tl.where(negative, -mag, mag), float("nan")).to(y_ptr.dtype.element_ty)
+        out = tl.where(tl.abs(v) < float("inf"), _with_sign(mag, negative), float("nan")).to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + r[:, None] * sy_r + c[None, :] * sy_c, out, mask=mask)
 
 

@@ -51,6 +51,16 @@ def _pow2(k):
 
 
 @triton.jit
+def _with_sign(mag, neg):
+    """``mag`` (float32, >= 0 or NaN) with its sign bit set where ``neg``, by bits, so that ``-0.0``
+    survives whatever the compiler makes of negating a zero. (The decode test that first compared
+    signs of zeros failed on the H200 at 7a9e335, on every case, while it passed in the CPU
+    interpreter; its traceback was cut off. A ``-v`` that the GPU code turns into ``0 - v`` would do
+    it; this rules that suspect out. Not yet re-run on the GPU.)"""
+    return (mag.to(tl.int32, bitcast=True) | (neg.to(tl.int32) << 31)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _mx_scale_exponent(amax, CEIL: tl.constexpr, EMAX: tl.constexpr, CEIL_MANTISSA_BITS: tl.constexpr):
     """E8M0 exponent from the bits of a finite amax: floor(log2 amax) - EMAX (+1 for ceil when the
     mantissa bits exceed those of the element's largest value, e.g. 1.5 -> 0x400000 for E2M1,

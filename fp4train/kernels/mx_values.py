@@ -24,7 +24,7 @@ import triton.language as tl
 
 from ..formats.qtensor import ScaledBF16
 from .e4m3 import e4m3_codes, e4m3_value
-from .mx_quantize import E2M1, E4M3, _e2m1_codes, _keys, _mx_exponent, _pow2, _uniforms
+from .mx_quantize import E2M1, E4M3, _e2m1_codes, _keys, _mx_exponent, _pow2, _uniforms, _with_sign
 
 
 @triton.jit
@@ -35,7 +35,7 @@ def _e2m1_value(code):
     m = (mag & 1).to(tl.float32)
     big = (1 << tl.maximum(e - 1, 0)).to(tl.float32) * (1.0 + 0.5 * m)
     v = tl.where(e == 0, 0.5 * m, big)
-    return tl.where((code & 8) != 0, -v, v)
+    return _with_sign(v, (code & 8) != 0)
 
 
 @triton.jit
@@ -47,7 +47,7 @@ def _mx_values(v, u, e, SR: tl.constexpr, ELEM: tl.constexpr):
     else:
         code = e4m3_codes(v, u, SR)
         mag = e4m3_value(code & 127)
-        q = tl.where((code & 128) != 0, -mag, mag)
+        q = _with_sign(mag, (code & 128) != 0)
     return q * _pow2(e)
 
 

@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ..formats.qtensor import QuantizedTensor, ScaledBF16
-from .mx_quantize import _pow2
+from .mx_quantize import _pow2, _with_sign
 from .mx_values import _e2m1_value
 
 
@@ -42,21 +42,24 @@ def _decode_kernel(codes_ptr, scales_ptr, y_ptr, R, K, sc, ss, sy, BLOCK: tl.con
     rmask = r < R
     cmask = rmask[:, None] & (c < K)[None, :]
     if FP8:
-        byte = tl.load(codes_ptr + r[:, None] * sc + c[None, :], mask=cmask, other=0).to(tl.int32)
-        mag = _e4m3_value(byte & 0x7F)
-        elem = tl.where((byte & 0x80) != 0, -mag, mag)  # 0x80: -0.0
+        code = tl.load(codes_ptr + r[:, None] * sc + c[None, :], mask=cmask, other=0).to(tl.int32)
+        mag = _e4m3_value(code & 0x7F)
+        neg = (code & 0x80) != 0
     else:
         half = tl.program_id(1) * (BK // 2) + tl.arange(0, BK // 2)
         byte = tl.load(codes_ptr + r[:, None] * sc + half[None, :], mask=rmask[:, None] & (half < K // 2)[None, :],
                        other=0).to(tl.int32)
-        elem = _e2m1_value(tl.reshape(tl.join(byte & 15, byte >> 4), [RB, BK]))
+        code = tl.reshape(tl.join(byte & 15, byte >> 4), [RB, BK])
+        mag = _e2m1_value(code & 7)
+        neg = (code & 8) != 0
     srow = r // BLOCK if TILE else r
     s = tl.load(scales_ptr + srow[:, None] * ss + (c // BLOCK)[None, :], mask=cmask, other=0).to(tl.int32)
     if NV:
         scale = _e4m3_value(s)
     else:
         scale = tl.where(s == 255, float("nan"), _pow2(s - 127))
-    tl.store(y_ptr + r[:, None] * sy + c[None, :], (elem * scale).to(y_ptr.dtype.element_ty), mask=cmask)
+    val = _with_sign(mag * scale, neg)  # the sign by bits, last: -0.0 codes stay -0.0
+    tl.store(y_ptr + r[:, None] * sy + c[None, :], val.to(y_ptr.dtype.element_ty), mask=cmask)
 
 
 def decode_scaled_bf16(q: QuantizedTensor) -> ScaledBF16 | None:
