@@ -179,3 +179,29 @@ def test_operand_pair_gives_a_second_operand_only_in_a_role_it_can_play():
     for role in (0, 1):
         rows, cols = be.operand_pair(x, f8, f8, seeds=(None, None), b_role=role)
         assert rows.block_axis == 1 and cols.block_axis == 0
+
+
+def test_backend_predicates_say_what_its_operand_methods_make():
+    """The graph ops' fake implementations describe X's shared preparation by the backend's predicates
+    (pair_kind / pair_fits, folds_1x32 / fuses / fold_fits); operand_pair and operand decide by the same
+    ones, so a prediction and the made operand cannot disagree: each predicate's False is a None."""
+    from fp4train.backends import get
+    from fp4train.recipes import QuantSpec, TransformSpec
+
+    be = get("fp8_blockwise")
+    mx, mx_sr, f8, f8_sr = QuantSpec("mxfp4"), QuantSpec("mxfp4", rounding="stochastic"), QuantSpec("fp8"), QuantSpec("fp8", rounding="stochastic")
+    tiles, nv = QuantSpec("mxfp4", block=(32, 32)), QuantSpec("nvfp4")
+    assert (be.pair_kind(mx, mx), be.pair_kind(mx_sr, mx), be.pair_kind(f8, f8)) == ("mxfp4", "mxfp4", "fp8")
+    assert be.pair_kind(f8_sr, f8) is None and be.pair_kind(mx, f8) is None and be.pair_kind(tiles, mx) is None
+    assert be.pair_kind(nv, nv) is None
+    for shape, role, fits in (((64, 256), 1, True), ((48, 256), 1, False), ((64, 192), 1, False), ((64, 256), 0, False)):
+        x = torch.randn(*shape)
+        assert be.pair_fits("mxfp4", x, role) is fits
+        assert (be.operand_pair(x, mx, mx, seeds=(None, None), b_role=role) is not None) is fits
+    assert be.pair_fits("fp8", torch.randn(48, 96), 0) and not be.pair_fits(None, torch.randn(64, 256))
+    h32, h256 = TransformSpec("hadamard", block=32), TransformSpec("hadamard", block=256)
+    assert be.fuses(mx, h32) and not be.fuses(mx, h256) and not be.fuses(tiles, h32) and not be.fuses(mx, None)
+    x16 = torch.randn(64, 256, dtype=torch.float16)
+    assert be.fold_fits(x16, 1) and not be.fold_fits(x16, 1, h32) and not be.fold_fits(torch.randn(64, 96), 1)
+    assert be.operand(x16, mx, axis=1, role=0, seed=None, transform=h32) is None
+    assert be.operand(x16.float(), mx, axis=1, role=0, seed=None, transform=h32) is not None

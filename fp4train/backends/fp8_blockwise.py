@@ -161,10 +161,54 @@ class Fp8BlockwiseBackend:
             self.inexact = torch.zeros((), dtype=torch.int32, device=device)
         return self.inexact
 
+    # What this backend prepares itself, as predicates on the specs (known when a model is converted) and
+    # on the tensor (known at the call): operand() and operand_pair() decide by them, and the graph ops
+    # (linear/graph_op.py) ask them which shared preparation of X a layer's fake implementation describes.
+
+    @staticmethod
+    def folds_1x32(q) -> bool:
+        """Is ``q`` MXFP4 in 1x32 blocks (what the fold kernel quantizes, optionally with a fused transform)?"""
+        return (q.quantized and q.format == "mxfp4" and not q.is_2d and not q.four_over_six
+                and q.quantize_kwargs().get("block") in (None, 32))
+
+    @classmethod
+    def fuses(cls, q, transform) -> bool:
+        """Does :meth:`operand` fuse ``transform`` into the fold of ``q`` (a block Hadamard up to 128)?"""
+        return cls.folds_1x32(q) and transform is not None and transform.block <= 128
+
+    @staticmethod
+    def fold_fits(x: torch.Tensor, axis: int, transform=None) -> bool:
+        """Can the fold kernel take ``x`` (2D, blocks along ``axis`` a multiple of 128; with a fused
+        transform float32/bfloat16)? Also for X ``[..., K]`` along its last dim (``axis`` -1)."""
+        return (x.ndim >= 2 and kernels_usable_on(x) and x.shape[axis] % 128 == 0
+                and (transform is None or x.dtype in (torch.float32, torch.bfloat16)))
+
+    @classmethod
+    def pair_kind(cls, qa, qb) -> str | None:
+        """Which pair :meth:`operand_pair` makes for the specs (``qa`` along K, ``qb`` along M): "fp8"
+        (both FP8 rowwise with nearest rounding), "mxfp4" (both MXFP4 in 1x32 blocks), or None."""
+        if all(q.quantized and q.format == "fp8" and not q.stochastic for q in (qa, qb)):
+            return "fp8"
+        if cls.folds_1x32(qa) and cls.folds_1x32(qb):
+            return "mxfp4"
+        return None
+
+    @staticmethod
+    def pair_fits(kind: str | None, x: torch.Tensor, b_role: int = 1) -> bool:
+        """Can :meth:`operand_pair` make pair ``kind`` of ``x`` ``[..., K]`` (M = its rows, flattened) for
+        the along-M half's GEMM operand ``b_role``? FP8 rowwise: any float input, either role; MXFP4:
+        M % 32 == 0, K % 128 == 0, B only (its along-M half is packed for wgrad's B)."""
+        if x.ndim < 2 or not kernels_usable_on(x) or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            return False
+        k = x.shape[-1]
+        if kind == "fp8":
+            return True
+        return kind == "mxfp4" and b_role == 1 and k % 128 == 0 and (x.numel() // k) % 32 == 0
+
     def operand(self, x: torch.Tensor, q, *, axis: int, role: int, seed: int | None, transform=None, transform_seed=None):
         """The folded operand for an MXFP4 request (``role`` 0: GEMM operand A, 1: B), or None.
         ``transform`` (a TransformSpec along ``axis``, signs from ``transform_seed``): fused into the
-        same pass (block Hadamard up to 128, float32/bfloat16 input), or None to have it done first."""
+        same pass where :meth:`fuses` and :meth:`fold_fits` allow, or None to have it done first."""
         if not kernels_usable_on(x):
             return None
         if q.format == "fp8" and x.ndim == 2 and transform is None and not q.stochastic:
@@ -175,9 +219,8 @@ class Fp8BlockwiseBackend:
         if x.ndim != 2 or q.format != "mxfp4" or q.four_over_six:
             return None
         kw = q.quantize_kwargs()
-        if transform is not None:
-            if q.is_2d or transform.block > 128 or x.dtype not in (torch.float32, torch.bfloat16):
-                return None
+        if transform is not None and not (self.fuses(q, transform) and self.fold_fits(x, axis, transform)):
+            return None
         if q.is_2d:
             # 32x32 tiles: quantized once, packed; gemm() folds them for each use (either orientation)
             if tuple(kw["block"]) != (32, 32) or x.shape[0] % 128 or x.shape[1] % 128:
@@ -185,7 +228,7 @@ class Fp8BlockwiseBackend:
             from ..kernels import quantize_mxfp4_2d
 
             return quantize_mxfp4_2d(x.detach(), scale=kw.get("scale", "floor"), rounding=kw.get("rounding", "nearest"), seed=seed)
-        if kw.get("block") not in (None, 32) or x.shape[axis] % 128:
+        if not (self.folds_1x32(q) and self.fold_fits(x, axis)):
             return None
         from ..kernels.mx_fold import quantize_mxfp4_fp8
 
@@ -209,20 +252,14 @@ class Fp8BlockwiseBackend:
           MXFP4 along M - what the layer saves for wgrad, folded there as a B operand);
         * both FP8 rowwise with nearest rounding, either role: the two QuantizedTensors, from two reads
           instead of four."""
-        if x.ndim != 2 or not kernels_usable_on(x):
+        kind = self.pair_kind(qa, qb)
+        if x.ndim != 2 or not self.pair_fits(kind, x, b_role):
             return None
-        if all(q.quantized and q.format == "fp8" and not q.stochastic for q in (qa, qb)) and x.dtype in (
-                torch.float32, torch.bfloat16, torch.float16):
+        if kind == "fp8":
             from ..kernels.fp8_values import quantize_fp8_rowwise_both
 
             return quantize_fp8_rowwise_both(x.detach())
-        if b_role != 1 or x.shape[0] % 32 or x.shape[1] % 128:
-            return None
-        if any(not q.quantized or q.format != "mxfp4" or q.four_over_six for q in (qa, qb)):
-            return None
         kws = [qa.quantize_kwargs(), qb.quantize_kwargs()]
-        if any(k.get("block") not in (None, 32) for k in kws):
-            return None
         from ..kernels.mx_fold import quantize_mxfp4_fp8_and_columns
 
         folded, cols = quantize_mxfp4_fp8_and_columns(

@@ -22,7 +22,6 @@ import triton
 import triton.language as tl
 
 from ..formats.fold import FoldedFP8
-from ..formats.layout import BlockLayout
 from ..formats.qtensor import QuantizedTensor
 from .e4m3 import e4m3_rtne
 from .hadamard import _butterfly

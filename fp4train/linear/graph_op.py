@@ -41,7 +41,7 @@ from .. import backends
 from ..counter_rng import fresh_seed
 from ..formats.fold import FoldedFP8
 from ..formats.qtensor import QuantizedTensor
-from ..formats.quantize import FORMATS, encode_blocks, geometry, kernels_usable_on, quantize_tensors
+from ..formats.quantize import FORMATS, encode_blocks, geometry, quantize_tensors
 from ..recipes.spec import GemmSpec, LinearSpec, _linear_from_dict, _to_plain
 from .function import X_FPROP, X_INPUT, X_WGRAD, backward, deterministic, forward, saved_x_source, saves_fprop_w, x_from_input
 from .operands import FPROP, OP_A, OP_B, WGRAD, pack_operand, pad_rows, prepare, prepare_now, unpack_operand
@@ -83,22 +83,19 @@ _N_XA = 2
 
 def prep_kind(spec: LinearSpec, backend: str) -> str | None:
     """Which shared X preparation this layer's specs allow, or None (X is then prepared inside the
-    layer's own op). Shared preparations are deterministic (nearest rounding, no random signs), made by
-    a backend that prepares its own operands, and have wgrad's X saved packed."""
+    layer's own op). Shared preparations are deterministic (nearest rounding, no random signs), have
+    wgrad's X saved packed, and are made by a backend that prepares its own operands - which of them,
+    its predicates say (``pair_kind``, ``fuses``; backends/fp8_blockwise.py)."""
     g, w3 = spec.fprop, spec.wgrad
     be = backends.get(backend)
-    if getattr(be, "operand", None) is None or saved_x_source(spec) != X_WGRAD or g.outliers is not None or w3.outliers is not None:
+    if getattr(be, "pair_kind", None) is None or saved_x_source(spec) != X_WGRAD or g.outliers is not None or w3.outliers is not None:
         return None
     if not (g.a.quantized and w3.b.quantized and deterministic(g.a, g.transform) and deterministic(w3.b, w3.transform)):
         return None
-    if any(q.four_over_six for q in (g.a, w3.b)):
-        return None
-    mx_1x32 = all(q.format == "mxfp4" and not q.is_2d and q.quantize_kwargs().get("block") in (None, 32) for q in (g.a, w3.b))
-    if mx_1x32 and g.transform is None and w3.transform is None and getattr(be, "operand_pair", None) is not None:
-        return PAIR
-    if g.a.format == "fp8" and w3.b.format == "fp8" and g.transform is None and w3.transform is None:
-        return FP8_ROWWISE
-    if mx_1x32 and (g.transform is None or g.transform.block <= 128):
+    pair = be.pair_kind(g.a, w3.b) if g.transform is None and w3.transform is None else None
+    if pair is not None:
+        return {"mxfp4": PAIR, "fp8": FP8_ROWWISE}[pair]
+    if be.folds_1x32(g.a) and be.folds_1x32(w3.b) and (g.transform is None or be.fuses(g.a, g.transform)):
         return FOLD
     return None
 
@@ -119,16 +116,13 @@ def _prep_kind_of(key: str) -> str | None:
 
 
 def prep_fits(x: torch.Tensor, key: str) -> bool:
-    """Does X's shape, dtype and device allow the shared preparation ``key`` names (the backend's
-    kernels: K % 128; the pair also tokens % 32; the fused Hadamard float32/bfloat16 input)?"""
-    k, kind = x.shape[-1], prep_kind(*_parse(key))  # traced by dynamo (runs once per compilation): no cache wrapper
-    if x.ndim < 2 or not kernels_usable_on(x):
-        return False
-    if kind == PAIR:
-        return (x.numel() // k) % 32 == 0 and k % 128 == 0
+    """Does X's shape, dtype and device allow the shared preparation ``key`` names? The backend's
+    predicates decide (``pair_fits``, ``fold_fits``)."""
+    spec, name = _parse(key)
+    kind, be = prep_kind(spec, name), backends.get(name)  # traced by dynamo (once per compilation): no cache wrapper
     if kind == FOLD:
-        return k % 128 == 0 and x.dtype in (torch.float32, torch.bfloat16)
-    return kind == FP8_ROWWISE
+        return be.fold_fits(x, -1, spec.fprop.transform)
+    return be.pair_fits({PAIR: "mxfp4", FP8_ROWWISE: "fp8"}.get(kind), x)
 
 
 @torch.library.custom_op("fp4train::prepare_x", mutates_args=())

@@ -16,18 +16,17 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import sys
 import traceback
-
-import sys  # noqa: E402
 
 if "--device" not in sys.argv or "cpu" in sys.argv[sys.argv.index("--device") + 1:][:1]:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # the CPU: the kernels in Triton's interpreter
 
-import torch  # noqa: E402
+import torch
 
-import fp4train  # noqa: E402
-from fp4train import models  # noqa: E402
-import fp4train.formats.quantize  # noqa: E402
+import fp4train
+import fp4train.formats.quantize
+from fp4train import models
 
 fq = sys.modules["fp4train.formats.quantize"]
 
