@@ -498,11 +498,11 @@ def test_fold_kernel_near_and_general_paths_each_equal_the_reference(group_rows,
 
 
 @pytest.mark.parametrize("group_rows", [1, 128])
-@pytest.mark.parametrize("scale", ["floor", "ceil"])
+@pytest.mark.parametrize("scale,rounding", [("floor", "nearest"), ("ceil", "nearest"), ("floor", "stochastic"), ("ceil", "stochastic")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fold_kernel_nearest_ties_signs_and_subnormal_inputs_equal_the_reference(group_rows, scale, dtype):
-    """The nearest-rounding fold rounds ``x * 2**(6 - g)`` onto the block's scaled E2M1 grid in float
-    arithmetic: every tie (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, 7), the saturation above 6, negative
+def test_fold_kernel_ties_signs_and_subnormal_inputs_equal_the_reference(group_rows, scale, rounding, dtype):
+    """The fold rounds in float arithmetic (nearest: ``x * 2**(6 - g)`` onto the block's scaled E2M1
+    grid; stochastic: ``x * 2**-e`` between its grid neighbours): every tie (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, 7), the saturation above 6, negative
     values that round to -0, -0.0 itself, blocks 0..17 binades below their group's top (exact in E4M3
     up to 14, then E4M3 subnormals, rounding and the inexact count), and blocks of FP32 subnormals
     (exponent clamped at -127), each against the reference fold."""
@@ -524,9 +524,14 @@ def test_fold_kernel_nearest_ties_signs_and_subnormal_inputs_equal_the_reference
     if dtype == torch.float32 or DEV == "cuda":  # Triton's CPU interpreter converts BF16 subnormals wrongly (1e-39 -> 4.4e-39)
         rows.append(tiny)
     x = torch.stack(rows + [torch.linspace(-7.5, 7.5, 128) * 2.0 ** (k % 9 - 4) for k in range(256 - len(rows))])
+    if rounding == "stochastic" and dtype == torch.float32:  # u exactly equal to the rounding fraction: stays down
+        from fp4train import counter_rng
+
+        u = counter_rng.uniform(21, (x.numel(),)).reshape(x.shape)
+        x[200, 0], x[200, 1:32] = 4.0, 0.5 * u[200, 1:32]  # block exponent 0; (x - 0) / 0.5 == u exactly
     x = x.to(dtype)
-    ref = fold(fp4train.quantize(x, "mxfp4", scale=scale), group_rows)
-    got = quantize_mxfp4_fp8(x.to(DEV), group_rows=group_rows, scale=scale)
+    ref = fold(fp4train.quantize(x, "mxfp4", scale=scale, rounding=rounding, seed=21), group_rows)
+    got = quantize_mxfp4_fp8(x.to(DEV), group_rows=group_rows, scale=scale, rounding=rounding, seed=21)
     assert torch.equal(got.codes.cpu(), ref.codes)
     torch.testing.assert_close(got.scales.cpu(), ref.scales, rtol=0, atol=0)
     assert int(got.inexact) == ref.inexact

@@ -41,6 +41,20 @@ class FoldedFP8:
         return e4m3.decode(self.codes) * s
 
 
+def empty_folded(rows: int, k: int, group_rows: int, *, device=None, like: torch.Tensor | None = None,
+                 scale_per_row: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised ``(codes, scales)`` in :class:`FoldedFP8`'s layout for a ``[rows, k]`` operand:
+    uint8 ``[rows, k]`` and float32 ``[ceil(rows / group_rows), k / 128]`` (``scale_per_row``: one
+    row of scales per row). The one statement of that geometry, for the kernels that write it and
+    for the shapes a compiled graph is traced with (``like``: a tensor whose ``new_empty`` to use,
+    fake tensors included)."""
+    srows = rows if scale_per_row else -(-rows // group_rows)
+    if like is not None:
+        return like.new_empty((rows, k), dtype=torch.uint8), like.new_empty((srows, k // 128), dtype=torch.float32)
+    return (torch.empty(rows, k, dtype=torch.uint8, device=device),
+            torch.empty(srows, k // 128, dtype=torch.float32, device=device))
+
+
 def _pow2_f64(e: torch.Tensor) -> torch.Tensor:
     """Exact float64 ``2**e`` for integer ``e`` in [-1022, 1023], from the bit pattern (``torch.pow``
     on a GPU need not be exact). Fold shifts reach down to 6 - 255 binades (a NaN group's 128 over

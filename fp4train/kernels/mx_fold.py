@@ -21,11 +21,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..formats.fold import FoldedFP8
+from ..formats.fold import FoldedFP8, empty_folded
 from ..formats.qtensor import QuantizedTensor
 from .e4m3 import e4m3_rtne
 from .hadamard import _butterfly
-from .mx_quantize import _e2m1_codes, _keys, _pow2, _scale_exponent, _uniforms, quantize_mxfp4_columns
+from .mx_quantize import _e2m1_codes, _keys, _pow2, _scale_exponent, _uniforms, _with_sign, quantize_mxfp4_columns
 
 
 @triton.jit
@@ -70,29 +70,34 @@ def _fold_kernel(x_ptr, d_ptr, codes_ptr, scales_ptr, count_ptr, R, K, s_r, s_k,
 def _fold_rows(x, r, rmask, c, K, key, key2, codes_ptr, scales_ptr, count_ptr, sc, ss,
                CEIL: tl.constexpr, SR: tl.constexpr, RB: tl.constexpr, GR: tl.constexpr):
     """A [RB, 128] tile of X (rows ``r``, columns ``c``) quantized to MXFP4 along the rows (four 1x32
-    blocks) and folded into E4M3 + group scales. Nearest rounding takes :func:`_fold_rows_nearest`
-    (float arithmetic, a few operations per element); stochastic rounding the E2M1 codes and
-    :func:`_fold_store`."""
-    if not SR:
-        _fold_rows_nearest(x, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, CEIL, RB, GR)
-    else:
-        a = tl.abs(x)
-        finite = a < float("inf")
-        amax = tl.max(tl.reshape(tl.where(finite, a, 0.0), [RB, 4, 32]), axis=2)
-        bad = tl.max(tl.reshape(tl.where(finite, 0, 1), [RB, 4, 32]), axis=2) > 0
-        e = _scale_exponent(amax, CEIL)  # [RB, 4]
-        inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
-        v = tl.reshape(x, [RB, 4, 32]) * inv[:, :, None]
-        u = tl.reshape(_uniforms(r[:, None] * K + c[None, :], key, key2), [RB, 4, 32])
-        code = tl.where(bad[:, :, None], 0, _e2m1_codes(v, u, SR))
-        # the reference's fold reads the block exponent from the scale byte: a NaN block (0xFF) counts as 128
-        _fold_store(code, tl.where(bad, 128, e), bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, RB, GR)
+    blocks) and folded into E4M3 + group scales (:func:`_fold_rows_float`; stochastic rounding with
+    the reference's uniforms for the element's blocked index ``r * K + c``)."""
+    u = x
+    if SR:
+        u = _uniforms(r[:, None] * K + c[None, :], key, key2)
+    _fold_rows_float(x, u, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, CEIL, SR, RB, GR)
 
 
 @triton.jit
-def _fold_rows_nearest(x, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss,
-                       CEIL: tl.constexpr, RB: tl.constexpr, GR: tl.constexpr):
-    """:func:`_fold_rows` with nearest rounding, straight to the E4M3 value. With block exponent ``e``,
+def _e2m1_sr_magnitude(ac, u):
+    """Stochastic rounding of ``ac`` in [0, 6] onto the E2M1 grid, in float arithmetic: the grid point
+    below, ``lo``, and up by the step with probability ``(ac - lo) / step`` (``u < that``) - the
+    reference's rule and comparison. In the binade ``[2**k, 2**(k+1))`` the step is ``2**(max(k, 0) - 1)``;
+    ``(ac + C) - C`` with ``C = 2**(max(k, 0) + 22)`` is ``ac`` to the nearest step, one step too high
+    when it rounded up. Division by the step is an exact multiplication by its reciprocal."""
+    kb = tl.maximum(ac.to(tl.int32, bitcast=True) & 0x7F800000, 127 << 23)  # 2**max(k, 0)
+    cst = (kb + (22 << 23)).to(tl.float32, bitcast=True)
+    step = (kb - (1 << 23)).to(tl.float32, bitcast=True)
+    inv_step = ((254 << 23) - (kb - (1 << 23))).to(tl.float32, bitcast=True)  # 1 / step
+    near = (ac + cst) - cst
+    lo = tl.where(near > ac, near - step, near)
+    return tl.where(u < (ac - lo) * inv_step, lo + step, lo)
+
+
+@triton.jit
+def _fold_rows_float(x, u, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss,
+                     CEIL: tl.constexpr, SR: tl.constexpr, RB: tl.constexpr, GR: tl.constexpr):
+    """:func:`_fold_rows` straight to the E4M3 value, in float arithmetic. With block exponent ``e``,
     group maximum ``g`` and ``d = g - e``, the folded value is ``f = q * 2**(6 - d)`` where ``q`` is
     ``v = x * 2**-e`` rounded to E2M1. Scaling by a power of two commutes with rounding onto a
     scaled grid, so ``f`` is ``w = x * 2**(6 - g)`` (exact: a power-of-two product) rounded onto the
@@ -104,8 +109,9 @@ def _fold_rows_nearest(x, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss,
     hardware cast to E4M3 is exact (in the interpreter too, which does not round as the GPU); tiles with a live block farther down, or with a
     group of FP32 subnormals (``2**(6 - g)`` past FP32's range), take :func:`_fold_store`'s general
     path (E4M3 subnormals, the inexact count). The sign is ``x``'s,
-    -0.0 included, as the reference's E2M1 code keeps it. Bit for bit the codes path
-    (tests/test_kernels.py)."""
+    -0.0 included, as the reference's E2M1 code keeps it. Stochastic rounding (``SR``, uniforms ``u``)
+    rounds ``v = x * 2**-e`` itself, as the reference does (:func:`_e2m1_sr_magnitude`), then scales by
+    ``2**(6 - d)``. Bit for bit the codes path (tests/test_kernels.py)."""
     xb = tl.reshape(x.to(tl.int32, bitcast=True), [RB, 4, 32])
     mb = tl.max(xb & 0x7FFFFFFF, axis=2)  # [RB, 4] the bits of each block's max |x|; >= Inf's bits: NaN/Inf in it
     bad = mb >= 0x7F800000
@@ -126,18 +132,23 @@ def _fold_rows_nearest(x, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss,
     # subnormals, whose exponent is clamped at -127)
     near = tl.max(tl.reshape(tl.where(live, d, 0), [RB * 4]), axis=0) <= 14
     if near & (tl.min(tl.reshape(tl.where(live, eb, 0), [RB * 4]), axis=0) >= -121):
-        s_g = _pow2(tl.minimum(tl.maximum(6 - g, -126), 127))  # 2**(6 - g) (masked rows: any value)
-        if GR == 1:
-            w = tl.reshape(x, [RB, 4, 32]) * s_g[:, :, None]
-        else:
-            w = tl.reshape(x, [RB, 4, 32]) * s_g
-        wb = w.to(tl.int32, bitcast=True)
         floor_bits = (tl.minimum(tl.maximum(6 - d, -126), 127) + 127) << 23  # [RB, 4]: 2**(6 - d)
-        big = tl.maximum(wb & 0x7F800000, floor_bits[:, :, None]) + (22 << 23)
-        cst = big.to(tl.float32, bitcast=True)
-        sat = (floor_bits + (2 << 23) + 0x400000).to(tl.float32, bitcast=True)  # 1.5 * 2**2 * 2**(6 - d)
-        q = tl.minimum((tl.abs(w) + cst) - cst, sat[:, :, None])
-        f = (q.to(tl.int32, bitcast=True) | (wb & -0x80000000)).to(tl.float32, bitcast=True)
+        if SR:
+            v = tl.reshape(x, [RB, 4, 32]) * (((127 - e) << 23).to(tl.float32, bitcast=True))[:, :, None]  # x * 2**-e
+            q = _e2m1_sr_magnitude(tl.minimum(tl.abs(v), 6.0), tl.reshape(u, [RB, 4, 32]))
+            f = _with_sign(q * floor_bits.to(tl.float32, bitcast=True)[:, :, None], v.to(tl.int32, bitcast=True) < 0)
+        else:
+            s_g = _pow2(tl.minimum(tl.maximum(6 - g, -126), 127))  # 2**(6 - g) (masked rows: any value)
+            if GR == 1:
+                w = tl.reshape(x, [RB, 4, 32]) * s_g[:, :, None]
+            else:
+                w = tl.reshape(x, [RB, 4, 32]) * s_g
+            wb = w.to(tl.int32, bitcast=True)
+            big = tl.maximum(wb & 0x7F800000, floor_bits[:, :, None]) + (22 << 23)
+            cst = big.to(tl.float32, bitcast=True)
+            sat = (floor_bits + (2 << 23) + 0x400000).to(tl.float32, bitcast=True)  # 1.5 * 2**2 * 2**(6 - d)
+            q = tl.minimum((tl.abs(w) + cst) - cst, sat[:, :, None])
+            f = (q.to(tl.int32, bitcast=True) | (wb & -0x80000000)).to(tl.float32, bitcast=True)
         byte = tl.where(bad[:, :, None], 0, f.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32))
         tl.store(codes_ptr + r[:, None] * sc + c[None, :], tl.reshape(byte, [RB, 128]).to(tl.uint8), mask=rmask[:, None])
         gs = tl.minimum(tl.maximum(g - 6, -149), 127)
@@ -149,7 +160,7 @@ def _fold_rows_nearest(x, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss,
     else:
         inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
         v = tl.reshape(x, [RB, 4, 32]) * inv[:, :, None]
-        code = tl.where(bad[:, :, None], 0, _e2m1_codes(v, v, False))
+        code = tl.where(bad[:, :, None], 0, _e2m1_codes(v, tl.reshape(u, [RB, 4, 32]), SR))
         _fold_store(code, tl.where(bad, 128, e), bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, RB, GR)
 
 
@@ -280,9 +291,7 @@ def _packed_fold(codes, scales, R: int, K: int, group_rows: int, counter, *, til
     ``launch`` = (rows per program, warps) overriding :data:`PACKED_FOLD_LAUNCH` (1x128 groups: any power
     of two >= 2 rows; 128x128 groups take 128). Same bits whatever the launch."""
     codes, scales = codes.contiguous(), scales.contiguous()
-    out = torch.empty(R, K, dtype=torch.uint8, device=codes.device)
-    rows_of_scales = R if scale_per_row else triton.cdiv(R, group_rows)
-    out_s = torch.empty(rows_of_scales, K // 128, dtype=torch.float32, device=codes.device)
+    out, out_s = empty_folded(R, K, group_rows, device=codes.device, scale_per_row=scale_per_row)
     counter = torch.zeros((), dtype=torch.int32, device=codes.device) if counter is None else counter
     rb, warps = PACKED_FOLD_LAUNCH[group_rows]
     rb = (launch[0] or rb) if group_rows == 1 else 128
@@ -337,8 +346,7 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     norm = float(torch.tensor(1.0 / math.sqrt(had), dtype=torch.float32)) if had else 1.0  # the reference's FP32 constant
     op = x.t() if along_0 else x  # the operand [R, K] with blocks along K: a view, read in place whatever its strides
     R, K = op.shape
-    codes = torch.empty(R, K, dtype=torch.uint8, device=x.device)
-    scales = torch.empty(triton.cdiv(R, group_rows), K // 128, dtype=torch.float32, device=x.device)
+    codes, scales = empty_folded(R, K, group_rows, device=x.device)
     counter = torch.zeros((), dtype=torch.int32, device=x.device) if counter is None else counter
     sr, key, key2 = _keys(rounding, seed)
     rb_default, warps_default = FOLD_LAUNCH_HADAMARD[group_rows] if had else FOLD_LAUNCH[(along_0, group_rows)]

@@ -39,7 +39,7 @@ import torch
 
 from .. import backends
 from ..counter_rng import fresh_seed
-from ..formats.fold import FoldedFP8
+from ..formats.fold import FoldedFP8, empty_folded
 from ..formats.qtensor import QuantizedTensor
 from ..formats.quantize import FORMATS, encode_blocks, geometry, quantize_tensors
 from ..recipes.spec import GemmSpec, LinearSpec, _linear_from_dict, _to_plain
@@ -171,8 +171,8 @@ def _(x, key, out_dtype):
     m, k = x2.shape
     if kind == FP8_ROWWISE:
         xa = list(_reference_layout(x2, g.a, 1, out_dtype).tensors())
-    else:  # FP8 codes + 1x128 group scales
-        xa = [x2.new_empty((m, k), dtype=torch.uint8), x2.new_empty((m, k // 128), dtype=torch.float32)]
+    else:  # folded into FP8 with 1x128 group scales
+        xa = list(empty_folded(m, k, 1, like=x2))
     xm = pad_rows(x2, w3.transform.block) if w3.transform is not None else x2
     xs = _reference_layout(xm, w3.b, 0, out_dtype)
     return [*[torch.empty_like(t) for t in xa], *[torch.empty_like(t) for t in xs.tensors()]]

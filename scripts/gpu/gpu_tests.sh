@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The GPU tests in small groups, each under its own time limit and stopping at its first failure
+# (-x), so that a call cut short still has every finished group's result and the traceback of the
+# first failure of each group (one pytest run over everything printed its tracebacks only at the
+# end, and three runs in session 12 were cut before that). Most recently changed code first.
+# Writes $OUT/gpu_tests.log; prints one line per group.
+#   bash scripts/gpu/gpu_tests.sh [SECONDS_PER_GROUP]
+set -u
+export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
+S=${1:-90}
+group() {  # name, pytest arguments
+  local name=$1; shift
+  echo "=== $name" >> $OUT/gpu_tests.log
+  timeout $S python3 -m pytest -x -q --tb=short -p no:cacheprovider "$@" >> $OUT/gpu_tests.log 2>&1
+  local rc=$?
+  echo "$name: $([ $rc = 0 ] && echo passed || ([ $rc = 124 ] && echo "cut at ${S}s" || echo "FAILED (rc $rc)")); $(grep -E '^[0-9]+ (passed|failed)|passed|failed' $OUT/gpu_tests.log | tail -1 | cut -c1-120)"
+}
+group decode tests/test_kernels.py -k "decode_kernel"
+group fold tests/test_kernels.py -k "fold or ties_signs or launch_tuning"
+group tiles-columns tests/test_kernels.py -k "2d_tile or packed or column_kernels"
+group graph-op tests/test_graph_op.py -k "gpu or share"
+group fp8-blockwise tests/test_fp8_blockwise.py
+group kernels-rest tests/test_kernels.py -k "not (decode_kernel or fold or ties_signs or launch_tuning or 2d_tile or packed or column_kernels)"
+group cuda tests/test_cuda.py
