@@ -106,12 +106,13 @@ def _fold_rows_float(x, u, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss,
     RTNE to that step is ``(|w| + C) - C`` with ``C = 2**(max(k, 6 - d) + 22)`` (its FP32 ulp is the
     step; the sum never leaves C's binade), and ties to even there are E2M1's ties to the even
     code. For ``d <= 14`` every ``f`` is an E4M3 number (down to its subnormal 2**-9), so the
-    hardware cast to E4M3 is exact (in the interpreter too, which does not round as the GPU); tiles with a live block farther down, or with a
-    group of FP32 subnormals (``2**(6 - g)`` past FP32's range), take :func:`_fold_store`'s general
-    path (E4M3 subnormals, the inexact count). The sign is ``x``'s,
-    -0.0 included, as the reference's E2M1 code keeps it. Stochastic rounding (``SR``, uniforms ``u``)
-    rounds ``v = x * 2**-e`` itself, as the reference does (:func:`_e2m1_sr_magnitude`), then scales by
-    ``2**(6 - d)``. Bit for bit the codes path (tests/test_kernels.py)."""
+    hardware cast to E4M3 is exact (in the interpreter too, which does not round as the GPU does).
+    Tiles with a live block farther down, or with a group of FP32 subnormals (``2**(6 - g)`` past
+    FP32's range), take :func:`_fold_store`'s general path (E4M3 subnormals, the inexact count).
+    The sign is ``x``'s, -0.0 included, as the reference's E2M1 code keeps it. Stochastic rounding
+    (``SR``, uniforms ``u``) rounds ``v = x * 2**-e`` itself, as the reference does
+    (:func:`_e2m1_sr_magnitude`), then scales by ``2**(6 - d)``. Bit for bit the codes path
+    (tests/test_kernels.py)."""
     xb = tl.reshape(x.to(tl.int32, bitcast=True), [RB, 4, 32])
     mb = tl.max(xb & 0x7FFFFFFF, axis=2)  # [RB, 4] the bits of each block's max |x|; >= Inf's bits: NaN/Inf in it
     bad = mb >= 0x7F800000
