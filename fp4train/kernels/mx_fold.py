@@ -118,16 +118,9 @@ def _fold_rows_float(x, u, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss,
     bad = mb >= 0x7F800000
     e = _scale_exponent(mb.to(tl.float32, bitcast=True), CEIL)  # (bad blocks: unused)
     eb = tl.where(bad, 128, e)  # the reference's fold reads a NaN block's exponent from its 0xFF scale: 128
-    eb = tl.where(rmask[:, None], eb, -(1 << 20))  # rows past the end do not take part in the group max
-    if GR == 1:
-        g = tl.max(eb, axis=1)[:, None]  # [RB, 1]: one group per row
-        nan_g = tl.max(bad.to(tl.int32), axis=1)[:, None] > 0
-    else:
-        g = tl.max(tl.max(eb, axis=1), axis=0)  # one group per tile
-        nan_g = tl.max(tl.max(bad.to(tl.int32), axis=1), axis=0) > 0
-    d = g - eb  # [RB, 4], >= 0
+    g, nan_g, d = _group_max(eb, bad, rmask, GR)
     live = (mb > 0) & ~bad  # blocks that may hold a nonzero code
-    c = tl.program_id(1) * 128 + tl.arange(0, 128)
+    inv_e = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2**-e: v = x * 2**-e is the reference's scaled element
     # the usual tile: live blocks within 14 binades of their group's top (every folded value exact in
     # E4M3, formats.fold.MAX_EXACT_SPAN), and 2**(6 - g) a normal float (not so for groups of FP32
     # subnormals, whose exponent is clamped at -127)
@@ -135,7 +128,7 @@ def _fold_rows_float(x, u, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss,
     if near & (tl.min(tl.reshape(tl.where(live, eb, 0), [RB * 4]), axis=0) >= -121):
         floor_bits = (tl.minimum(tl.maximum(6 - d, -126), 127) + 127) << 23  # [RB, 4]: 2**(6 - d)
         if SR:
-            v = tl.reshape(x, [RB, 4, 32]) * (((127 - e) << 23).to(tl.float32, bitcast=True))[:, :, None]  # x * 2**-e
+            v = tl.reshape(x, [RB, 4, 32]) * inv_e[:, :, None]
             q = _e2m1_sr_magnitude(tl.minimum(tl.abs(v), 6.0), tl.reshape(u, [RB, 4, 32]))
             f = _with_sign(q * floor_bits.to(tl.float32, bitcast=True)[:, :, None], v.to(tl.int32, bitcast=True) < 0)
         else:
@@ -151,18 +144,11 @@ def _fold_rows_float(x, u, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss,
             q = tl.minimum((tl.abs(w) + cst) - cst, sat[:, :, None])
             f = (q.to(tl.int32, bitcast=True) | (wb & -0x80000000)).to(tl.float32, bitcast=True)
         byte = tl.where(bad[:, :, None], 0, f.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32))
-        tl.store(codes_ptr + r[:, None] * sc + c[None, :], tl.reshape(byte, [RB, 128]).to(tl.uint8), mask=rmask[:, None])
-        gs = tl.minimum(tl.maximum(g - 6, -149), 127)
-        scale = tl.where(nan_g, float("nan"), _pow2(gs))
-        if GR == 1:
-            tl.store(scales_ptr + r[:, None] * ss + tl.program_id(1), scale, mask=rmask[:, None])
-        else:
-            tl.store(scales_ptr + tl.program_id(0) * ss + tl.program_id(1), scale)
+        _store_folded(byte, g, nan_g, r, rmask, codes_ptr, scales_ptr, sc, ss, RB, GR)
     else:
-        inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
-        v = tl.reshape(x, [RB, 4, 32]) * inv[:, :, None]
+        v = tl.reshape(x, [RB, 4, 32]) * inv_e[:, :, None]
         code = tl.where(bad[:, :, None], 0, _e2m1_codes(v, tl.reshape(u, [RB, 4, 32]), SR))
-        _fold_store(code, tl.where(bad, 128, e), bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, RB, GR)
+        _fold_store(code, eb, bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, RB, GR)
 
 
 @triton.jit
@@ -172,26 +158,42 @@ def _fold_store(code, eb, bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, s
     store them for rows ``r`` and columns ``program_id(1) * 128 ..``, and add the inexact count.
     ``SCALE_PER_ROW`` with 128x128 groups: the group's scale stored on each of its rows (a 1x128-group
     A operand with the same values - see fp8_blockwise.fold_tiles)."""
-    c = tl.program_id(1) * 128 + tl.arange(0, 128)
-    mask = rmask[:, None]
-    eb = tl.where(rmask[:, None], eb, -(1 << 20))  # rows past the end do not take part in the group max
-    if GR == 1:
-        g = tl.max(eb, axis=1)[:, None]  # [RB, 1]: one group per row
-        nan_g = tl.max(bad.to(tl.int32), axis=1)[:, None] > 0
-    else:
-        g = tl.max(tl.max(eb, axis=1), axis=0)  # one group per tile
-        nan_g = tl.max(tl.max(bad.to(tl.int32), axis=1), axis=0) > 0
-    d = g - eb  # [RB, 4], >= 0
+    g, nan_g, d = _group_max(eb, bad, rmask, GR)
     live = tl.max(code & 7, axis=2) > 0  # blocks with a nonzero element (all-zero blocks fold to zeros either way)
     if tl.max(tl.reshape(tl.where(live, d, 0), [RB * 4]), axis=0) <= 11:  # the usual tile: within 11 binades of the top
         byte = _fold_bytes_near(code, d)
     else:
         byte = _fold_bytes_any(code, d, rmask, count_ptr, RB)
-    tl.store(codes_ptr + r[:, None] * sc + c[None, :], tl.reshape(byte, [RB, 128]).to(tl.uint8), mask=mask)
-    gs = tl.minimum(tl.maximum(g - 6, -149), 127)
-    scale = tl.where(nan_g, float("nan"), _pow2(gs))
+    _store_folded(byte, g, nan_g, r, rmask, codes_ptr, scales_ptr, sc, ss, RB, GR, SCALE_PER_ROW)
+
+
+@triton.jit
+def _group_max(eb, bad, rmask, GR: tl.constexpr):
+    """``(g, nan_g, d)`` of block exponents ``eb`` [RB, 4] (NaN blocks already 128) and NaN flags
+    ``bad``: the group maximum (per row for 1x128 groups, [RB, 1]; per tile for 128x128), whether the
+    group holds a NaN block, and each block's distance ``d = g - eb`` >= 0. Rows past the end
+    (``rmask`` False) take no part."""
+    eb = tl.where(rmask[:, None], eb, -(1 << 20))
     if GR == 1:
-        tl.store(scales_ptr + r[:, None] * ss + tl.program_id(1), scale, mask=mask)
+        g = tl.max(eb, axis=1)[:, None]
+        nan_g = tl.max(bad.to(tl.int32), axis=1)[:, None] > 0
+    else:
+        g = tl.max(tl.max(eb, axis=1), axis=0)
+        nan_g = tl.max(tl.max(bad.to(tl.int32), axis=1), axis=0) > 0
+    return g, nan_g, g - eb
+
+
+@triton.jit
+def _store_folded(byte, g, nan_g, r, rmask, codes_ptr, scales_ptr, sc, ss, RB: tl.constexpr, GR: tl.constexpr,
+                  SCALE_PER_ROW: tl.constexpr = False):
+    """Store the E4M3 bytes [RB, 4, 32] of rows ``r``, columns ``program_id(1) * 128 ..``, and the group
+    scale ``2**(g - 6)`` (NaN for a group with a NaN block): per row (1x128 groups), per tile, or
+    (``SCALE_PER_ROW``) the tile's scale on each of its rows."""
+    c = tl.program_id(1) * 128 + tl.arange(0, 128)
+    tl.store(codes_ptr + r[:, None] * sc + c[None, :], tl.reshape(byte, [RB, 128]).to(tl.uint8), mask=rmask[:, None])
+    scale = tl.where(nan_g, float("nan"), _pow2(tl.minimum(tl.maximum(g - 6, -149), 127)))
+    if GR == 1:
+        tl.store(scales_ptr + r[:, None] * ss + tl.program_id(1), scale, mask=rmask[:, None])
     elif SCALE_PER_ROW:
         tl.store(scales_ptr + r * ss + tl.program_id(1), tl.zeros([RB], tl.float32) + scale, mask=rmask)
     else:
