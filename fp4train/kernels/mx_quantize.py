@@ -52,11 +52,9 @@ def _pow2(k):
 
 @triton.jit
 def _with_sign(mag, neg):
-    """``mag`` (float32, >= 0 or NaN) with its sign bit set where ``neg``, by bits, so that ``-0.0``
-    survives whatever the compiler makes of negating a zero. (The decode test that first compared
-    signs of zeros failed on the H200 at 7a9e335, on every case, while it passed in the CPU
-    interpreter; its traceback was cut off. A ``-v`` that the GPU code turns into ``0 - v`` would do
-    it; this rules that suspect out. Not yet re-run on the GPU.)"""
+    """``mag`` (float32, >= 0 or NaN) with its sign bit set where ``neg``, by bits, so that a negative
+    zero code decodes to ``-0.0`` whatever the compiler makes of negating a zero (docs/LOG.md,
+    session 12: the sign-checking decode test on the H200)."""
     return (mag.to(tl.int32, bitcast=True) | (neg.to(tl.int32) << 31)).to(tl.float32, bitcast=True)
 
 

@@ -18,18 +18,15 @@ import triton
 import triton.language as tl
 
 from ..formats.qtensor import QuantizedTensor, ScaledBF16
+from .e4m3 import e4m3_value
 from .mx_quantize import _pow2, _with_sign
 from .mx_values import _e2m1_value
 
 
 @triton.jit
-def _e4m3_value(c):
-    """Float32 value of a non-negative E4M3 code (0x7F: NaN)."""
-    exp = (c >> 3) & 15
-    man = (c & 7).to(tl.float32)
-    sub = man * (1.0 / 512.0)
-    nrm = (1.0 + man * 0.125) * _pow2(exp - 7)
-    return tl.where(c == 0x7F, float("nan"), tl.where(exp == 0, sub, nrm))
+def _e4m3_or_nan(c):
+    """Float32 value of a non-negative E4M3 code, 0x7F (E4M3's NaN) included."""
+    return tl.where(c == 0x7F, float("nan"), e4m3_value(c))
 
 
 @triton.jit
@@ -43,7 +40,7 @@ def _decode_kernel(codes_ptr, scales_ptr, y_ptr, R, K, sc, ss, sy, BLOCK: tl.con
     cmask = rmask[:, None] & (c < K)[None, :]
     if FP8:
         code = tl.load(codes_ptr + r[:, None] * sc + c[None, :], mask=cmask, other=0).to(tl.int32)
-        mag = _e4m3_value(code & 0x7F)
+        mag = _e4m3_or_nan(code & 0x7F)
         neg = (code & 0x80) != 0
     else:
         half = tl.program_id(1) * (BK // 2) + tl.arange(0, BK // 2)
@@ -55,7 +52,7 @@ def _decode_kernel(codes_ptr, scales_ptr, y_ptr, R, K, sc, ss, sy, BLOCK: tl.con
     srow = r // BLOCK if TILE else r
     s = tl.load(scales_ptr + srow[:, None] * ss + (c // BLOCK)[None, :], mask=cmask, other=0).to(tl.int32)
     if NV:
-        scale = _e4m3_value(s)
+        scale = _e4m3_or_nan(s)
     else:
         scale = tl.where(s == 255, float("nan"), _pow2(s - 127))
     val = _with_sign(mag * scale, neg)  # the sign by bits, last: -0.0 codes stay -0.0
