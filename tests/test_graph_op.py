@@ -250,13 +250,15 @@ def test_layers_reading_one_input_share_one_prepare_op(recipe, fresh_dynamo, mon
     assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
 
 
-@pytest.mark.parametrize("recipe,kind", [("mxfp4", "pair"), ("tib2d", "pair"), ("fp8_rowwise", "fp8_rowwise"),
-                                         ("hadamard_mxfp4", "fold"), ("adahop_iht_wgrad", "fold")])
+@pytest.mark.parametrize("recipe,kind", [("mxfp4", "PAIR"), ("tib2d", "PAIR"), ("fp8_rowwise", "FP8_ROWWISE"),
+                                         ("hadamard_mxfp4", "FOLD"), ("adahop_iht_wgrad", "FOLD")])
 def test_prepare_op_fake_layouts(recipe, kind):
     """The shared X preparation's fake layouts are the backend's (opcheck), for each kind; the layers reading
     one input share it (the sibling test below counts the calls)."""
+    from fp4train.linear import graph_op
     from fp4train.linear.graph_op import _parse, prep_fits, prep_kind
 
+    kind = getattr(graph_op, kind)
     if recipe == "adahop_iht_wgrad":  # an AdaHOP layer: plain fprop, IHT on wgrad
         q = QuantizedLinear.from_linear(nn.Linear(128, 96), _iht_wgrad_spec(), backend="triton")
     else:
@@ -265,7 +267,7 @@ def test_prepare_op_fake_layouts(recipe, kind):
     assert q._prep is not None and prep_kind(*_parse(q._prep)) == kind and prep_fits(x, q._prep)
     for dt in (torch.float32, torch.bfloat16):
         torch.library.opcheck(torch.ops.fp4train.prepare_x.default, (x, q._prep, dt))
-    if kind == "pair":
+    if kind == graph_op.PAIR:
         assert not prep_fits(x[:48], q._prep)  # M not a multiple of 32: X is prepared inside the layer's op
 
 

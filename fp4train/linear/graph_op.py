@@ -75,8 +75,8 @@ _PREP_SKELETONS: dict[tuple, tuple] = {}
 #: the kinds of shared X preparation: the backend's one-pass MXFP4 pair (fprop's X folded into FP8 +
 #: wgrad's X packed, one read), FP8 rowwise X for both GEMMs, and MXFP4 with a block Hadamard on either
 #: GEMM (fprop's X folded, the transform fused into the fold; wgrad's X transformed and packed -
-#: hadamard_mxfp4, and AdaHOP's layers with an IHT)
-PAIR, FP8_ROWWISE, FOLD = "pair", "fp8_rowwise", "fold"
+#: hadamard_mxfp4, and AdaHOP's layers with an IHT). The two pair kinds are the backend's ``pair_kind`` names.
+PAIR, FP8_ROWWISE, FOLD = "mxfp4", "fp8", "fold"
 #: every kind's fprop operand is two tensors (FP8 codes + group scales, or E4M3 codes + row scales)
 _N_XA = 2
 
@@ -94,7 +94,7 @@ def prep_kind(spec: LinearSpec, backend: str) -> str | None:
         return None
     pair = be.pair_kind(g.a, w3.b) if g.transform is None and w3.transform is None else None
     if pair is not None:
-        return {"mxfp4": PAIR, "fp8": FP8_ROWWISE}[pair]
+        return pair
     if be.folds_1x32(g.a) and be.folds_1x32(w3.b) and (g.transform is None or be.fuses(g.a, g.transform)):
         return FOLD
     return None
@@ -122,7 +122,7 @@ def prep_fits(x: torch.Tensor, key: str) -> bool:
     kind, be = prep_kind(spec, name), backends.get(name)  # traced by dynamo (once per compilation): no cache wrapper
     if kind == FOLD:
         return be.fold_fits(x, -1, spec.fprop.transform)
-    return be.pair_fits({PAIR: "mxfp4", FP8_ROWWISE: "fp8"}.get(kind), x)
+    return be.pair_fits(kind, x)
 
 
 @torch.library.custom_op("fp4train::prepare_x", mutates_args=())
