@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -48,39 +49,37 @@ def main(argv=None):
     copy_gbps = 4 * n / t_copy / 1e9
     counter = torch.zeros((), dtype=torch.int32, device="cuda")
     rows = []
+
+    def time_launch(group: str, moved_bytes: int, cfg: dict, fn) -> None:
+        """Time ``fn`` (one launch configuration of the sweep ``group``), record it and print it; a launch
+        that does not fit (registers, shared memory) is recorded with its error."""
+        cfg = {"group": group, **cfg}
+        label = " ".join(f"{k} {v}" for k, v in cfg.items())
+        try:
+            t = median_time(fn, args.repeats)
+        except Exception as e:  # noqa: BLE001
+            rows.append({**cfg, "error": repr(e)[:200]})
+            print(f"{label}: {e!r}"[:200], flush=True)
+            return
+        gbps = moved_bytes / t / 1e9
+        rows.append({**cfg, "ms": t * 1e3, "GBps": gbps, "fraction_of_copy": gbps / copy_gbps})
+        print(f"{label}: {t * 1e3:7.3f} ms {gbps:7.1f} GB/s ({gbps / copy_gbps:.0%} of copy)", flush=True)
+
     which = set(args.kernels.split(","))
     for axis in ((1, 0) if "fold" in which else ()):
         for gr in (1, 128):
             for rb in ((8, 16, 32, 64, 128) if gr == 1 else (128,)):
                 for nw in (4, 8, 16, 32):
-                    cfg = {"axis": axis, "group_rows": gr, "rows_per_program": rb, "num_warps": nw}
-
-                    def run():
-                        quantize_mxfp4_fp8(x, axis=axis, group_rows=gr, rows_per_program=rb, num_warps=nw, counter=counter)
-                    try:
-                        t = median_time(run, args.repeats)
-                    except Exception as e:  # noqa: BLE001 - a launch that does not fit (registers, shared memory) is recorded
-                        rows.append({**cfg, "error": repr(e)[:200]})
-                        continue
-                    gbps = moved / t / 1e9
-                    rows.append({**cfg, "ms": t * 1e3, "GBps": gbps, "fraction_of_copy": gbps / copy_gbps})
-                    print(f"axis {axis} groups {gr:>3}x128 rows/program {rb:>3} "
-                          f"warps {nw:>2}: {t * 1e3:7.3f} ms {gbps:7.1f} GB/s ({gbps / copy_gbps:.0%} of copy)", flush=True)
+                    time_launch(f"fold axis {axis}, {gr}x128", moved, {"rows_per_program": rb, "num_warps": nw},
+                                partial(quantize_mxfp4_fp8, x, axis=axis, group_rows=gr, rows_per_program=rb, num_warps=nw,
+                                        counter=counter))
     from fp4train.kernels.mx_quantize import quantize_mxfp4_columns
 
     moved_cols = 2 * n + n // 2 + n // 32  # BF16 in, packed E2M1 and E8M0 scales out
     for bk in ((32, 64, 128, 256) if "columns" in which else ()):
         for nw in (2, 4, 8):
-            cfg = {"kernel": "columns", "block_cols": bk, "num_warps": nw}
-            try:
-                t = median_time(lambda: quantize_mxfp4_columns(x, block_cols=bk, num_warps=nw), args.repeats)
-            except Exception as e:  # noqa: BLE001
-                rows.append({**cfg, "error": repr(e)[:200]})
-                continue
-            gbps = moved_cols / t / 1e9
-            rows.append({**cfg, "ms": t * 1e3, "GBps": gbps, "fraction_of_copy": gbps / copy_gbps})
-            print(f"columns (MXFP4 along dim 0, packed) block_cols {bk:>3} warps {nw}: {t * 1e3:7.3f} ms {gbps:7.1f} GB/s "
-                  f"({gbps / copy_gbps:.0%} of copy)", flush=True)
+            time_launch("columns (MXFP4 along dim 0, packed)", moved_cols, {"block_cols": bk, "num_warps": nw},
+                        partial(quantize_mxfp4_columns, x, block_cols=bk, num_warps=nw))
     # tib2d's kernels: 32x32 tiles (dY: ceil scale, stochastic rounding), then their folds as either operand
     from fp4train.kernels import quantize_mxfp4_2d
     from fp4train.kernels.mx_fold import fold_tiles_mxfp4
@@ -88,50 +87,23 @@ def main(argv=None):
     moved_tiles = 2 * n + n // 2 + n // 1024
     for tc in ((1, 2, 4, 8) if "tiles" in which else ()):
         for nw in (1, 2, 4, 8):
-            cfg = {"kernel": "tiles", "tiles_per_program": tc, "num_warps": nw}
-            try:
-                t = median_time(lambda: quantize_mxfp4_2d(x, scale="ceil", rounding="stochastic", seed=1, tiles_per_program=tc,
-                                                          num_warps=nw), args.repeats)
-            except Exception as e:  # noqa: BLE001
-                rows.append({**cfg, "error": repr(e)[:200]})
-                continue
-            gbps = moved_tiles / t / 1e9
-            rows.append({**cfg, "ms": t * 1e3, "GBps": gbps, "fraction_of_copy": gbps / copy_gbps})
-            print(f"tiles (MXFP4 32x32, SR) tiles/program {tc} warps {nw}: {t * 1e3:7.3f} ms ({gbps / copy_gbps:.0%} of copy)",
-                  flush=True)
+            time_launch("tiles (MXFP4 32x32, SR)", moved_tiles, {"tiles_per_program": tc, "num_warps": nw},
+                        partial(quantize_mxfp4_2d, x, scale="ceil", rounding="stochastic", seed=1, tiles_per_program=tc, num_warps=nw))
     q = quantize_mxfp4_2d(x, scale="ceil", rounding="stochastic", seed=1)
     moved_tile_fold = n // 2 + n // 1024 + n + n // 32
     for transposed, gr, per_row in (((False, 1, False), (False, 128, False), (True, 128, True)) if "tile_fold" in which else ()):
         for rb in ((4, 8, 16, 32, 64) if gr == 1 else (128,)):
             for nw in (2, 4, 8, 16, 32):
-                cfg = {"kernel": "tile fold", "transposed": transposed, "group_rows": gr, "scale_per_row": per_row,
-                       "rows_per_program": rb, "num_warps": nw}
-                try:
-                    t = median_time(lambda: fold_tiles_mxfp4(q.codes, q.scales, transposed=transposed, group_rows=gr,
-                                                             scale_per_row=per_row, rows_per_program=rb, num_warps=nw,
-                                                             counter=counter), args.repeats)
-                except Exception as e:  # noqa: BLE001
-                    rows.append({**cfg, "error": repr(e)[:200]})
-                    continue
-                gbps = moved_tile_fold / t / 1e9
-                rows.append({**cfg, "ms": t * 1e3, "GBps": gbps, "fraction_of_copy": gbps / copy_gbps})
-                print(f"tile fold transposed {transposed} groups {gr:>3}x128 rows/program {rb:>3} warps {nw:>2}: "
-                      f"{t * 1e3:7.3f} ms ({gbps / copy_gbps:.0%} of copy)", flush=True)
+                time_launch(f"tile fold transposed {transposed}, {gr}x128", moved_tile_fold, {"rows_per_program": rb, "num_warps": nw},
+                            partial(fold_tiles_mxfp4, q.codes, q.scales, transposed=transposed, group_rows=gr, scale_per_row=per_row,
+                                    rows_per_program=rb, num_warps=nw, counter=counter))
     best = {}
     for r in rows:
-        kind = r.get("kernel")
-        if kind in ("columns", "tiles", "tile fold"):
-            key = kind if kind != "tile fold" else f"tile fold transposed {r['transposed']}, {r['group_rows']}x128"
-            if "ms" in r and (key not in best or r["ms"] < best[key]["ms"]):
-                best[key] = r
-            continue
-        key = f"axis {r['axis']}, {r['group_rows']}x128"
-        if "ms" in r and (key not in best or r["ms"] < best[key]["ms"]):
-            best[key] = r
+        if "ms" in r and (r["group"] not in best or r["ms"] < best[r["group"]]["ms"]):
+            best[r["group"]] = r
     for k, r in best.items():
-        launch = (f"block_cols {r['block_cols']}" if k == "columns" else f"tiles/program {r['tiles_per_program']}" if k == "tiles"
-                  else f"rows/program {r['rows_per_program']}")
-        print(f"best {k}: {launch}, warps {r['num_warps']}: {r['ms']:.3f} ms, {r['fraction_of_copy']:.0%} of copy")
+        launch = ", ".join(f"{name} {r[name]}" for name in r if name not in ("group", "ms", "GBps", "fraction_of_copy"))
+        print(f"best {k}: {launch}: {r['ms']:.3f} ms, {r['fraction_of_copy']:.0%} of copy")
     gpu = torch.cuda.get_device_name()
     out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit() or "unknown", "torch": torch.__version__,
            "shape": [args.rows, args.cols], "copy_GBps": copy_gbps, "results": rows, "best": best}
