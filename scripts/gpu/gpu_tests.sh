@@ -10,10 +10,12 @@ export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
 S=${1:-90}
 group() {  # name, pytest arguments
   local name=$1; shift
-  echo "=== $name" >> $OUT/gpu_tests.log
-  timeout $S python3 -m pytest -x -q --tb=short -p no:cacheprovider "$@" >> $OUT/gpu_tests.log 2>&1
+  local log=/tmp/gpu_tests_group.log
+  timeout $S python3 -m pytest -x -q --tb=short -p no:cacheprovider "$@" > $log 2>&1
   local rc=$?
-  echo "$name: $([ $rc = 0 ] && echo passed || ([ $rc = 124 ] && echo "cut at ${S}s" || echo "FAILED (rc $rc)")); $(grep -E '^[0-9]+ (passed|failed)|passed|failed' $OUT/gpu_tests.log | tail -1 | cut -c1-120)"
+  { echo "=== $name"; cat $log; } >> $OUT/gpu_tests.log
+  # this group's own summary line (none when it was cut)
+  echo "$name: $([ $rc = 0 ] && echo passed || ([ $rc = 124 ] && echo "cut at ${S}s" || echo "FAILED (rc $rc)")); $(grep -E ' (passed|failed)' $log | tail -1 | cut -c1-120)"
 }
 group decode tests/test_kernels.py -k "decode_kernel"
 group fold tests/test_kernels.py -k "fold or ties_signs or launch_tuning"

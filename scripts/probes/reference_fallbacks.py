@@ -31,6 +31,13 @@ from fp4train import models
 fq = sys.modules["fp4train.formats.quantize"]
 
 
+def _caller() -> str:
+    """The innermost frame of the quantized linear or a backend that led here, as ``file:line function``."""
+    here = next((f for f in reversed(traceback.extract_stack()[:-2])
+                 if "fp4train/linear" in f.filename or "fp4train/backends" in f.filename), None)
+    return f"{os.path.basename(here.filename)}:{here.lineno} {here.name}" if here else "?"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--recipe", default="tib2d")
@@ -46,10 +53,7 @@ def main(argv=None):
     real = fq.quantize_tensors
 
     def spy(x, keys, **kw):
-        here = next((f for f in reversed(traceback.extract_stack()[:-1]) if "fp4train/linear" in f.filename or
-                     "fp4train/backends" in f.filename), None)
-        where = f"{os.path.basename(here.filename)}:{here.lineno} {here.name}" if here else "?"
-        calls[(kw["fmt"], kw["block"], kw["axis"], tuple(x.shape), keys is not None, where)] += 1
+        calls[(kw["fmt"], kw["block"], kw["axis"], tuple(x.shape), keys is not None, _caller())] += 1
         return real(x, keys, **kw)
 
     fq.quantize_tensors = spy
@@ -64,10 +68,7 @@ def main(argv=None):
 
     def split_spy(self):
         if decode_scaled_bf16(self) is None:
-            here = next((f for f in reversed(traceback.extract_stack()[:-1]) if "fp4train/linear" in f.filename or
-                         "fp4train/backends" in f.filename), None)
-            where = f"{os.path.basename(here.filename)}:{here.lineno} {here.name}" if here else "?"
-            calls[("decode " + self.fmt, self.layout.block, self.layout.axis, tuple(self.shape), False, where)] += 1
+            calls[("decode " + self.fmt, self.layout.block, self.layout.axis, tuple(self.shape), False, _caller())] += 1
         return real_split(self)
 
     QuantizedTensor.scaled_bf16 = split_spy
