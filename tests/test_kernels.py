@@ -329,7 +329,8 @@ def test_decode_kernel_is_scaled_bf16(fmt, axis, transposed):
         q = fp4train.quantize(x, fmt, axis=axis, rounding="stochastic", seed=3)
     if transposed:
         q = q.t()
-    ref = _reference_split(q)
+    assert fp4train.formats.numerics() == "eager"  # every test starts there: scaled_bf16() is the reference decode
+    ref = q.scaled_bf16()
     got = decode_scaled_bf16(q)
     assert got.block_axis == ref.block_axis and got.shape == ref.shape
     assert torch.equal(got.values.isnan(), ref.values.isnan()) and bool(ref.values.isnan().any())
@@ -337,17 +338,6 @@ def test_decode_kernel_is_scaled_bf16(fmt, axis, transposed):
     assert torch.equal(torch.signbit(got.values)[num], torch.signbit(ref.values)[num]) and bool(torch.signbit(ref.values[num]).any())
     torch.testing.assert_close(got.values, ref.values, rtol=0, atol=0, equal_nan=True)
     assert (got.divisor is None) == (ref.divisor is None)
-
-
-def _reference_split(q):
-    """``scaled_bf16()`` by the reference decode, whatever split kernel is installed."""
-    from fp4train.formats import qtensor
-
-    kernel, qtensor._SPLIT_KERNEL = qtensor._SPLIT_KERNEL, None
-    try:
-        return q.scaled_bf16()
-    finally:
-        qtensor._SPLIT_KERNEL = kernel
 
 
 @pytest.mark.parametrize("group_rows", [1, 128])

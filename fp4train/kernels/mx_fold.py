@@ -391,7 +391,7 @@ def quantize_mxfp4_fp8_and_columns(
 
     Two kernels, two reads of X: a single kernel that read X once and wrote both took 1.64 ms on a
     16384 x 8192 BF16 X on the H200, these two 0.65 ms together (bench/quantize_speed.py,
-    bench/results/quantize_speed-NVIDIA_H200.json at 93647de) - its [32, 128] tiles, each quantized along
+    bench/results/quantize_speed-NVIDIA_H200-93647de.json) - its [32, 128] tiles, each quantized along
     both axes, cost more in registers and layout shuffles than the second read of X."""
     if x.ndim != 2 or x.shape[0] % 32 or x.shape[1] % 128 or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"quantize_mxfp4_fp8_and_columns takes a 2D float tensor [M, K] with M % 32 == 0 and K % 128 == 0, "
