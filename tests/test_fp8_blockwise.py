@@ -172,7 +172,7 @@ def test_operand_pair_gives_a_second_operand_only_in_a_role_it_can_play():
     from fp4train.recipes import QuantSpec
 
     be = get("fp8_blockwise")
-    x = torch.randn(64, 256)
+    x = torch.randn(64, 256, device=DEV)  # where the kernels run (a CPU tensor on a GPU machine has none)
     mx, f8 = QuantSpec("mxfp4"), QuantSpec("fp8")
     assert be.operand_pair(x, mx, mx, seeds=(None, None)) is not None
     assert be.operand_pair(x, mx, mx, seeds=(None, None), b_role=0) is None
@@ -195,13 +195,13 @@ def test_backend_predicates_say_what_its_operand_methods_make():
     assert be.pair_kind(f8_sr, f8) is None and be.pair_kind(mx, f8) is None and be.pair_kind(tiles, mx) is None
     assert be.pair_kind(nv, nv) is None
     for shape, role, fits in (((64, 256), 1, True), ((48, 256), 1, False), ((64, 192), 1, False), ((64, 256), 0, False)):
-        x = torch.randn(*shape)
+        x = torch.randn(*shape, device=DEV)
         assert be.pair_fits("mxfp4", x, role) is fits
         assert (be.operand_pair(x, mx, mx, seeds=(None, None), b_role=role) is not None) is fits
-    assert be.pair_fits("fp8", torch.randn(48, 96), 0) and not be.pair_fits(None, torch.randn(64, 256))
+    assert be.pair_fits("fp8", torch.randn(48, 96, device=DEV), 0) and not be.pair_fits(None, torch.randn(64, 256, device=DEV))
     h32, h256 = TransformSpec("hadamard", block=32), TransformSpec("hadamard", block=256)
     assert be.fuses(mx, h32) and not be.fuses(mx, h256) and not be.fuses(tiles, h32) and not be.fuses(mx, None)
-    x16 = torch.randn(64, 256, dtype=torch.float16)
-    assert be.fold_fits(x16, 1) and not be.fold_fits(x16, 1, h32) and not be.fold_fits(torch.randn(64, 96), 1)
+    x16 = torch.randn(64, 256, dtype=torch.float16, device=DEV)
+    assert be.fold_fits(x16, 1) and not be.fold_fits(x16, 1, h32) and not be.fold_fits(torch.randn(64, 96, device=DEV), 1)
     assert be.operand(x16, mx, axis=1, role=0, seed=None, transform=h32) is None
     assert be.operand(x16.float(), mx, axis=1, role=0, seed=None, transform=h32) is not None

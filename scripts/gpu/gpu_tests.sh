@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # The GPU tests in small groups, each under its own time limit and stopping at its first failure
-# (-x), so that a call cut short still has every finished group's result and the traceback of the
+# (MAXFAIL), so that a call cut short still has every finished group's result and the traceback of the
 # first failure of each group (one pytest run over everything printed its tracebacks only at the
 # end, and three runs in session 12 were cut before that). Most recently changed code first.
-# Writes $OUT/gpu_tests.log; prints one line per group.
-#   bash scripts/gpu/gpu_tests.sh [SECONDS_PER_GROUP]
+# Writes $OUT/gpu_tests.log (gpu_tests-gpuN.log under CUDA_VISIBLE_DEVICES=N); prints one line per group.
+#   [ONLY="fold graph-op"] [MAXFAIL=n] bash scripts/gpu/gpu_tests.sh [SECONDS_PER_GROUP]
+# ONLY: the groups to run (default all); MAXFAIL: failures a group may have before it stops (default 1;
+# more lets a group with a known failure still report on the rest).
 set -u
 export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
 S=${1:-90}
+ONLY=${ONLY:-}
+MAXFAIL=${MAXFAIL:-1}
+RESULT=$OUT/gpu_tests${CUDA_VISIBLE_DEVICES:+-gpu$CUDA_VISIBLE_DEVICES}.log  # one per GPU when both run tests
 group() {  # name, pytest arguments
   local name=$1; shift
-  local log=/tmp/gpu_tests_group.log
-  timeout $S python3 -m pytest -x -q --tb=short -p no:cacheprovider "$@" > $log 2>&1
+  [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]] && return 0
+  local log=/tmp/gpu_tests_group.$$.log
+  timeout $S python3 -m pytest --maxfail=$MAXFAIL -q --tb=short -p no:cacheprovider "$@" > $log 2>&1
   local rc=$?
-  { echo "=== $name"; cat $log; } >> $OUT/gpu_tests.log
+  { echo "=== $name"; cat $log; } >> $RESULT
   # this group's own summary line (none when it was cut)
   echo "$name: $([ $rc = 0 ] && echo passed || ([ $rc = 124 ] && echo "cut at ${S}s" || echo "FAILED (rc $rc)")); $(grep -E ' (passed|failed)' $log | tail -1 | cut -c1-120)"
 }
