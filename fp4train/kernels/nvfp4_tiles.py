@@ -12,9 +12,19 @@ tile per row, its elements row-major - which is the reference's blocked order (`
 and so also the stochastic-rounding index: tile ``(tr, tc)`` is block ``tr * n_tc + tc``, element
 ``(i, j)`` of it is ``i * 16 + j``. Shapes that are not whole tiles are zero padded like the reference.
 
-Two outputs: :func:`quantize_nvfp4_2d` writes packed codes and tile scales (a :class:`QuantizedTensor`);
-:func:`nvfp4_tile_values` writes the dequantized values ``q * sb`` as exact BF16 for a GEMM on BF16
-tensor cores, with ``s_enc`` as the divisor (``quantize(...).scaled_bf16()``).
+:func:`quantize_nvfp4_2d` writes packed codes and tile scales (a :class:`QuantizedTensor`);
+:func:`nvfp4_tile_values` decodes them (:func:`.scaled_decode.decode_scaled_bf16`) into the values
+``q * sb`` as exact BF16 for a GEMM on BF16 tensor cores, with ``s_enc`` as the divisor
+(``quantize(...).scaled_bf16()``).
+
+The values once came from this kernel directly (a second output mode, ``q * sb[:, None]`` in the
+``[NB, 256]`` tile-per-row view). Right in Triton's CPU interpreter, wrong on the H200 (Triton 3.6):
+tiles took a neighbouring tile's scale - tile (0, 0) of a random tensor came out with tile (0, 1)'s
+scale, and a tensor of one tile (the other seven of the program padding) with a padding tile's zero -
+while the codes and scales of the same program were right (`bench/results/gpu-tests/gpu_tests-262876e.log`,
+`scripts/probes/nvfp4_tile_values.py`). Quantize-then-decode costs one extra pass over the packed codes
+(0.56 byte/element) for a tensor that is a weight, prepared once a step; both kernels are bit-exact
+on the H200.
 """
 
 from __future__ import annotations
@@ -26,7 +36,6 @@ import triton.language as tl
 from ..formats.layout import BlockLayout
 from ..formats.qtensor import QuantizedTensor, ScaledBF16
 from .mx_quantize import _e2m1_codes, _keys, _uniforms
-from .mx_values import _e2m1_value
 from .nvfp4_quantize import _nvfp4_blocks, device_tensor_scale
 
 TILES_PER_PROGRAM = 8  # 16 x 128 elements per program
@@ -45,11 +54,10 @@ def _from_tiles(t, NB: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["key", "key2"])
-def _nvfp4_tile_kernel(x_ptr, s_enc_ptr, out_ptr, scales_ptr, R, C, n_tc, sx, so, ss, key, key2,
-                       SR: tl.constexpr, NB: tl.constexpr, VALUES: tl.constexpr):
+def _nvfp4_tile_kernel(x_ptr, s_enc_ptr, codes_ptr, scales_ptr, R, C, n_tc, sx, sc, ss, key, key2,
+                       SR: tl.constexpr, NB: tl.constexpr):
     """Rows ``program_id(0) * 16 ..`` x tiles ``program_id(1) * NB ..``: codes (two per byte along the
-    rows, element 2j in the low nibble) + E4M3 tile scales into the padded canonical layout, or
-    (VALUES) the BF16 values into ``x``'s shape."""
+    rows, element 2j in the low nibble) + E4M3 tile scales into the padded canonical layout."""
     tr = tl.program_id(0)
     tc = tl.program_id(1) * NB + tl.arange(0, NB)
     r = tr * 16 + tl.arange(0, 16)
@@ -60,16 +68,11 @@ def _nvfp4_tile_kernel(x_ptr, s_enc_ptr, out_ptr, scales_ptr, R, C, n_tc, sx, so
     u = v
     if SR:
         u = _uniforms((tr * n_tc + tc)[:, None] * 256 + tl.arange(0, 256)[None, :], key, key2)
-    code = _e2m1_codes(v, u, SR)
-    if VALUES:
-        val = tl.where(nan_tile[:, None], float("nan"), _e2m1_value(code) * sb[:, None])
-        tl.store(out_ptr + r[:, None] * so + c[None, :], _from_tiles(val, NB).to(out_ptr.dtype.element_ty), mask=inside)
-    else:
-        code = _from_tiles(tl.where(nan_tile[:, None], 0, code), NB)  # [16, NB*16]
-        lo, hi = tl.split(tl.reshape(code, [16, NB * 8, 2]))
-        pc = tl.program_id(1) * (NB * 8) + tl.arange(0, NB * 8)
-        tl.store(out_ptr + r[:, None] * so + pc[None, :], (lo | (hi << 4)).to(tl.uint8), mask=(pc < n_tc * 8)[None, :])
-        tl.store(scales_ptr + tr * ss + tc, tl.where(nan_tile, 0x7F, sb_code).to(tl.uint8), mask=tc < n_tc)
+    code = _from_tiles(tl.where(nan_tile[:, None], 0, _e2m1_codes(v, u, SR)), NB)  # [16, NB*16]
+    lo, hi = tl.split(tl.reshape(code, [16, NB * 8, 2]))
+    pc = tl.program_id(1) * (NB * 8) + tl.arange(0, NB * 8)
+    tl.store(codes_ptr + r[:, None] * sc + pc[None, :], (lo | (hi << 4)).to(tl.uint8), mask=(pc < n_tc * 8)[None, :])
+    tl.store(scales_ptr + tr * ss + tc, tl.where(nan_tile, 0x7F, sb_code).to(tl.uint8), mask=tc < n_tc)
 
 
 def _check(name: str, x: torch.Tensor, rounding: str) -> torch.Tensor:
@@ -80,16 +83,13 @@ def _check(name: str, x: torch.Tensor, rounding: str) -> torch.Tensor:
     return x.contiguous()
 
 
-def _launch(x, s_enc, out, scales, rows, n_tc, rounding, seed) -> None:
-    """Codes into ``out`` + ``scales``, or (``scales`` None) BF16 values into ``out``."""
+def _launch(x, s_enc, codes, scales, rows, n_tc, rounding, seed) -> None:
     sr, key, key2 = _keys(rounding, seed)
-    values = scales is None
-    scales = out if values else scales  # an unused pointer argument in VALUES mode
     if rows and n_tc:
         nb = TILES_PER_PROGRAM
         _nvfp4_tile_kernel[(triton.cdiv(rows, 16), triton.cdiv(n_tc, nb))](
-            x, s_enc, out, scales, x.shape[0], x.shape[1], n_tc, x.stride(0), out.stride(0), scales.stride(0),
-            key, key2, SR=sr, NB=nb, VALUES=values)
+            x, s_enc, codes, scales, x.shape[0], x.shape[1], n_tc, x.stride(0), codes.stride(0), scales.stride(0),
+            key, key2, SR=sr, NB=nb)
 
 
 def quantize_nvfp4_2d(x: torch.Tensor, *, rounding: str = "nearest", seed: int | None = None) -> QuantizedTensor:
@@ -107,8 +107,9 @@ def quantize_nvfp4_2d(x: torch.Tensor, *, rounding: str = "nearest", seed: int |
 def nvfp4_tile_values(x: torch.Tensor, *, rounding: str = "nearest", seed: int | None = None) -> ScaledBF16:
     """``quantize(x, "nvfp4", block=(16, 16), ...).scaled_bf16()`` of a 2D tensor, any shape: the
     dequantized values in BF16 (exact) and ``s_enc`` as the divisor; see the module docstring."""
-    x = _check("nvfp4_tile_values", x, rounding)
-    s_enc = device_tensor_scale(x)
-    y = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
-    _launch(x, s_enc, y, None, x.shape[0], triton.cdiv(x.shape[1], 16), rounding, seed)
-    return ScaledBF16(y, None, s_enc.reshape(()), None)
+    from .scaled_decode import decode_scaled_bf16
+
+    values = decode_scaled_bf16(quantize_nvfp4_2d(x, rounding=rounding, seed=seed))
+    if values is None:  # the decode kernel covers every NVFP4 16x16 layout this function makes
+        raise AssertionError("decode_scaled_bf16 declined an NVFP4 16x16 tensor")
+    return values
