@@ -5,7 +5,7 @@ converts it (AdaHOP recipes: calibrated first on ``--calibration-steps`` BF16 st
 synthetic batch, as the trainer does on real data), warms up, then records ``--steps`` steps
 with ``torch.profiler`` and ranks kernels by total GPU time. BF16 is always profiled first.
 
-    python bench/profile_step.py --model 60m --recipes bf16,mxfp4,nvfp4 --batch-size 32 --seq-len 1024 --numerics compiled
+    python bench/profile_step.py --model 60m --recipes bf16,mxfp4,nvfp4 --batch-size 32 --seq-len 1024 [--numerics triton]
 
 Prints a table per recipe and writes ``--json`` (default ``bench/results/profile_step-<model>-<gpu>.json``).
 """
@@ -99,11 +99,14 @@ def main(argv=None):
     ap.add_argument("--calibration-steps", type=int, default=3, help="AdaHOP: BF16 calibration steps before converting")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
-    ap.add_argument("--numerics", default="compiled", choices=["eager", "compiled", "triton"])
+    ap.add_argument("--numerics", default=None, choices=["eager", "compiled", "triton"],
+                    help="how quantization runs (default: the backend's, as in train_speed - triton on a GPU; the "
+                    "default was 'compiled' until 2026-12-01, which profiled Inductor's reference kernels instead)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    fp4train.formats.set_numerics(args.numerics)
+    if args.numerics is not None:
+        fp4train.formats.set_numerics(args.numerics)
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     rows = []
     recipes = [r for r in args.recipes.split(",") if r]
@@ -118,8 +121,8 @@ def main(argv=None):
             print(f"  {k['ms_per_step']:8.2f} ms {k['share']:6.1%} x{k['launches_per_step']:<5.0f} {k['kernel'][:100]}", flush=True)
         out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit(), "torch": torch.__version__,
                "model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len, "compile": args.compile,
-               "numerics": args.numerics, "results": rows}
-        path = args.json or ROOT / "bench/results" / f"profile_step-{args.model}-{gpu.replace(' ', '_')}-{args.numerics}.json"
+               "numerics": fp4train.formats.numerics(), "results": rows}
+        path = args.json or ROOT / "bench/results" / f"profile_step-{args.model}-{gpu.replace(' ', '_')}-{fp4train.formats.numerics()}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(out, indent=1) + "\n")  # after every recipe: a run cut short keeps what it measured
 

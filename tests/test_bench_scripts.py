@@ -310,3 +310,30 @@ def test_saved_activations_counts_the_packed_x(tmp_path):
     r = {x["recipe"]: x for x in json.loads(out.read_text())["results"]}
     assert "uint8" in r["mxfp4"]["saved_mib_by_dtype"] and "uint8" not in r["bf16"]["saved_mib_by_dtype"]
     assert r["mxfp4"]["saved_mib"] < r["bf16"]["saved_mib"]
+
+
+def test_memory_peak_replays_the_allocator_history_to_the_peak_and_charges_each_block_to_its_code():
+    """The replay finds the peak (a block counts until its free completes, not when the free is
+    requested) and what is alive then; each block goes to fp4train's frame, else Inductor's."""
+    mod = _load("memory_peak")
+    fp4 = [{"filename": "/x/torch/autograd/function.py", "name": "apply"},
+           {"filename": "/repo/fp4train/linear/function.py", "name": "backward"}]
+    ind = [{"filename": "/tmp/torchinductor_root/ab/cab.py", "name": "call"}]
+    events = [
+        {"action": "alloc", "addr": 1, "size": 100, "frames": fp4},
+        {"action": "alloc", "addr": 2, "size": 50, "frames": ind},
+        {"action": "free_requested", "addr": 1, "size": 100},  # not yet free: still counts
+        {"action": "alloc", "addr": 3, "size": 30, "frames": ind},  # peak: 1000 + 180
+        {"action": "free_completed", "addr": 1, "size": 100},
+        {"action": "segment_alloc", "addr": 9, "size": 10**6},  # the allocator's own: not a block
+        {"action": "alloc", "addr": 4, "size": 120, "frames": []},  # 1000 + 200: the new peak
+        {"action": "free_completed", "addr": 4, "size": 120},
+    ]
+    peak, blocks = mod.peak_of_trace(events, start_bytes=1000)
+    assert peak == 1200 and sorted(s for s, _ in blocks) == [30, 50, 120]
+    peak, blocks = mod.peak_of_trace(events[:5], start_bytes=1000)
+    assert peak == 1180 and sorted(s for s, _ in blocks) == [30, 50, 100]
+    rows = mod.breakdown(blocks)
+    assert rows[0] == {"origin": "fp4train/linear/function.py:backward", "gib": 100 / 2**30, "blocks": 1}
+    assert rows[1]["origin"] == "inductor:call" and rows[1]["blocks"] == 2
+    assert mod.origin([]) == "?" and mod.origin([{"filename": "/a/b/optimizer.py", "name": "step"}]) == "optimizer.py:step"

@@ -30,3 +30,4 @@ group graph-op tests/test_graph_op.py -k "gpu or share"
 group fp8-blockwise tests/test_fp8_blockwise.py
 group kernels-rest tests/test_kernels.py -k "not (decode_kernel or fold or ties_signs or launch_tuning or 2d_tile or packed or column_kernels)"
 group cuda tests/test_cuda.py
+group backends tests/test_backends.py tests/test_numerics_modes.py  # the triton-vs-emulated loss curves
