@@ -33,10 +33,21 @@ def _nvfp4_blocks(x, s_enc):
     finite = tl.abs(x) < float("inf")
     nan_block = tl.max(tl.where(finite, 0, 1), axis=1) > 0
     x = tl.where(finite, x, 0.0)
-    amax = tl.max(tl.abs(x), axis=1)
-    sb_code, sb = e4m3_rtne(tl.minimum(tl.math.div_rn(amax, 6.0) * s_enc, 448.0))
-    v = tl.math.div_rn(x * s_enc, tl.where(sb == 0.0, 1.0, sb)[:, None])
-    return tl.where((sb == 0.0)[:, None], 0.0, v), sb_code, sb, nan_block
+    sb_code, sb = _nvfp4_scale(tl.max(tl.abs(x), axis=1), s_enc)
+    return _nvfp4_scaled(x, s_enc, sb[:, None]), sb_code, sb, nan_block
+
+
+@triton.jit
+def _nvfp4_scale(amax, s_enc):
+    """The E4M3 block scale (code, value) of a block's finite amax: ``e4m3((amax / 6) * s_enc)``."""
+    return e4m3_rtne(tl.minimum(tl.math.div_rn(amax, 6.0) * s_enc, 448.0))
+
+
+@triton.jit
+def _nvfp4_scaled(x, s_enc, sb):
+    """Finite elements ``x`` scaled for E2M1 rounding, ``(x * s_enc) / sb`` (``sb`` broadcast to
+    ``x``), 0 in a block whose scale is 0."""
+    return tl.where(sb == 0.0, 0.0, tl.math.div_rn(x * s_enc, tl.where(sb == 0.0, 1.0, sb)))
 
 
 @triton.jit(do_not_specialize=["key", "key2"])

@@ -3,28 +3,29 @@
 ``quantize(x, "nvfp4", block=(16, 16), ...)`` of a 2D tensor, bit for bit: one FP32 tensor scale
 ``s_enc`` from the finite amax (:func:`.amax.finite_amax`, one pass, left on the device), then per
 16x16 tile - 256 elements sharing one E4M3 scale - the 1x16 kernels' float order
-(:func:`.nvfp4_quantize._nvfp4_blocks`)::
+(:func:`.nvfp4_quantize._nvfp4_scale` / ``_nvfp4_scaled``)::
 
     sb = e4m3((amax_tile / 6) * s_enc)      q = e2m1((x * s_enc) / sb)
 
-A program takes 16 rows and ``NB`` tiles side by side, and regroups them as ``[NB, 256]`` - one
-tile per row, its elements row-major - which is the reference's blocked order (``BlockLayout.blockify``)
-and so also the stochastic-rounding index: tile ``(tr, tc)`` is block ``tr * n_tc + tc``, element
-``(i, j)`` of it is ``i * 16 + j``. Shapes that are not whole tiles are zero padded like the reference.
+A program takes 16 rows and ``NB`` tiles side by side, as two ``[16, NB, 8]`` tensors (the even and
+the odd columns: the low and high nibbles of the packed bytes), and reduces each tile over axes 2 and
+0. The stochastic-rounding index is the reference's blocked order (``BlockLayout.blockify``): tile
+``(tr, tc)`` is block ``tr * n_tc + tc``, element ``(i, j)`` of it is ``i * 16 + j``. Shapes that are not
+whole tiles are zero padded like the reference.
 
 :func:`quantize_nvfp4_2d` writes packed codes and tile scales (a :class:`QuantizedTensor`);
 :func:`nvfp4_tile_values` decodes them (:func:`.scaled_decode.decode_scaled_bf16`) into the values
 ``q * sb`` as exact BF16 for a GEMM on BF16 tensor cores, with ``s_enc`` as the divisor
 (``quantize(...).scaled_bf16()``).
 
-The values once came from this kernel directly (a second output mode, ``q * sb[:, None]`` in the
-``[NB, 256]`` tile-per-row view). Right in Triton's CPU interpreter, wrong on the H200 (Triton 3.6):
-tiles took a neighbouring tile's scale - tile (0, 0) of a random tensor came out with tile (0, 1)'s
-scale, and a tensor of one tile (the other seven of the program padding) with a padding tile's zero -
-while the codes and scales of the same program were right (`bench/results/gpu-tests/gpu_tests-262876e.log`,
-`scripts/probes/nvfp4_tile_values.py`). Quantize-then-decode costs one extra pass over the packed codes
-(0.56 byte/element) for a tensor that is a weight, prepared once a step; both kernels are bit-exact
-on the H200.
+History, a Triton miscompile: the first version regrouped the program's ``[16, NB*16]`` block into
+``[NB, 256]`` (``reshape`` + ``permute``, one tile per row) and reduced along rows, and had a second
+output mode for the values (``q * sb[:, None]``). Right in Triton's CPU interpreter, wrong on the H200
+(Triton 3.6): values took a neighbouring tile's scale (`bench/results/gpu-tests/gpu_tests-262876e.log`,
+`bench/results/probes/nvfp4_tile_values-H200-0e1397a.log`), and once the values came from the decode
+kernel instead, the codes of BF16 input showed tile amaxes that missed elements
+(`bench/results/gpu-tests/kernels-subset-497c27d.log`). The tile view is now built from loads alone.
+The extra decode pass (0.56 byte/element read) is for a weight, prepared once a step.
 """
 
 from __future__ import annotations
@@ -36,42 +37,46 @@ import triton.language as tl
 from ..formats.layout import BlockLayout
 from ..formats.qtensor import QuantizedTensor, ScaledBF16
 from .mx_quantize import _e2m1_codes, _keys, _uniforms
-from .nvfp4_quantize import _nvfp4_blocks, device_tensor_scale
+from .nvfp4_quantize import _nvfp4_scale, _nvfp4_scaled, device_tensor_scale
 
 TILES_PER_PROGRAM = 8  # 16 x 128 elements per program
-
-
-@triton.jit
-def _to_tiles(x, NB: tl.constexpr):
-    """[16, NB*16] -> [NB, 256]: tile t's 16x16 elements, row-major, in row t."""
-    return tl.reshape(tl.permute(tl.reshape(x, [16, NB, 16]), (1, 0, 2)), [NB, 256])
-
-
-@triton.jit
-def _from_tiles(t, NB: tl.constexpr):
-    """The inverse of :func:`_to_tiles`."""
-    return tl.reshape(tl.permute(tl.reshape(t, [NB, 16, 16]), (1, 0, 2)), [16, NB * 16])
 
 
 @triton.jit(do_not_specialize=["key", "key2"])
 def _nvfp4_tile_kernel(x_ptr, s_enc_ptr, codes_ptr, scales_ptr, R, C, n_tc, sx, sc, ss, key, key2,
                        SR: tl.constexpr, NB: tl.constexpr):
     """Rows ``program_id(0) * 16 ..`` x tiles ``program_id(1) * NB ..``: codes (two per byte along the
-    rows, element 2j in the low nibble) + E4M3 tile scales into the padded canonical layout."""
+    rows, element 2j in the low nibble) + E4M3 tile scales into the padded canonical layout.
+
+    The tiles are held as ``[16 rows, NB tiles, 8]`` twice - the even and the odd columns, the low and
+    high nibbles of the bytes - and reduced over axes 2 and 0, with no reshape or permute (the first
+    version regrouped ``[16, NB*16]`` into ``[NB, 256]``; its per-tile reductions came out wrong on the
+    H200 while right in the interpreter, see the module docstring)."""
+    s_enc = tl.load(s_enc_ptr)
     tr = tl.program_id(0)
-    tc = tl.program_id(1) * NB + tl.arange(0, NB)
-    r = tr * 16 + tl.arange(0, 16)
-    c = tl.program_id(1) * (NB * 16) + tl.arange(0, NB * 16)
-    inside = (r < R)[:, None] & (c < C)[None, :]
-    x = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=inside, other=0.0).to(tl.float32)
-    v, sb_code, sb, nan_tile = _nvfp4_blocks(_to_tiles(x, NB), tl.load(s_enc_ptr))  # [NB, 256]
-    u = v
-    if SR:
-        u = _uniforms((tr * n_tc + tc)[:, None] * 256 + tl.arange(0, 256)[None, :], key, key2)
-    code = _from_tiles(tl.where(nan_tile[:, None], 0, _e2m1_codes(v, u, SR)), NB)  # [16, NB*16]
-    lo, hi = tl.split(tl.reshape(code, [16, NB * 8, 2]))
-    pc = tl.program_id(1) * (NB * 8) + tl.arange(0, NB * 8)
-    tl.store(codes_ptr + r[:, None] * sc + pc[None, :], (lo | (hi << 4)).to(tl.uint8), mask=(pc < n_tc * 8)[None, :])
+    tc = tl.program_id(1) * NB + tl.arange(0, NB)  # [NB] tile columns
+    i = tl.arange(0, 16)[:, None, None]  # row within the tile
+    k = tl.arange(0, 8)[None, None, :]  # byte within the tile's row
+    t3 = tc[None, :, None]
+    r = tr * 16 + i
+    c_even = t3 * 16 + 2 * k
+    ptr = x_ptr + r * sx + c_even
+    xe = tl.load(ptr, mask=(r < R) & (c_even < C), other=0.0).to(tl.float32)  # [16, NB, 8]
+    xo = tl.load(ptr + 1, mask=(r < R) & (c_even + 1 < C), other=0.0).to(tl.float32)
+    fe, fo = tl.abs(xe) < float("inf"), tl.abs(xo) < float("inf")
+    nan_tile = tl.max(tl.max(tl.where(fe & fo, 0, 1), axis=2), axis=0) > 0  # [NB]
+    xe, xo = tl.where(fe, xe, 0.0), tl.where(fo, xo, 0.0)
+    sb_code, sb = _nvfp4_scale(tl.max(tl.max(tl.maximum(tl.abs(xe), tl.abs(xo)), axis=2), axis=0), s_enc)
+    sb3 = sb[None, :, None]
+    ve, vo = _nvfp4_scaled(xe, s_enc, sb3), _nvfp4_scaled(xo, s_enc, sb3)
+    ue, uo = ve, vo
+    if SR:  # the reference's blocked index: tile (tr, tc) is block tr * n_tc + tc, element (i, j) is i * 16 + j
+        idx = (tr * n_tc + t3) * 256 + i * 16 + 2 * k
+        ue, uo = _uniforms(idx, key, key2), _uniforms(idx + 1, key, key2)
+    keep = nan_tile[None, :, None] == 0
+    lo = tl.where(keep, _e2m1_codes(ve, ue, SR), 0)
+    hi = tl.where(keep, _e2m1_codes(vo, uo, SR), 0)
+    tl.store(codes_ptr + r * sc + t3 * 8 + k, (lo | (hi << 4)).to(tl.uint8), mask=t3 < n_tc)
     tl.store(scales_ptr + tr * ss + tc, tl.where(nan_tile, 0x7F, sb_code).to(tl.uint8), mask=tc < n_tc)
 
 
