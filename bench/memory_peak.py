@@ -10,8 +10,9 @@ code (the compiled graph's buffers), autograd or the optimizer - and the groups 
 
     python bench/memory_peak.py --model 1b --seq-len 2048 --batch-size 8 --compile --recipes bf16,mxfp4,adahop
 
-Also reports, per recipe, the peak over the warm-up (compilation included) and over the recorded
-step alone, since ``train_speed``'s peak covers both. Needs a GPU; writes ``--json``.
+Also reports, per recipe, each warm-up step's own peak (compilation in the first; a rise from step
+to step would be a leak - ``train_speed`` takes its peak over 3 warm-up and ``--steps`` timed steps)
+and the recorded step's. Needs a GPU; writes ``--json``.
 """
 
 from __future__ import annotations
@@ -109,11 +110,13 @@ def measure(model_name, recipe, batch, seq, warmup, compile_, backend, top):
 
         calibrate_in_place(model, rec, step, 3, backend=backend)
     fwd = torch.compile(model) if compile_ else model
-    torch.cuda.reset_peak_memory_stats()
+    per_step = []  # each warm-up step's own peak: growth from step to step would be a leak
     for _ in range(warmup):
+        torch.cuda.reset_peak_memory_stats()
         step(fwd)
-    torch.cuda.synchronize()
-    warm_peak = torch.cuda.max_memory_allocated()
+        torch.cuda.synchronize()
+        per_step.append(torch.cuda.max_memory_allocated() / GIB)
+    warm_peak = max(per_step, default=0.0) * GIB
     start = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
@@ -127,7 +130,8 @@ def measure(model_name, recipe, batch, seq, warmup, compile_, backend, top):
     events = snap["device_traces"][torch.cuda.current_device()]
     peak, blocks = peak_of_trace(events, start)
     return {"recipe": recipe, "warmup_peak_gib": warm_peak / GIB, "step_peak_gib": step_peak / GIB,
-            "start_gib": start / GIB, "replayed_peak_gib": peak / GIB, "events": len(events),
+            "start_gib": start / GIB, "replayed_peak_gib": peak / GIB,
+            "warmup_step_peaks_gib": per_step, "events": len(events),
             "alive_at_peak": breakdown(blocks, top)}
 
 
@@ -162,7 +166,7 @@ def main(argv=None):
         if "error" in res:
             print(f"{r}: FAILED - {res['error']}", flush=True)
         else:
-            print(f"{r}: warm-up peak {res['warmup_peak_gib']:.2f} GiB, step peak {res['step_peak_gib']:.2f} GiB "
+            print(f"{r}: warm-up step peaks {', '.join(f'{p:.2f}' for p in res['warmup_step_peaks_gib'])} GiB, step peak {res['step_peak_gib']:.2f} GiB "
                   f"(replayed {res['replayed_peak_gib']:.2f}; {res['start_gib']:.2f} alive before the step)", flush=True)
             for g in res["alive_at_peak"][:12]:
                 print(f"    {g['gib']:8.3f} GiB {g['blocks']:6d} blocks  {g['origin']}", flush=True)

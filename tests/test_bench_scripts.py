@@ -248,7 +248,7 @@ def test_readme_fast_path_numbers_are_the_committed_h200_results():
     # the summary's e2e table is what bench/summary.py makes of the committed runs (a later run's entry wins)
     e2e_dir = res / "e2e-h200"
     runs = [e2e_dir / f"train_speed-1b-{c}.json" for c in ("a35b562-gpu0", "a35b562-gpu1", "d8fb690", "57bd0e9", "7a9e335")]
-    runs += [res / "train_speed-3b-NVIDIA_H200.json"] + [e2e_dir / f"train_speed-3b-{c}.json" for c in ("d8fb690", "57bd0e9", "7a9e335")]
+    runs += [res / "train_speed-3b-NVIDIA_H200.json"] + [e2e_dir / f"train_speed-3b-{c}.json" for c in ("d8fb690", "57bd0e9", "7a9e335", "262876e", "0e1397a")]
     assert _load("summary").e2e_table([json.loads(p.read_text()) for p in runs]) == e2e
     assert all(json.loads(p.read_text()).get("quantized_linears") == "in graph" for p in runs if "e2e-h200" in str(p))
     old = {m: {r["recipe"]: r for r in json.loads((e2e_dir / f"train_speed-{m}.json").read_text())["results"]}
@@ -257,8 +257,13 @@ def test_readme_fast_path_numbers_are_the_committed_h200_results():
     assert (f"mxfp4 went from {old['1b-eec25b3']['mxfp4']['speedup_vs_bf16']:.2f}× to {m1['speedup_vs_bf16']:.2f}× BF16 at 1b\n"
             f"  and from {old['3b-ff0a0ad-gpu0']['mxfp4']['speedup_vs_bf16']:.2f}× to {m3['speedup_vs_bf16']:.2f}× at 3b, and its 3b peak "
             f"memory from {old['3b-ff0a0ad-gpu0']['mxfp4']['peak_mem_gib']:.1f} to {m3['peak_mem_gib']:.1f} GiB") in readme
+    f8_57 = {r["recipe"]: r for r in json.loads((e2e_dir / "train_speed-3b-57bd0e9.json").read_text())["results"]}["fp8_rowwise"]
     assert (f"fp8_rowwise fell from {old['3b-ff0a0ad-gpu1']['fp8_rowwise']['speedup_vs_bf16']:.2f}× to "
-            f"{e2e['3b']['fp8_rowwise']['speedup_vs_bf16']:.2f}× at 3b") in readme
+            f"{f8_57['speedup_vs_bf16']:.2f}× at 3b") in readme
+    assert f"it is now {e2e['3b']['fp8_rowwise']['speedup_vs_bf16']:.2f}× at 3b" in readme
+    ada3 = e2e["3b"]["adahop"]
+    assert (f"at 3b it is {ada3['speedup_vs_bf16']:.2f}× ({ada3['commit']})" in readme
+            and f"behind torchao ({e2e['3b']['torchao_fp8_rowwise']['speedup_vs_bf16']:.2f}×)" in readme)
     assert f"at 1b it is now {e2e['1b']['fp8_rowwise']['speedup_vs_bf16']:.2f}×" in readme
     t1, t3 = e2e["1b"]["tib2d"], e2e["3b"]["tib2d"]
     assert f"tib2d went from 0.72× to {t1['speedup_vs_bf16']:.2f}× at 1b\n  and from 0.82× to {t3['speedup_vs_bf16']:.2f}× at 3b" in readme
@@ -274,6 +279,8 @@ def test_readme_fast_path_numbers_are_the_committed_h200_results():
     assert (f"At 3b mxfp4 peaks {m3['bf16_peak_mem_gib'] / m3['peak_mem_gib']:.2f}× lower ({m3['peak_mem_gib']:.1f} vs\n"
             f"  {m3['bf16_peak_mem_gib']:.1f} GiB) and tib2d {t3['bf16_peak_mem_gib'] / t3['peak_mem_gib']:.2f}×; above the {fixed:.1f} GiB") in readme
     assert f"that is {above[0]:.2f}× and {above[1]:.2f}×. AdaHOP peaks higher ({e2e['3b']['adahop']['peak_mem_gib']:.1f} GiB)" in readme
+    mp = json.loads((res / "memory_peak-1b-H200-497c27d-adahop.json").read_text())["results"][0]
+    assert mp["recipe"] == "adahop" and f"found its 1b step peaking at\n  {mp['step_peak_gib']:.1f} GiB" in readme
     below = [r for m in ("1b", "3b") for k, r in e2e[m].items() if k != "adahop" and k != "bf16"]
     assert all(r["peak_mem_gib"] < r["bf16_peak_mem_gib"] for r in below)  # "every recipe but AdaHOP now peaks below BF16"
     g = json.loads((res / "gemm_speed-NVIDIA_H200.json").read_text())["results"][0]
