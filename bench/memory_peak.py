@@ -105,10 +105,11 @@ def measure(model_name, recipe, batch, seq, warmup, compile_, backend, top):
         opt.zero_grad(set_to_none=True)
 
     rec = fp4train.recipes.get(recipe) if recipe != "torchao_fp8_rowwise" else None
-    if rec is not None and rec.calibrate:
+    strategies = None
+    if rec is not None and rec.calibrate:  # as train_speed does: 3 BF16 steps (its strategy mix is recorded there too)
         from fp4train.adahop.calibration import calibrate_in_place
 
-        calibrate_in_place(model, rec, step, 3, backend=backend)
+        strategies = calibrate_in_place(model, rec, step, 3, backend=backend).strategy_counts()
     fwd = torch.compile(model) if compile_ else model
     per_step = []  # each warm-up step's own peak: growth from step to step would be a leak
     for _ in range(warmup):
@@ -132,7 +133,7 @@ def measure(model_name, recipe, batch, seq, warmup, compile_, backend, top):
     return {"recipe": recipe, "warmup_peak_gib": warm_peak / GIB, "step_peak_gib": step_peak / GIB,
             "start_gib": start / GIB, "replayed_peak_gib": peak / GIB,
             "warmup_step_peaks_gib": per_step, "events": len(events),
-            "alive_at_peak": breakdown(blocks, top)}
+            "alive_at_peak": breakdown(blocks, top), **({"adahop_strategies": strategies} if strategies else {})}
 
 
 def main(argv=None):

@@ -38,6 +38,7 @@ from ..formats.layout import BlockLayout
 from ..formats.qtensor import QuantizedTensor, ScaledBF16
 from .mx_quantize import _e2m1_codes, _keys, _uniforms
 from .nvfp4_quantize import _nvfp4_scale, _nvfp4_scaled, device_tensor_scale
+from .scaled_decode import decode_scaled_bf16
 
 TILES_PER_PROGRAM = 8  # 16 x 128 elements per program
 
@@ -112,8 +113,6 @@ def quantize_nvfp4_2d(x: torch.Tensor, *, rounding: str = "nearest", seed: int |
 def nvfp4_tile_values(x: torch.Tensor, *, rounding: str = "nearest", seed: int | None = None) -> ScaledBF16:
     """``quantize(x, "nvfp4", block=(16, 16), ...).scaled_bf16()`` of a 2D tensor, any shape: the
     dequantized values in BF16 (exact) and ``s_enc`` as the divisor; see the module docstring."""
-    from .scaled_decode import decode_scaled_bf16
-
     values = decode_scaled_bf16(quantize_nvfp4_2d(x, rounding=rounding, seed=seed))
     if values is None:  # the decode kernel covers every NVFP4 16x16 layout this function makes
         raise AssertionError("decode_scaled_bf16 declined an NVFP4 16x16 tensor")
