@@ -1,4 +1,5 @@
-"""The reference numerics on a GPU: same codes as on the CPU, same layer behaviour.
+"""The reference numerics on a GPU: same codes as on the CPU, same layer behaviour; and the `triton`
+backend's layer against the reference backend's on the GPU.
 
 Skipped where there is no CUDA GPU (CI); run on the device with ``python -m pytest -m cuda``.
 """
@@ -64,6 +65,34 @@ def test_gpu_layer_matches_cpu_layer(name):
     for c, g in zip(*outs):
         # same quantized operands; only FP32 accumulation order differs between CPU and GPU matmuls
         torch.testing.assert_close(g, c, rtol=1e-4, atol=1e-4 * c.abs().max().item())
+
+
+@pytest.mark.parametrize("name", ["fp8_rowwise", "mxfp4", "nvfp4", "hadamard_mxfp4", "tib2d"])
+def test_gpu_triton_backend_layer_matches_the_emulated_backend(name):
+    """The fast path a GPU user gets (the `triton` backend: Triton kernels, FP8 GEMMs, triton numerics)
+    against the reference backend on the same GPU, forward and both gradients. The operands are the same
+    bits, so only the GEMMs' summation order and output rounding may differ. The `tiny` loss-curve test
+    did not notice NVFP4 tiles carrying a neighbouring tile's scale (session 13): a layer's outputs do.
+    Shapes whose tiles and groups are whole (128 rows, K and N multiples of 128)."""
+    torch.manual_seed(0)
+    lin = nn.Linear(256, 384)
+    with torch.no_grad():  # rows of different scales: nn.Linear's uniform init gives every tile the same amax,
+        lin.weight.copy_(torch.randn(384, 256) * torch.logspace(-2, 0, 384)[:, None])  # which hides a wrong tile scale
+    x = torch.randn(2, 64, 256) * torch.logspace(-1, 1, 256)  # channel scales a few decades apart
+    dy = torch.randn(2, 64, 384)
+    outs = []
+    for backend in ("emulated", "triton"):
+        m = nn.Sequential(nn.Linear(256, 384)).cuda()
+        m[0].load_state_dict(lin.state_dict())
+        fp4train.convert(m, fp4train.recipes.get(name).replace(keep_last_blocks=0.0), backend=backend)
+        assert m[0].backend.name == backend and fp4train.formats.numerics() == ("triton" if backend == "triton" else "eager")
+        xa = x.detach().cuda().requires_grad_()
+        torch.manual_seed(1)  # the same stochastic-rounding seeds for both backends
+        y = m(xa)
+        y.backward(dy.cuda())
+        outs.append([t.detach().float().cpu() for t in (y, xa.grad, m[0].weight.grad)])
+    for what, e, t in zip(("y", "dX", "dW"), *outs):
+        torch.testing.assert_close(t, e, rtol=1e-2, atol=1e-2 * e.abs().max().item(), msg=lambda m: f"{name} {what}: {m}")
 
 
 def test_gpu_autocast_bf16():
