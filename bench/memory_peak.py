@@ -26,6 +26,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_speed import setup  # noqa: E402 - the same run as the figures it is compared with
+
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 2**30
 
@@ -84,32 +87,7 @@ def breakdown(blocks, top: int = 25) -> list[dict]:
 
 
 def measure(model_name, recipe, batch, seq, warmup, compile_, backend, top):
-    sys.path.insert(0, str(ROOT / "bench"))
-    import fp4train
-    from fp4train import models
-    from train_speed import convert
-
-    device = torch.device("cuda")
-    torch.manual_seed(0)
-    model = models.build(model_name, max_seq_len=max(seq, 512)).to(device)
-    convert(model, recipe, backend)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    idx = torch.randint(0, model.config.vocab_size, (batch, seq + 1), device=device)
-    x, y = idx[:, :-1], idx[:, 1:]
-
-    def step(fwd=model):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = fwd(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    rec = fp4train.recipes.get(recipe) if recipe != "torchao_fp8_rowwise" else None
-    strategies = None
-    if rec is not None and rec.calibrate:  # as train_speed does: 3 BF16 steps (its strategy mix is recorded there too)
-        from fp4train.adahop.calibration import calibrate_in_place
-
-        strategies = calibrate_in_place(model, rec, step, 3, backend=backend).strategy_counts()
+    model, _, step, strategies = setup(model_name, recipe, batch, seq, torch.device("cuda"), backend)  # train_speed's run
     fwd = torch.compile(model) if compile_ else model
     per_step = []  # each warm-up step's own peak: growth from step to step would be a leak
     for _ in range(warmup):
@@ -117,7 +95,6 @@ def measure(model_name, recipe, batch, seq, warmup, compile_, backend, top):
         step(fwd)
         torch.cuda.synchronize()
         per_step.append(torch.cuda.max_memory_allocated() / GIB)
-    warm_peak = max(per_step, default=0.0) * GIB
     start = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
@@ -130,7 +107,7 @@ def measure(model_name, recipe, batch, seq, warmup, compile_, backend, top):
     step_peak = torch.cuda.max_memory_allocated()
     events = snap["device_traces"][torch.cuda.current_device()]
     peak, blocks = peak_of_trace(events, start)
-    return {"recipe": recipe, "warmup_peak_gib": warm_peak / GIB, "step_peak_gib": step_peak / GIB,
+    return {"recipe": recipe, "warmup_peak_gib": max(per_step, default=0.0), "step_peak_gib": step_peak / GIB,
             "start_gib": start / GIB, "replayed_peak_gib": peak / GIB,
             "warmup_step_peaks_gib": per_step, "events": len(events),
             "alive_at_peak": breakdown(blocks, top), **({"adahop_strategies": strategies} if strategies else {})}

@@ -1,8 +1,8 @@
 """Where a training step's GPU time goes, per recipe: the top kernels of one optimizer step.
 
-Question: which kernels make a recipe slower than BF16, and by how much? Builds the model,
-converts it (AdaHOP recipes: calibrated first on ``--calibration-steps`` BF16 steps of the same
-synthetic batch, as the trainer does on real data), warms up, then records ``--steps`` steps
+Question: which kernels make a recipe slower than BF16, and by how much? Sets up the run as
+``bench/train_speed.py`` does (its ``setup``: AdaHOP recipes calibrated first on
+``--calibration-steps`` BF16 steps of the same synthetic batch), warms up, then records ``--steps`` steps
 with ``torch.profiler`` and ranks kernels by total GPU time. BF16 is always profiled first.
 
     python bench/profile_step.py --model 60m --recipes bf16,mxfp4,nvfp4 --batch-size 32 --seq-len 1024 [--numerics triton]
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -22,41 +23,19 @@ from pathlib import Path
 import torch
 
 import fp4train
-from fp4train import models
 from fp4train.timing import code_commit
-from fp4train.recipes import get as get_recipe
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_speed import setup  # noqa: E402 - the same run as the speeds it explains
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _step(model, opt, x, y, device):
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-        loss = model(x, y)
-    loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return loss
-
-
-def _calibrate(model, recipe, opt, x, y, device, steps):
-    """AdaHOP: record outlier patterns over BF16 steps, then convert to the calibrated recipe."""
-    from fp4train.adahop.calibration import calibrate_in_place
-
-    return calibrate_in_place(model, recipe, lambda: _step(model, opt, x, y, device), steps).strategy_counts()
-
-
 def profile(model_name, recipe_name, batch, seq, steps, warmup, compile_, calib_steps, top, device):
-    torch.manual_seed(0)
-    model = models.build(model_name, max_seq_len=max(seq, 512)).to(device)
-    recipe = get_recipe(recipe_name)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
-    idx = torch.randint(0, model.config.vocab_size, (batch, seq + 1), device=device)
-    x, y = idx[:, :-1], idx[:, 1:]
-    fp4train.convert(model, recipe)
-    strategies = _calibrate(model, recipe, opt, x, y, device, calib_steps) if recipe.calibrate else None
+    model, _, step, strategies = setup(model_name, recipe_name, batch, seq, device, calibration_steps=calib_steps)
     fwd = torch.compile(model) if compile_ else model
     for _ in range(warmup):
-        _step(fwd, opt, x, y, device)
+        step(fwd)
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda d: None)
     sync(device)
@@ -64,7 +43,7 @@ def profile(model_name, recipe_name, batch, seq, steps, warmup, compile_, calib_
     t0 = time.perf_counter()
     with torch.profiler.profile(activities=acts) as prof:
         for _ in range(steps):
-            _step(fwd, opt, x, y, device)
+            step(fwd)
         sync(device)
     wall = (time.perf_counter() - t0) / steps
     kern = defaultdict(lambda: [0.0, 0])

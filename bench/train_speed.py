@@ -21,6 +21,7 @@ import datetime
 import json
 import time
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -48,16 +49,27 @@ def convert(model, recipe: str, backend: str | None):
                                module_filter_fn=lambda mod, fqn: "lm_head" not in fqn)
 
 
-def measure(model_name: str, recipe: str, batch: int, seq: int, steps: int, warmup: int, compile_: bool, device,
-            backend: str | None = None, calibration_steps: int = 3) -> dict:
+class Run(NamedTuple):
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    step: Callable  # step(fwd=model) -> loss: one AdamW step on the run's batch
+    strategies: dict | None  # AdaHOP's strategy mix after calibration, else None
+
+
+def setup(model_name: str, recipe: str, batch: int, seq: int, device, backend: str | None = None,
+          calibration_steps: int = 3) -> Run:
+    """The benchmarks' training run before its timed steps. The model is built (seed 0) and converted;
+    ``step(fwd=model)`` is one AdamW step on one synthetic batch (BF16 autocast and fused AdamW on a
+    GPU); an AdaHOP recipe is calibrated on ``calibration_steps`` BF16 steps first, as the trainer does.
+    One procedure for every script that compares its numbers with this one's (``memory_peak.py``,
+    ``profile_step.py``, ``scripts/probes/live_tensors_per_step.py``)."""
     torch.manual_seed(0)
     model = models.build(model_name, max_seq_len=max(seq, 512)).to(device)
     convert(model, recipe, backend)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    cuda = device.type == "cuda"
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
     idx = torch.randint(0, model.config.vocab_size, (batch, seq + 1), device=device)
     x, y = idx[:, :-1], idx[:, 1:]
-    cuda = device.type == "cuda"
-    last = {}
 
     def step(fwd=model):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
@@ -65,15 +77,27 @@ def measure(model_name: str, recipe: str, batch: int, seq: int, steps: int, warm
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        last["loss"] = loss
+        return loss
 
     strategies = None
     rec = fp4train.recipes.get(recipe) if recipe != TORCHAO else None
-    if rec is not None and rec.calibrate:  # AdaHOP: calibrate on BF16 steps first, as the trainer does, then time
+    if rec is not None and rec.calibrate:
         from fp4train.adahop.calibration import calibrate_in_place
 
         strategies = calibrate_in_place(model, rec, step, calibration_steps, backend=backend).strategy_counts()
-    fwd = torch.compile(model) if compile_ else model
+    return Run(model, opt, step, strategies)
+
+
+def measure(model_name: str, recipe: str, batch: int, seq: int, steps: int, warmup: int, compile_: bool, device,
+            backend: str | None = None, calibration_steps: int = 3) -> dict:
+    run = setup(model_name, recipe, batch, seq, device, backend, calibration_steps)
+    cuda = device.type == "cuda"
+    last = {}
+
+    def step(fwd):
+        last["loss"] = run.step(fwd)
+
+    fwd = torch.compile(run.model) if compile_ else run.model
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
 
@@ -88,7 +112,7 @@ def measure(model_name: str, recipe: str, batch: int, seq: int, steps: int, warm
     return {
         "recipe": recipe, "tokens_per_s": batch * seq / med, "step_ms": med * 1e3,
         "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
-        "warmup_s": warm_s, "loss": loss.item(), **({"adahop_strategies": strategies} if strategies else {}),
+        "warmup_s": warm_s, "loss": loss.item(), **({"adahop_strategies": run.strategies} if run.strategies else {}),
     }
 
 
