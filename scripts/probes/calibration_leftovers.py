@@ -12,22 +12,11 @@ import argparse
 import gc
 
 import torch
+from live_tensors_per_step import live_mib  # same folder: the probe that also leaves gradients and optimizer state out
 
 import fp4train
 from fp4train import models
 from fp4train.adahop.calibration import calibrate_in_place
-
-
-def live_mib(model: torch.nn.Module) -> tuple[float, int]:
-    """(MiB, count) of the distinct storages of reachable tensors that are not the model's parameters or buffers."""
-    own = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
-    seen = {}
-    for o in gc.get_objects():
-        if isinstance(o, torch.Tensor) and not isinstance(o, torch.nn.Parameter):
-            ptr = o.untyped_storage().data_ptr()
-            if ptr not in own:
-                seen[ptr] = o.untyped_storage().nbytes()
-    return sum(seen.values()) / 2**20, len(seen)
 
 
 def main(argv=None):

@@ -1,10 +1,10 @@
 """Probe: do a recipe's live tensors grow from one training step to the next (a leak)?
 
-AdaHOP's peak in ``bench/train_speed.py`` (3 warm-up + 8 timed steps) sat 9 GiB above mxfp4's at 1b,
-while ``bench/memory_peak.py`` found its third step peaking no higher than mxfp4's. A per-step leak
-would explain both. Trains ``--steps`` AdamW steps per recipe (AdaHOP calibrated first) and prints the
-bytes of every tensor the garbage collector can reach after each step, parameters, their gradients
-and the optimizer's state left out.
+AdaHOP's peak in ``bench/train_speed.py`` (3 warm-up + 8 timed steps) sits 8.9 GiB above mxfp4's at 1b,
+while ``bench/memory_peak.py`` found AdaHOP's first three steps peaking at about train_speed's mxfp4 figure.
+A per-step leak would explain both. Runs ``train_speed``'s setup (AdaHOP calibrated first), trains
+``--steps`` AdamW steps per recipe and prints the bytes of every tensor the garbage collector can reach
+after each step, parameters, their gradients and the optimizer's state left out.
 
     python scripts/probes/live_tensors_per_step.py --model 20m --recipes mxfp4,adahop --steps 6 [--compile] [--backend triton]
 """
@@ -13,19 +13,22 @@ from __future__ import annotations
 
 import argparse
 import gc
+import sys
+from pathlib import Path
 
 import torch
 
-import fp4train
-from fp4train import models
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from train_speed import setup  # noqa: E402 - the benchmark's own run
 
 
-def live_mib(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[float, int]:
+def live_mib(model: torch.nn.Module, opt: torch.optim.Optimizer | None = None) -> tuple[float, int]:
     """(MiB, count) of the distinct storages of reachable tensors other than parameters, buffers,
-    gradients and optimizer state."""
+    gradients and (with ``opt``) optimizer state."""
     own = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
     own |= {p.grad.untyped_storage().data_ptr() for p in model.parameters() if p.grad is not None}
-    own |= {v.untyped_storage().data_ptr() for st in opt.state.values() for v in st.values() if torch.is_tensor(v)}
+    states = opt.state.values() if opt is not None else ()
+    own |= {v.untyped_storage().data_ptr() for st in states for v in st.values() if torch.is_tensor(v)}
     seen = {}
     for o in gc.get_objects():
         if type(o) is torch.Tensor and o.device.type != "meta":
@@ -36,23 +39,8 @@ def live_mib(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[float,
 
 
 def run(model_name: str, recipe_name: str, steps: int, compile_: bool, batch: int, seq: int, backend: str | None = None) -> list[tuple[float, int]]:
-    torch.manual_seed(0)
-    model = models.build(model_name, max_seq_len=max(seq, 64))
-    recipe = fp4train.recipes.get(recipe_name)
-    fp4train.convert(model, recipe, backend=backend)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    idx = torch.randint(0, model.config.vocab_size, (batch, seq + 1))
-    x, y = idx[:, :-1], idx[:, 1:]
-
-    def step(fwd=model):
-        fwd(x, y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    if recipe.calibrate:
-        from fp4train.adahop.calibration import calibrate_in_place
-
-        calibrate_in_place(model, recipe, step, 2, backend=backend)
+    """Live tensors after each of ``steps`` steps of ``bench/train_speed.py``'s run (AdaHOP: 2 calibration steps)."""
+    model, opt, step, _ = setup(model_name, recipe_name, batch, seq, torch.device("cpu"), backend, calibration_steps=2)
     fwd = torch.compile(model) if compile_ else model
     out = []
     for _ in range(steps):
