@@ -273,6 +273,7 @@ def test_readme_fast_path_numbers_are_the_committed_h200_results():
     prof = {r["recipe"]: r for r in json.loads((res / "profile_step/1b-H200-mxfp4-8c3b88e.json").read_text())["results"]}
     assert (f"({prof['mxfp4']['gpu_kernel_ms_per_step']:.0f} vs {prof['bf16']['gpu_kernel_ms_per_step']:.0f} ms a step" in readme
             and f"in {prof['mxfp4']['kernels_per_step']:.0f}\n  launches against BF16's {prof['bf16']['kernels_per_step']:.0f}" in readme)
+    assert f"a profile taken with `--numerics {json.loads((res / 'profile_step/1b-H200-mxfp4-8c3b88e.json').read_text())['numerics']}`" in readme
     fixed = _load("summary").optimizer_state_gib("3b")
     t3 = e2e["3b"]["tib2d"]
     above = [(r["bf16_peak_mem_gib"] - fixed) / (r["peak_mem_gib"] - fixed) for r in (m3, t3)]
