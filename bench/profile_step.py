@@ -8,6 +8,12 @@ with ``torch.profiler`` and ranks kernels by total GPU time. BF16 is always prof
     python bench/profile_step.py --model 60m --recipes bf16,mxfp4,nvfp4 --batch-size 32 --seq-len 1024 [--numerics triton]
 
 Prints a table per recipe and writes ``--json`` (default ``bench/results/profile_step-<model>-<gpu>.json``).
+Each result also sums its kernels by kind (:func:`kernel_kind`: BF16 or FP8 GEMMs, attention,
+fp4train's own Triton kernels, Inductor's fused kernels, ATen elementwise, the optimizer), and
+``--explain FILE`` prints a committed result as that comparison with BF16 - kind by kind, how many
+ms a step a recipe gains or loses::
+
+    python bench/profile_step.py --explain bench/results/profile_step/1b-H200-triton-490b414.json
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import sys
 import time
 from collections import defaultdict
@@ -29,6 +36,66 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_speed import setup  # noqa: E402 - the same run as the speeds it explains
 
 ROOT = Path(__file__).resolve().parent.parent
+KINDS = ("gemm bf16", "gemm fp8", "attention", "fp4train triton", "inductor", "aten elementwise", "optimizer", "other")
+
+
+def fp4train_kernels() -> frozenset[str]:
+    """The names of fp4train's ``@triton.jit`` kernels (a profile lists a Triton kernel by its name)."""
+    jit = re.compile(r"@triton\.jit[^\n]*\n(?:@[^\n]*\n)*def (\w+)\(")
+    return frozenset(m for f in (ROOT / "fp4train/kernels").glob("*.py") for m in jit.findall(f.read_text()))
+
+
+def kernel_kind(name: str, ours: frozenset[str]) -> str:
+    """What a GPU kernel of a training step is, from its name (cuBLAS's nvjet kernels: ``qq`` = two FP8 operands)."""
+    if name in ours:
+        return "fp4train triton"
+    if name.startswith("nvjet") or "gemm" in name.lower() or "xmma" in name or "cutlass" in name:
+        return "gemm fp8" if "_qq" in name or "e4m3" in name else "gemm bf16"
+    if "sdpa" in name or "flash" in name or "fmha" in name or name.startswith("void cudnn"):
+        return "attention"
+    if name.startswith("triton_"):
+        return "inductor"
+    if "multi_tensor_apply" in name:
+        return "optimizer"
+    if "at::native" in name:
+        return "aten elementwise"
+    return "other"
+
+
+def is_annotation(name: str) -> bool:
+    """A profiler range with device time that wraps kernels already counted (``Optimizer.step#AdamW.step``)."""
+    return name.startswith("Optimizer.") or name.startswith("ProfilerStep")
+
+
+def by_kind(kernels: dict[str, float], ours: frozenset[str]) -> dict[str, float]:
+    """ms per step by :func:`kernel_kind`, annotations left out."""
+    out = dict.fromkeys(KINDS, 0.0)
+    for name, ms in kernels.items():
+        if not is_annotation(name):
+            out[kernel_kind(name, ours)] += ms
+    return out
+
+
+def explain(result: dict, ours: frozenset[str] | None = None) -> dict:
+    """A committed profile as kind-by-kind ms per step against its BF16 (the first result). A result
+    with only its top kernels (written before the kinds were) puts the rest under "not ranked"."""
+    ours = fp4train_kernels() if ours is None else ours
+
+    def kinds(r):
+        if "kinds" in r:
+            return dict(r["kinds"])
+        k = by_kind({t["kernel"]: t["ms_per_step"] for t in r["top"]}, ours)
+        ranked = sum(t["ms_per_step"] for t in r["top"] if not is_annotation(t["kernel"]))
+        annot = sum(t["ms_per_step"] for t in r["top"] if is_annotation(t["kernel"]))
+        k["not ranked"] = r["gpu_kernel_ms_per_step"] - annot - ranked
+        return k
+
+    base = kinds(result["results"][0])
+    rows = {}
+    for r in result["results"]:
+        k = kinds(r)
+        rows[r["recipe"]] = {kind: {"ms": ms, "vs_bf16_ms": ms - base.get(kind, 0.0)} for kind, ms in k.items()}
+    return rows
 
 
 def profile(model_name, recipe_name, batch, seq, steps, warmup, compile_, calib_steps, top, device):
@@ -58,11 +125,14 @@ def profile(model_name, recipe_name, batch, seq, steps, warmup, compile_, calib_
             if ev.self_device_time_total > 0:
                 kern[ev.key[:120]][0] += ev.self_device_time_total / 1e3 / steps
                 kern[ev.key[:120]][1] += ev.count
+    # a profiler range such as Optimizer.step#AdamW.step carries the device time of the kernels it wraps
+    kern = {k: v for k, v in kern.items() if not is_annotation(k)}
     gpu_ms = sum(v[0] for v in kern.values())
     ranked = sorted(kern.items(), key=lambda kv: -kv[1][0])[:top]
     return {
         "recipe": recipe_name, "tokens_per_s": batch * seq / wall, "wall_ms_per_step": wall * 1e3, "gpu_kernel_ms_per_step": gpu_ms,
         "kernels_per_step": sum(v[1] for v in kern.values()) / steps, "adahop_strategies": strategies,
+        "kinds": by_kind({k: v[0] for k, v in kern.items()}, fp4train_kernels()) if cuda else None,
         "top": [{"kernel": n, "ms_per_step": ms, "share": ms / gpu_ms, "launches_per_step": c / steps} for n, (ms, c) in ranked],
     }
 
@@ -82,7 +152,17 @@ def main(argv=None):
                     help="how quantization runs (default: the backend's, as in train_speed - triton on a GPU; the "
                     "default was 'compiled' until 2026-12-01, which profiled Inductor's reference kernels instead)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--explain", type=Path, help="print a committed result kind by kind against its BF16, and exit")
     args = ap.parse_args(argv)
+    if args.explain:
+        rows = explain(json.loads(args.explain.read_text()))
+        kinds = list(next(iter(rows.values())))
+        print(f"{'ms per step (vs bf16)':<22}" + "".join(f"{r:>20}" for r in rows))
+        for k in kinds:
+            print(f"{k:<22}" + "".join(f"{v[k]['ms']:>9.1f} ({v[k]['vs_bf16_ms']:>+6.1f}) " for v in rows.values()))
+        tot = {r: sum(x["ms"] for x in v.values()) for r, v in rows.items()}
+        print(f"{'total':<22}" + "".join(f"{t:>9.1f} ({t - tot[next(iter(tot))]:>+6.1f}) " for t in tot.values()))
+        return
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.numerics is not None:
         fp4train.formats.set_numerics(args.numerics)
