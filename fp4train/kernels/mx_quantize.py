@@ -118,8 +118,10 @@ def _e2m1_codes(v, u, SR: tl.constexpr):
               + (ac >= 3.0).to(tl.int32) + (ac >= 4.0).to(tl.int32) + (ac >= 6.0).to(tl.int32))
         lo = tl.minimum(lo, 6)
         g_lo = tl.where(lo < 4, lo.to(tl.float32) * 0.5, tl.where(lo == 4, 2.0, tl.where(lo == 5, 3.0, 4.0)))
-        step = tl.where(lo < 4, 0.5, tl.where(lo < 6, 1.0, 2.0))  # grid gaps: 0.5 up to 2, 1 up to 4, then 2
-        idx4 = lo + (u < (ac - g_lo) / step).to(tl.int32)
+        # grid gaps 0.5 up to 2, 1 up to 4, then 2: powers of two, so (ac - g_lo) times the exact reciprocal of
+        # the gap is the same float as the reference's division (both round the same real number once), minus the division
+        inv_step = tl.where(lo < 4, 2.0, tl.where(lo < 6, 1.0, 0.5))
+        idx4 = lo + (u < (ac - g_lo) * inv_step).to(tl.int32)
     else:
         # RTNE onto the grid 0, 0.5, 1, 1.5, 2, 3, 4, 6 (ties to the even code): from 1 up, round the FP32
         # bits to one mantissa bit - (exponent, mantissa bit) is then the code: 1.0 -> 2 ... 6.0 -> 7, and
