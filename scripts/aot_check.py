@@ -10,7 +10,7 @@ about registers. This script:
 2. compiles every distinct launch ahead of time for ``sm_90a`` with Triton's own compiler (no GPU
    or driver needed), and
 3. asks ``ptxas -v`` for each kernel's registers and spill bytes, and ``nvdisasm`` for its SASS
-   instruction count (for the fold kernels also per element: a static measure of the work that
+   instruction count (for the fold and 32x32 tile kernels also per element: a static measure of the work that
    bounds a kernel which is not memory-bound).
 
     python scripts/aot_check.py [--json out.json] [--warps N]
@@ -85,6 +85,7 @@ def _kernel_calls() -> None:
                 kernels.quantize_mxfp4(x, scale=scale, rounding=rounding, seed=seed)
                 kernels.quantize_mxfp8(x, scale=scale, rounding=rounding, seed=seed)
                 kernels.quantize_mxfp4_2d(x, scale=scale, rounding=rounding, seed=seed)
+                kernels.quantize_mxfp4_2d(x, scale=scale, rounding=rounding, seed=seed, pairs=False)  # the general kernel
                 kernels.quantize_mxfp8_2d(x, scale=scale, rounding=rounding, seed=seed)
                 mx_quantize.quantize_mxfp4_columns(x, scale=scale, rounding=rounding, seed=seed)
                 for axis in (1, 0, None):
@@ -119,16 +120,18 @@ def _kernel_calls() -> None:
         mx_fold.fold_tiles_mxfp4(t.codes, t.scales, transposed=transposed, group_rows=gr, scale_per_row=per_row)
 
 
-# elements one program of a fold kernel covers (rows x 128 columns), from its constexprs
-_FOLD_ELEMENTS = {
+# elements one program covers, from its constexprs: the fold kernels (rows x 128 columns), the 32x32 tile kernel
+_PROGRAM_ELEMENTS = {
     "_fold_kernel": lambda c: c["RB"] * 128,
     "_packed_fold_kernel": lambda c: (16 if c["GR"] == 1 else c["GR"]) * 128,
+    "_mx_tile_kernel": lambda c: c["TC"] * 1024,
+    "_mxfp4_tile_kernel": lambda c: c["TC"] * 1024,
 }
 
 
 def _sass_counts(cubin: bytes, nvdisasm: str, launch: dict) -> dict:
     """Static SASS instruction count of the kernel (``nvdisasm``), and for the fold kernels the warp
-    instructions per element: warps x instructions / elements per program. The kernels are straight-line
+    instructions per element: warps x instructions / elements per program (:data:`_PROGRAM_ELEMENTS`). The kernels are straight-line
     code (unrolled, no loops), so every warp issues each instruction at most once; branches make the
     static count an upper bound of what runs (the fold's near and general paths are both counted)."""
     with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
@@ -137,7 +140,7 @@ def _sass_counts(cubin: bytes, nvdisasm: str, launch: dict) -> dict:
     os.unlink(f.name)
     ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", r.stdout)
     out: dict = {"sass_instructions": len(ops) or None}
-    elements = _FOLD_ELEMENTS.get(launch["kernel"])
+    elements = _PROGRAM_ELEMENTS.get(launch["kernel"])
     if ops and elements:
         out["warp_instructions_per_element"] = launch["num_warps"] * len(ops) / elements(launch["constexprs"])
     return out
@@ -182,6 +185,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", type=Path)
     ap.add_argument("--warps", type=int, help="compile every launch with this many warps instead of its own (what a launch change would do)")
+    ap.add_argument("--only", help="compile only the kernels whose name contains one of these (comma list)")
     ap.add_argument("--record-only", action="store_true", help=argparse.SUPPRESS)  # the child's job
     args = ap.parse_args(argv)
     if args.record_only:
@@ -193,6 +197,8 @@ def main(argv=None) -> int:
         sys.stderr.write(child.stderr)
         return 2
     launches = json.loads(child.stdout.strip().splitlines()[-1])
+    if args.only:
+        launches = [x for x in launches if any(k in x["kernel"] for k in args.only.split(","))]
     if args.warps:
         launches = list({json.dumps(x, sort_keys=True): x for x in ({**x, "num_warps": args.warps} for x in launches)}.values())
     os.environ.pop("TRITON_INTERPRET", None)

@@ -174,6 +174,18 @@ def test_mx_2d_tile_kernels_equal_reference(fmt, seed, shape, scale, rounding):
         for tc, nw in ((2, 2), (4, 8)):
             t = tiles(x.to(DEV), scale=scale, rounding=rounding, seed=2**35 + seed, tiles_per_program=tc, num_warps=nw)
             assert torch.equal(t.codes.cpu(), ref.codes) and torch.equal(t.scales.cpu(), ref.scales)
+        # BF16 input: read as column pairs in 32-bit words where the row length is even and the data 4-byte
+        # aligned (an odd length, or a view that starts on an odd element, takes the element-wise loads);
+        # pairs=False: the general tile kernel - every way gives the reference's bits
+        xb = x.bfloat16()
+        refb = fp4train.quantize(xb, fmt, block=(32, 32), scale=scale, rounding=rounding, seed=2**35 + seed)
+        odd_start = torch.empty(xb.numel() + 1, dtype=torch.bfloat16, device=DEV)[1:].view(xb.shape)
+        odd_start.copy_(xb)
+        assert odd_start.is_contiguous() and odd_start.data_ptr() % 4 == 2
+        for xin, pairs in ((xb.to(DEV), True), (odd_start, True), (xb.to(DEV), False), (x.to(DEV), False)):
+            t = tiles(xin, scale=scale, rounding=rounding, seed=2**35 + seed, pairs=pairs)
+            want = refb if xin.dtype == torch.bfloat16 else ref
+            assert torch.equal(t.codes.cpu(), want.codes) and torch.equal(t.scales.cpu(), want.scales), (xin.dtype, pairs)
 
 
 @pytest.mark.parametrize("shape", [(1, 32), (7, 96)])

@@ -389,13 +389,58 @@ def _mx_tile_kernel(
     tl.store(scales_ptr + tr * stride_s + tc, tl.where(nan_tile, 255, e + 127).to(tl.uint8), mask=tc < n_tc)
 
 
+@triton.jit(do_not_specialize=["key", "key2"])
+def _mxfp4_tile_kernel(
+    x_ptr, codes_ptr, scales_ptr, R, C, n_tc, stride_x, stride_c, stride_s, key, key2,
+    CEIL: tl.constexpr, SR: tl.constexpr, TC: tl.constexpr, BF16_PAIRS: tl.constexpr,
+):
+    """MXFP4 of ``TC`` 32x32 tiles side by side, as :func:`_mx_tile_kernel` (the same bits), with the tile
+    view built from loads alone: each tile is held as its even and its odd columns, two [32, TC, 16]
+    tensors, so that the two codes of a byte are computed side by side and packed without a reshape,
+    split or layout change. ``BF16_PAIRS``: BF16 input with an even row length, read as one 32-bit word per
+    pair of columns (the even column in the low half: little endian) and widened by shifts."""
+    tr = tl.program_id(0)
+    tc = tl.program_id(1) * TC + tl.arange(0, TC)  # this program's tiles
+    i = tl.arange(0, 32)[:, None, None]  # row within the tile
+    h = tl.arange(0, 16)[None, None, :]  # column pair within the tile
+    r = tr * 32 + i
+    ce = tc[None, :, None] * 32 + 2 * h  # even column
+    m = (r < R) & (ce < C)
+    if BF16_PAIRS:  # C even: a pair is in or out together
+        w = tl.load(x_ptr.to(tl.pointer_type(tl.uint32)) + ((r * stride_x + ce) >> 1), mask=m, other=0)
+        xe = (w << 16).to(tl.float32, bitcast=True)
+        xo = (w & 0xFFFF0000).to(tl.float32, bitcast=True)
+    else:
+        xe = tl.load(x_ptr + r * stride_x + ce, mask=m, other=0.0).to(tl.float32)
+        xo = tl.load(x_ptr + r * stride_x + ce + 1, mask=(r < R) & (ce + 1 < C), other=0.0).to(tl.float32)
+    ae, ao = tl.abs(xe), tl.abs(xo)
+    fin_e, fin_o = ae < float("inf"), ao < float("inf")  # False for NaN and Inf
+    bad = tl.where(fin_e & fin_o, 0, 1)
+    nan_tile = tl.max(tl.max(bad, axis=2), axis=0) > 0  # [TC]
+    amax = tl.max(tl.max(tl.maximum(tl.where(fin_e, ae, 0.0), tl.where(fin_o, ao, 0.0)), axis=2), axis=0)
+    e = _mx_exponent(amax, CEIL, 0)
+    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)[None, :, None]  # 2**-e
+    ve, vo = xe * inv, xo * inv
+    ue, uo = ve, vo  # unused unless SR
+    if SR:
+        # the reference's blocked layout: tile (tr, tc) is block tr * n_tc + tc, element (i, j) at i * 32 + j
+        idx = (tr * n_tc + tc[None, :, None]) * 1024 + i * 32 + 2 * h
+        ue, uo = _uniforms(idx, key, key2), _uniforms(idx + 1, key, key2)
+    keep = ~nan_tile[None, :, None]
+    lo = tl.where(keep, _e2m1_codes(ve, ue, SR), 0)
+    hi = tl.where(keep, _e2m1_codes(vo, uo, SR), 0)
+    tl.store(codes_ptr + r * stride_c + tc[None, :, None] * 16 + h, (lo | (hi << 4)).to(tl.uint8),
+             mask=(r >= 0) & (tc < n_tc)[None, :, None])  # tiles past the last: not stored
+    tl.store(scales_ptr + tr * stride_s + tc, tl.where(nan_tile, 255, e + 127).to(tl.uint8), mask=tc < n_tc)
+
+
 # (tiles per program, warps) of the 32x32 tile kernel: the fastest of bench/fold_sweep.py on the H200 (16384 x 8192
 # BF16, ceil scale, stochastic rounding: 0.515 ms against one tile with 4 warps 0.627 ms;
 # bench/results/fold_sweep-NVIDIA_H200-8c3b88e.json).
 TILE_LAUNCH = (8, 8)
 
 
-def _quantize_tiles(fmt: str, x, scale, rounding, seed, launch=(None, None)) -> QuantizedTensor:
+def _quantize_tiles(fmt: str, x, scale, rounding, seed, launch=(None, None), pairs: bool = True) -> QuantizedTensor:
     x = _check(f"quantize_{fmt}_2d", x, scale, rounding)
     R, C = x.shape
     layout = BlockLayout((R, C), (32, 32), None)
@@ -407,18 +452,24 @@ def _quantize_tiles(fmt: str, x, scale, rounding, seed, launch=(None, None)) -> 
     tc, warps = launch[0] or TILE_LAUNCH[0], launch[1] or TILE_LAUNCH[1]
     if tc < 1 or tc & (tc - 1):
         raise ValueError(f"tiles_per_program must be a power of two, got {tc}")
-    if rp and cp:
-        _mx_tile_kernel[(rp // 32, triton.cdiv(cp // 32, tc))](x, codes, scales, R, C, cp // 32, x.stride(0), codes.stride(0),
-                                                               scales.stride(0), key, key2, CEIL=scale == "ceil", SR=sr,
-                                                               ELEM=elem, TC=tc, num_warps=warps)
+    grid = (rp // 32, triton.cdiv(cp // 32, tc))
+    if rp and cp and elem == E2M1 and pairs:
+        bf16_pairs = x.dtype == torch.bfloat16 and C % 2 == 0 and x.data_ptr() % 4 == 0
+        _mxfp4_tile_kernel[grid](x, codes, scales, R, C, cp // 32, x.stride(0), codes.stride(0), scales.stride(0), key, key2,
+                                 CEIL=scale == "ceil", SR=sr, TC=tc, BF16_PAIRS=bf16_pairs, num_warps=warps)
+    elif rp and cp:
+        _mx_tile_kernel[grid](x, codes, scales, R, C, cp // 32, x.stride(0), codes.stride(0), scales.stride(0), key, key2,
+                              CEIL=scale == "ceil", SR=sr, ELEM=elem, TC=tc, num_warps=warps)
     return QuantizedTensor(fmt, codes, scales, None, layout, x.dtype)
 
 
 def quantize_mxfp4_2d(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None,
-                      tiles_per_program: int | None = None, num_warps: int | None = None) -> QuantizedTensor:
+                      tiles_per_program: int | None = None, num_warps: int | None = None, pairs: bool = True) -> QuantizedTensor:
     """MXFP4 with 32x32 tiles (transposition-invariant) of a 2D tensor, any shape (padded like the reference).
-    ``tiles_per_program`` / ``num_warps``: launch tuning (:data:`TILE_LAUNCH`), the same bits."""
-    return _quantize_tiles("mxfp4", x, scale, rounding, seed, (tiles_per_program, num_warps))
+    ``tiles_per_program`` / ``num_warps``: launch tuning (:data:`TILE_LAUNCH`), the same bits. ``pairs=False``
+    runs the general tile kernel (:func:`_mx_tile_kernel`, also MXFP8's) instead of the even/odd-column one
+    (:func:`_mxfp4_tile_kernel`) - the same bits, kept to time one against the other."""
+    return _quantize_tiles("mxfp4", x, scale, rounding, seed, (tiles_per_program, num_warps), pairs)
 
 
 def quantize_mxfp8_2d(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None) -> QuantizedTensor:
