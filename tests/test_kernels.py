@@ -208,6 +208,33 @@ def test_mxfp8_kernel_equals_reference(shape, scale, rounding):
                 break
 
 
+def test_mxfp4_stochastic_rounding_on_the_grid_and_its_edges_equals_the_reference():
+    """E2M1 stochastic rounding at every grid point, just below each, between, at and beyond the
+    saturation at 6 (block scale 1: amax 7.5 pins e = 0, so the scaled values are these): the kernels
+    give the reference's codes for every seed, and the mean of many roundings is the value itself."""
+    from fp4train.kernels import quantize_mxfp4, quantize_mxfp4_2d
+
+    grid = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    below = [torch.nextafter(torch.tensor(g), torch.tensor(0.0)).item() for g in grid[1:]]
+    vals = torch.tensor(grid + below + [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.999, 6.5, 7.0, 1e-30,
+                                        0.1, 0.6, 1.1, 2.2, 4.4])
+    assert vals.numel() == 31
+    block = torch.cat([torch.tensor([7.5]), vals])
+    x = torch.cat([block, -block]).repeat(1024, 1).reshape(-1, 32 * 32)  # [64, 1024]: 2048 blocks
+    for seed in (1, 2**33 + 9):
+        ref = fp4train.quantize(x, "mxfp4", rounding="stochastic", seed=seed)
+        got = quantize_mxfp4(x.to(DEV), rounding="stochastic", seed=seed)
+        assert torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
+        ref2 = fp4train.quantize(x, "mxfp4", block=(32, 32), rounding="stochastic", seed=seed)
+        got2 = quantize_mxfp4_2d(x.to(DEV), rounding="stochastic", seed=seed)
+        assert torch.equal(got2.codes.cpu(), ref2.codes) and torch.equal(got2.scales.cpu(), ref2.scales)
+    mean = ref.dequantize().reshape(-1, 32)[:, 1:].reshape(-1, 2, 31).mean(dim=0)  # over blocks, per sign and value
+    inside = vals <= 6.0
+    torch.testing.assert_close(mean[0][inside], vals[inside], rtol=0.06, atol=0.02)
+    torch.testing.assert_close(mean[1][inside], -vals[inside], rtol=0.06, atol=0.02)
+    assert (mean[0][~inside] == 6.0).all()  # beyond the grid: saturates
+
+
 def test_mxfp8_stochastic_rounding_is_unbiased_between_grid_neighbours():
     """Between E4M3 neighbours 1.0 and 1.125 (block scale 1: amax 256 pins e = 0), 1.03125 rounds
     up with probability 1/4; also at the subnormal gap (2**-9) and the top of the grid."""

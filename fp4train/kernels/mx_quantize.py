@@ -113,15 +113,19 @@ def _e2m1_codes(v, u, SR: tl.constexpr):
     """E2M1 codes (int32, sign in bit 3) of scaled values: RTNE thresholds, or SR with uniforms u."""
     av = tl.abs(v)
     if SR:
+        # up by one grid step with probability (ac - g_lo) / gap, g_lo the grid point at or below ac. From 1 up,
+        # g_lo is ac's float with one mantissa bit kept, its code (exponent, that bit) - 252, and the gap
+        # 2**(E - 1): its exact reciprocal 2**(1 - E) from the exponent bits, so the product is the same float
+        # as the reference's division (both round one real number once). At ac = 6 (saturated) this gives
+        # code 7 with probability 0 of going up, where the reference steps up from 4 with probability 1.
         ac = tl.minimum(av, 6.0)
-        lo = ((ac >= 0.5).to(tl.int32) + (ac >= 1.0).to(tl.int32) + (ac >= 1.5).to(tl.int32) + (ac >= 2.0).to(tl.int32)
-              + (ac >= 3.0).to(tl.int32) + (ac >= 4.0).to(tl.int32) + (ac >= 6.0).to(tl.int32))
-        lo = tl.minimum(lo, 6)
-        g_lo = tl.where(lo < 4, lo.to(tl.float32) * 0.5, tl.where(lo == 4, 2.0, tl.where(lo == 5, 3.0, 4.0)))
-        # grid gaps 0.5 up to 2, 1 up to 4, then 2: powers of two, so (ac - g_lo) times the exact reciprocal of
-        # the gap is the same float as the reference's division (both round the same real number once), minus the division
-        inv_step = tl.where(lo < 4, 2.0, tl.where(lo < 6, 1.0, 0.5))
-        idx4 = lo + (u < (ac - g_lo) * inv_step).to(tl.int32)
+        bits = ac.to(tl.int32, bitcast=True)
+        ge1 = ac >= 1.0
+        half = ac >= 0.5
+        g_lo = tl.where(ge1, (bits & 0x7FC00000).to(tl.float32, bitcast=True), tl.where(half, 0.5, 0.0))
+        inv_gap = tl.where(ge1, ((255 - (bits >> 23)) << 23).to(tl.float32, bitcast=True), 2.0)
+        lo = tl.where(ge1, (bits >> 22) - 252, half.to(tl.int32))
+        idx4 = lo + (u < (ac - g_lo) * inv_gap).to(tl.int32)
     else:
         # RTNE onto the grid 0, 0.5, 1, 1.5, 2, 3, 4, 6 (ties to the even code): from 1 up, round the FP32
         # bits to one mantissa bit - (exponent, mantissa bit) is then the code: 1.0 -> 2 ... 6.0 -> 7, and
