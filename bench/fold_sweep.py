@@ -6,8 +6,9 @@ training step on the H200, docs/LOG.md session 9) get from its current launch (1
 blocks along dim 1 and along dim 0 (read in place as x^T), 1x128 and 128x128 groups, each
 (rows per program, warps) pair is timed with CUDA events (median of ``--repeats``) against the copy
 baseline of the same run; then the columns kernel (MXFP4 along dim 0, packed: X's wgrad operand) by
-(columns per program, warps); then tib2d's 32x32-tile kernel (stochastic rounding) by (tiles per program,
-warps) and its tile fold (either orientation) by (rows per program, warps). The bits do not depend on
+(columns per program, warps); then tib2d's 32x32-tile kernel (stochastic rounding for dY, nearest for W;
+the even/odd-column kernel and the general one, ``pairs``) by (tiles per program, warps) and its tile fold (either orientation)
+by (rows per program, warps). The bits do not depend on
 these parameters (tests/test_kernels.py).
 Writes ``bench/results/fold_sweep-<gpu>.json``.
 
@@ -85,14 +86,18 @@ def main(argv=None):
     from fp4train.kernels.mx_fold import fold_tiles_mxfp4
 
     moved_tiles = 2 * n + n // 2 + n // 1024
-    for tc in ((1, 2, 4, 8) if "tiles" in which else ()):
-        for nw in (1, 2, 4, 8):
-            time_launch("tiles (MXFP4 32x32, SR)", moved_tiles, {"tiles_per_program": tc, "num_warps": nw},
-                        partial(quantize_mxfp4_2d, x, scale="ceil", rounding="stochastic", seed=1, tiles_per_program=tc, num_warps=nw))
+    for rounding in (("stochastic", "nearest") if "tiles" in which else ()):  # tib2d's dY, and its W
+        for pairs in (True, False):  # the even/odd-column kernel, and the general one
+            for tc in (2, 4, 8):
+                for nw in (2, 4, 8):
+                    time_launch(f"tiles (MXFP4 32x32, {rounding}, pairs {pairs})", moved_tiles,
+                                {"tiles_per_program": tc, "num_warps": nw},
+                                partial(quantize_mxfp4_2d, x, scale="ceil", rounding=rounding, seed=1, tiles_per_program=tc,
+                                        num_warps=nw, pairs=pairs))
     q = quantize_mxfp4_2d(x, scale="ceil", rounding="stochastic", seed=1)
     moved_tile_fold = n // 2 + n // 1024 + n + n // 32
     for transposed, gr, per_row in (((False, 1, False), (False, 128, False), (True, 128, True)) if "tile_fold" in which else ()):
-        for rb in ((4, 8, 16, 32, 64) if gr == 1 else (128,)):
+        for rb in ((4, 8, 16, 32, 64, 128) if gr == 1 else (128,)):
             for nw in (2, 4, 8, 16, 32):
                 time_launch(f"tile fold transposed {transposed}, {gr}x128", moved_tile_fold, {"rows_per_program": rb, "num_warps": nw},
                             partial(fold_tiles_mxfp4, q.codes, q.scales, transposed=transposed, group_rows=gr, scale_per_row=per_row,

@@ -8,7 +8,8 @@ about registers. This script:
    interpreter in a child process and records each launch: kernel, argument types, constexprs,
    ``num_warps``;
 2. compiles every distinct launch ahead of time for ``sm_90a`` with Triton's own compiler (no GPU
-   or driver needed), and
+   or driver needed), specialized as the JIT specializes it on a GPU (int arguments equal to 1 become
+   constants; ints and tensor addresses divisible by 16 say so: what lets loads vectorize), and
 3. asks ``ptxas -v`` for each kernel's registers and spill bytes, and ``nvdisasm`` for its SASS
    instruction count (for the fold and 32x32 tile kernels also per element: a static measure of the work that
    bounds a kernel which is not memory-bound).
@@ -46,22 +47,26 @@ def _record() -> list[dict]:
     real_run = interp.InterpretedFunction.run
 
     def run(self, *args, grid, warmup, **kwargs):
-        types = []
+        types, hints = [], []
         for a in args:
+            hint = ""
             if isinstance(a, torch.Tensor):
                 types.append("*" + _TYPES[str(a.dtype).replace("torch.", "")])
+                hint = "D" if a.data_ptr() % 16 == 0 else ""
             elif isinstance(a, bool):
                 types.append("i1")
             elif isinstance(a, int):
                 types.append("i32" if -(2**31) <= a < 2**31 else "i64")
+                hint = "1" if a == 1 else "D" if a % 16 == 0 else ""
             elif isinstance(a, float):
                 types.append("fp32")
             else:
                 types.append(type(a).__name__)
+            hints.append(hint)
         consts = {k: v for k, v in kwargs.items() if k not in ("num_warps", "num_stages")}
-        key = json.dumps([self.fn.__module__, self.fn.__name__, types, consts, kwargs.get("num_warps", 4)], sort_keys=True)
-        launches[key] = {"module": self.fn.__module__, "kernel": self.fn.__name__, "types": types, "constexprs": consts,
-                         "num_warps": kwargs.get("num_warps", 4)}
+        key = json.dumps([self.fn.__module__, self.fn.__name__, types, hints, consts, kwargs.get("num_warps", 4)], sort_keys=True)
+        launches[key] = {"module": self.fn.__module__, "kernel": self.fn.__name__, "types": types, "hints": hints,
+                         "constexprs": consts, "num_warps": kwargs.get("num_warps", 4)}
         return real_run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
     interp.InterpretedFunction.run = run
@@ -123,7 +128,8 @@ def _kernel_calls() -> None:
 # elements one program covers, from its constexprs: the fold kernels (rows x 128 columns), the 32x32 tile kernel
 _PROGRAM_ELEMENTS = {
     "_fold_kernel": lambda c: c["RB"] * 128,
-    "_packed_fold_kernel": lambda c: (16 if c["GR"] == 1 else c["GR"]) * 128,
+    "_packed_fold_kernel": lambda c: c["RB"] * 128,
+    "_packed_fold_t_kernel": lambda c: 128 * 128,
     "_mx_tile_kernel": lambda c: c["TC"] * 1024,
     "_mxfp4_tile_kernel": lambda c: c["TC"] * 1024,
 }
@@ -158,9 +164,17 @@ def _compile(launch: dict, ptxas: str | None, nvdisasm: str | None = None) -> di
     consts = launch["constexprs"]
     positional = [n for n in names if n not in consts]
     sig = dict(zip(positional, launch["types"]))
-    sig.update({n: "constexpr" for n in consts})
-    src = ASTSource(fn, sig, constexprs={(names.index(n),): v for n, v in consts.items()})
-    out = {"kernel": f"{launch['module'].split('.')[-1]}.{launch['kernel']}", "constexprs": consts, "num_warps": launch["num_warps"]}
+    # the JIT's specialization on a GPU: an int argument equal to 1 becomes the constant 1, and one divisible by
+    # 16 - or a tensor whose address is - carries that divisibility (vector loads, cheaper index arithmetic);
+    # not for the parameters the kernel marks do_not_specialize
+    fixed = {p.name for p in getattr(fn, "params", ()) if p.do_not_specialize}
+    hints = dict(zip(positional, launch.get("hints", [""] * len(positional))))
+    ones = {n: 1 for n, h in hints.items() if h == "1" and n not in fixed}
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, h in hints.items() if h == "D" and n not in fixed}
+    sig.update({n: "constexpr" for n in {**consts, **ones}})
+    src = ASTSource(fn, sig, constexprs={(names.index(n),): v for n, v in {**consts, **ones}.items()}, attrs=attrs)
+    out = {"kernel": f"{launch['module'].split('.')[-1]}.{launch['kernel']}", "constexprs": consts, "num_warps": launch["num_warps"],
+           "specialized": {"equal_to_1": sorted(ones), "divisible_by_16": sorted(n for n, h in hints.items() if h == "D" and n not in fixed)}}
     try:
         k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": launch["num_warps"]})
     except Exception as e:  # noqa: BLE001 - reported per kernel

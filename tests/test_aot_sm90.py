@@ -46,6 +46,8 @@ def test_every_kernel_compiles_for_sm90_without_large_spills(tmp_path):
                 return not c["HAD"] and (c["RB"], w) in set(FOLD_LAUNCH.values())
             if x["kernel"] == "mx_fold._packed_fold_kernel":
                 return (c["RB"], w) in set(PACKED_FOLD_LAUNCH.values())
+            if x["kernel"] == "mx_fold._packed_fold_t_kernel":
+                return (128, w) == PACKED_FOLD_LAUNCH[128]
             return x["kernel"] == "mx_quantize._mx_tile_kernel" and (c["TC"], w) == TILE_LAUNCH
         assert any(timed(x) for x in results), "no timed launch was compiled"
         worst = max((x for x in results if not timed(x)), key=lambda x: x["spill_store_bytes"])

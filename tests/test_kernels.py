@@ -457,6 +457,53 @@ def test_tile_fold_kernel_equals_the_reference_fold_in_either_orientation(transp
         torch.testing.assert_close(t.scales.cpu(), want_scales, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("tile,transposed,group_rows,per_row",
+                         [(False, False, 1, False), (False, False, 128, False), (True, False, 1, False),
+                          (True, False, 128, False), (True, True, 128, False), (True, True, 128, True)])
+def test_packed_folds_usual_path_every_code_equals_the_reference(tile, transposed, group_rows, per_row):
+    """The packed folds' usual path (every block within 11 binades of its group's top: four codes folded
+    at once in a 32-bit word) - the tests above hold wide-span data, which takes the per-element path.
+    Block scales spread over 8 binades, every E2M1 code, -0.0 and all-zero blocks; 1x32 blocks and
+    32x32 tiles, either orientation; and the codes read from a view at an odd address."""
+    from fp4train.formats import e2m1
+    from fp4train.formats.fold import fold
+    from fp4train.formats.layout import BlockLayout
+    from fp4train.formats.qtensor import QuantizedTensor
+    from fp4train.kernels.mx_fold import fold_packed_mxfp4, fold_tiles_mxfp4
+
+    g = torch.Generator().manual_seed(23)
+    rows, cols = 256, 384
+    block = (32, 32) if tile else (1, 32)
+    exps = torch.randint(-4, 5, (rows // block[0], cols // 32), generator=g).float()
+    x = torch.randn(rows, cols, generator=g) * (2.0 ** exps).repeat_interleave(block[0], 0).repeat_interleave(32, 1)
+    x[5, :] = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0] * 48) * torch.tensor([1.0, -1.0]).repeat_interleave(8).repeat(24)
+    x[6, 64:96], x[7, 3], x[40:72, 160:192] = 0.0, -0.0, 0.0  # a zero block, a negative zero, a zero tile
+    q = fp4train.quantize(x, "mxfp4", block=32 if not tile else (32, 32), scale="ceil" if tile else "floor")
+    codes = e2m1.unpack(q.codes)
+    assert set(codes.unique().tolist()) == set(range(16))  # every code, 8 (-0) included
+    if tile:
+        tile_e = q.scales.repeat_interleave(32, 0).repeat_interleave(32, 1)
+        if transposed:
+            codes, tile_e = codes.t().contiguous(), tile_e.t().contiguous()
+        ref = fold(QuantizedTensor("mxfp4", e2m1.pack(codes), tile_e[:, ::32].contiguous(), None,
+                                   BlockLayout(tuple(codes.shape), (32,), 1), torch.float32), group_rows)
+    else:
+        ref = fold(q, group_rows)
+    assert ref.inexact == 0
+    spare = torch.zeros(q.codes.numel() + 1, dtype=torch.uint8, device=DEV)
+    odd = spare[1:].view(q.codes.shape)  # the same codes at an odd address (copied to an aligned buffer first)
+    odd.copy_(q.codes.to(DEV))
+    for c in (q.codes.to(DEV), odd):
+        if tile:
+            got = fold_tiles_mxfp4(c, q.scales.to(DEV), transposed=transposed, group_rows=group_rows, scale_per_row=per_row)
+        else:
+            got = fold_packed_mxfp4(c, q.scales.to(DEV), group_rows=group_rows)
+        assert torch.equal(got.codes.cpu(), ref.codes)
+        want = ref.scales.repeat_interleave(128, 0) if per_row else ref.scales
+        torch.testing.assert_close(got.scales.cpu(), want, rtol=0, atol=0)
+        assert int(got.inexact) == 0
+
+
 @pytest.mark.parametrize("scale,rounding", [(("floor", "floor"), ("nearest", "nearest")), (("ceil", "floor"), ("nearest", "stochastic"))])
 def test_fold_and_columns_kernel_is_both_reference_operands(scale, rounding):
     """X read once: the fprop operand (MXFP4 along K folded into 1x128 FP8 groups) and the wgrad

@@ -187,17 +187,10 @@ def _group_max(eb, bad, rmask, GR: tl.constexpr):
 def _store_folded(byte, g, nan_g, r, rmask, codes_ptr, scales_ptr, sc, ss, RB: tl.constexpr, GR: tl.constexpr,
                   SCALE_PER_ROW: tl.constexpr = False):
     """Store the E4M3 bytes [RB, 4, 32] of rows ``r``, columns ``program_id(1) * 128 ..``, and the group
-    scale ``2**(g - 6)`` (NaN for a group with a NaN block): per row (1x128 groups), per tile, or
-    (``SCALE_PER_ROW``) the tile's scale on each of its rows."""
+    scale (:func:`_store_group_scale`)."""
     c = tl.program_id(1) * 128 + tl.arange(0, 128)
     tl.store(codes_ptr + r[:, None] * sc + c[None, :], tl.reshape(byte, [RB, 128]).to(tl.uint8), mask=rmask[:, None])
-    scale = tl.where(nan_g, float("nan"), _pow2(tl.minimum(tl.maximum(g - 6, -149), 127)))
-    if GR == 1:
-        tl.store(scales_ptr + r[:, None] * ss + tl.program_id(1), scale, mask=rmask[:, None])
-    elif SCALE_PER_ROW:
-        tl.store(scales_ptr + r * ss + tl.program_id(1), tl.zeros([RB], tl.float32) + scale, mask=rmask)
-    else:
-        tl.store(scales_ptr + tl.program_id(0) * ss + tl.program_id(1), scale)
+    _store_group_scale(g, nan_g, r, rmask, scales_ptr, ss, RB, GR, SCALE_PER_ROW)
 
 
 @triton.jit
@@ -214,8 +207,9 @@ def _fold_bytes_near(code, d):
 
 @triton.jit
 def _fold_bytes_any(code, d, rmask, count_ptr, RB: tl.constexpr):
-    """E4M3 bytes of E2M1 codes [RB, 4, 32] shifted down by any ``d`` [RB, 4] >= 0 (E4M3 subnormals and
-    underflow included, rounded to nearest even as the reference's cast), the inexact ones counted."""
+    """E4M3 bytes of E2M1 codes [RB, NB, 32] shifted down by any ``d`` [RB, NB] >= 0 (E4M3 subnormals and
+    underflow included, rounded to nearest even as the reference's cast), the inexact ones of rows
+    ``rmask`` counted."""
     mag = code & 7
     q2 = tl.where(mag < 2, mag, (2 + (mag & 1)) << tl.maximum((mag >> 1) - 1, 0))  # 2*|q| as an integer: 0,1,2,3,4,6,8,12
     k = 5 - d[:, :, None]  # f = |q| * 2**(6 - d) = q2 * 2**k
@@ -225,39 +219,156 @@ def _fold_bytes_any(code, d, rmask, count_ptr, RB: tl.constexpr):
     # exact iff q2 * 2**k is a multiple of 2**-9 (E4M3's subnormal step; <= 384 always)
     sh = tl.maximum(-9 - k, 0)
     exact = (k >= -9) | (((q2 >> tl.minimum(sh, 30)) << tl.minimum(sh, 30)) == q2) & (sh < 30)
-    inexact = (q2 != 0) & ~exact & tl.reshape(tl.broadcast_to(rmask[:, None], [RB, 128]), [RB, 4, 32])
-    n_inexact = tl.sum(tl.reshape(inexact.to(tl.int32), [RB * 128]), axis=0)
+    inexact = (q2 != 0) & ~exact & rmask[:, None, None]
+    n_inexact = tl.sum(tl.sum(tl.sum(inexact.to(tl.int32), axis=2), axis=1), axis=0)
     if n_inexact > 0:  # rare: no atomic from every program onto one address (they serialize)
         tl.atomic_add(count_ptr, n_inexact)
     return ecode | ((code & 8) << 4)
 
 
 @triton.jit
-def _packed_fold_kernel(pc_ptr, ps_ptr, codes_ptr, scales_ptr, count_ptr, R, spc, sps, sc, ss,
-                        TILE: tl.constexpr, TRANS: tl.constexpr, GR: tl.constexpr, SCALE_PER_ROW: tl.constexpr,
-                        RB: tl.constexpr):
-    """Packed MXFP4 (codes [S_rows, S_cols / 2], two per byte along the stored columns, element 2j in
-    the low nibble; E8M0 scales per 1x32 block [S_rows, S_cols / 32], or with TILE per 32x32 tile
-    [S_rows / 32, S_cols / 32]) -> the same folded output as ``_fold_kernel``, for the operand [R, K]
-    whose inner dim K is the stored columns, or (TRANS, tiles only) the stored rows: the stored tensor
-    transposed, read in place. Program (i, j): operand rows i*RB .., columns j*128 .. . A tile's
-    scale is the block exponent of each of its 1x32 row (or column) pieces. ``RB``: rows per program
-    (``GR`` for 128x128 groups; with TRANS a multiple of 2)."""
+def _spread_nibbles(w):
+    """A 16-bit word of four packed E2M1 codes (element ``4j + i`` in nibble ``i``, uint32) -> the same
+    codes one per byte (element ``4j + i`` in byte ``i``: little endian, the order of the E4M3 bytes stored
+    as one 32-bit word). Bytes 0 and 1 move to bytes 0 and 2, then each byte's high nibble to the byte above."""
+    t = (w | (w << 8)) & 0x00FF00FF
+    return (t | (t << 4)) & 0x0F0F0F0F
+
+
+@triton.jit
+def _fold_words_near(t, d):
+    """:func:`_fold_bytes_near` on four codes at once: ``t`` holds one E2M1 code per byte (uint32), ``d``
+    (<= 11, broadcast) the blocks' shift. Per byte lane, with no carry or borrow between lanes (every lane
+    value stays below 256): ``mag`` = code & 7; exponent field ``(mag >> 1) + 12 - d`` (1..15) at bit 3;
+    mantissa bit ``mag & 1`` where ``mag > 1`` (bit 1 or 2 set) at bit 2; both kept only where ``mag != 0``
+    (``mag + 0x7F`` reaches bit 7 exactly then; ``0x80 - 1`` is the lane's 7-bit mask); E2M1's sign bit 3
+    to E4M3's bit 7 (so -0 stays 0x80, as the per-element rule keeps it)."""
+    mag = t & 0x07070707
+    hi = (mag >> 1) & 0x03030303
+    m = mag & ((mag >> 1) | (mag >> 2)) & 0x01010101
+    nz = (mag + 0x7F7F7F7F) & 0x80808080
+    keep = nz - (nz >> 7)
+    e = hi + ((12 - d) * 0x01010101).to(tl.uint32)
+    return (((e << 3) | (m << 2)) & keep) | ((t & 0x08080808) << 4)
+
+
+@triton.jit
+def _words_to_codes(t, LEAD: tl.constexpr):
+    """Words of four one-per-byte codes ``[LEAD, 8]`` -> the codes ``[LEAD, 32]`` (int32): word ``j``,
+    byte ``i`` is element ``4j + i``."""
+    lane = (tl.arange(0, 4) * 8).to(tl.uint32)
+    return tl.reshape(((t[:, :, None] >> lane[None, None, :]) & 15).to(tl.int32), [LEAD, 32])
+
+
+@triton.jit
+def _bytes_to_words(byte, LEAD: tl.constexpr):
+    """E4M3 bytes ``[LEAD, 32]`` (int32, 0..255) -> ``[LEAD, 8]`` words, byte ``i`` of word ``j`` = element
+    ``4j + i`` (disjoint bit fields: the sum is an OR)."""
+    lane = (tl.arange(0, 4) * 8).to(tl.uint32)
+    return tl.sum(tl.reshape(byte.to(tl.uint32), [LEAD, 8, 4]) << lane[None, None, :], axis=2)
+
+
+@triton.jit
+def _store_group_scale(g, nan_g, r, rmask, scales_ptr, ss, RB: tl.constexpr, GR: tl.constexpr,
+                       SCALE_PER_ROW: tl.constexpr = False):
+    """The group scale ``2**(g - 6)`` (NaN for a group with a NaN block) of rows ``r``, columns
+    ``program_id(1) * 128 ..``: per row (1x128 groups), per tile, or (``SCALE_PER_ROW``) the tile's on each row."""
+    scale = tl.where(nan_g, float("nan"), _pow2(tl.minimum(tl.maximum(g - 6, -149), 127)))
+    if GR == 1:
+        tl.store(scales_ptr + r[:, None] * ss + tl.program_id(1), scale, mask=rmask[:, None])
+    elif SCALE_PER_ROW:
+        tl.store(scales_ptr + r * ss + tl.program_id(1), tl.zeros([RB], tl.float32) + scale, mask=rmask)
+    else:
+        tl.store(scales_ptr + tl.program_id(0) * ss + tl.program_id(1), scale)
+
+
+@triton.jit
+def _packed_fold_kernel(pc_ptr, ps_ptr, codes_ptr, scales_ptr, count_ptr, R, spw, sps, scw, ss,
+                        TILE: tl.constexpr, GR: tl.constexpr, RB: tl.constexpr, CH: tl.constexpr):
+    """Packed MXFP4 (codes [S_rows, S_cols / 2], two per byte, element 2j in the low nibble; E8M0
+    scales per 1x32 block [S_rows, S_cols / 32], or with TILE per 32x32 tile [S_rows / 32, S_cols / 32])
+    -> the same folded output as ``_fold_kernel``, for the operand [R, K] whose inner dim K is the stored
+    columns. Program (i, j): rows i*RB .., columns j*128 .. . Four elements at a time: the codes are read
+    as 16-bit words (``spw``: the row stride in words), spread one code per byte and folded lane-wise
+    (:func:`_fold_words_near`) into one 32-bit word of four E4M3 bytes (``scw``: the output's row stride
+    in words); a program with a block more than 11 binades below its group's top takes the
+    per-element general path (:func:`_fold_bytes_any`, the inexact count) ``CH`` rows at a time. A tile's
+    scale is the block exponent of each of its 1x32 row pieces."""
     r = tl.program_id(0) * RB + tl.arange(0, RB)
     rmask = r < R
     blk = tl.program_id(1) * 4 + tl.arange(0, 4)  # the four 32-blocks of this program's 128 columns
-    if TRANS:  # operand (r, k) = stored (k, r)
-        k = tl.program_id(1) * 128 + tl.arange(0, 128)
-        byte = tl.load(pc_ptr + k[None, :] * spc + (r // 2)[:, None], mask=rmask[:, None], other=0).to(tl.int32)
-        code = tl.reshape((byte >> ((r % 2) * 4)[:, None]) & 15, [RB, 4, 32])
-        sb = tl.load(ps_ptr + blk[None, :] * sps + (r // 32)[:, None], mask=rmask[:, None], other=0).to(tl.int32)
-    else:  # operand (r, k) = stored (r, k)
-        half = tl.program_id(1) * 64 + tl.arange(0, 64)
-        byte = tl.load(pc_ptr + r[:, None] * spc + half[None, :], mask=rmask[:, None], other=0).to(tl.int32)
-        code = tl.reshape(tl.join(byte & 15, byte >> 4), [RB, 4, 32])
-        srow = r // 32 if TILE else r
-        sb = tl.load(ps_ptr + srow[:, None] * sps + blk[None, :], mask=rmask[:, None], other=0).to(tl.int32)
-    _fold_store(code, sb - 127, sb == 255, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, RB, GR, SCALE_PER_ROW)
+    wj = tl.program_id(1) * 32 + tl.arange(0, 32)  # its 32 words (4 codes each)
+    w = tl.load(pc_ptr.to(tl.pointer_type(tl.uint16)) + r[:, None] * spw + wj[None, :], mask=rmask[:, None], other=0)
+    t = tl.reshape(_spread_nibbles(w.to(tl.uint32)), [RB, 4, 8])
+    srow = r // 32 if TILE else r
+    sb = tl.load(ps_ptr + srow[:, None] * sps + blk[None, :], mask=rmask[:, None], other=0).to(tl.int32)
+    bad = sb == 255
+    g, nan_g, d = _group_max(sb - 127, bad, rmask, GR)
+    live = tl.max(t & 0x07070707, axis=2) > 0  # blocks with a nonzero element
+    out_w = codes_ptr.to(tl.pointer_type(tl.uint32))
+    if tl.max(tl.reshape(tl.where(live, d, 0), [RB * 4]), axis=0) <= 11:  # the usual program
+        out = tl.reshape(_fold_words_near(t, d[:, :, None]), [RB, 32])
+        tl.store(out_w + r[:, None] * scw + wj[None, :], out, mask=rmask[:, None])
+    else:  # CH rows x 32 columns at a time, re-read (a loop: the general path's registers do not weigh on the usual one)
+        for c in range(RB // CH):
+            rc = tl.program_id(0) * RB + c * CH + tl.arange(0, CH)
+            mc = rc < R
+            sbc = tl.load(ps_ptr + (rc // 32 if TILE else rc)[:, None] * sps + blk[None, :], mask=mc[:, None], other=0).to(tl.int32)
+            if GR == 1:
+                _, _, dc = _group_max(sbc - 127, sbc == 255, mc, GR)
+            else:
+                dc = g - tl.where(mc[:, None], sbc - 127, g)
+            for b in range(4):
+                wb = tl.program_id(1) * 32 + b * 8 + tl.arange(0, 8)
+                tb = _spread_nibbles(tl.load(pc_ptr.to(tl.pointer_type(tl.uint16)) + rc[:, None] * spw + wb[None, :],
+                                             mask=mc[:, None], other=0).to(tl.uint32))
+                db = tl.sum(tl.where(tl.arange(0, 4)[None, :] == b, dc, 0), axis=1)  # [CH]
+                byte = _fold_bytes_any(tl.reshape(_words_to_codes(tb, CH), [CH, 1, 32]), db[:, None], mc, count_ptr, CH)
+                tl.store(out_w + rc[:, None] * scw + wb[None, :], _bytes_to_words(tl.reshape(byte, [CH, 32]), CH), mask=mc[:, None])
+    _store_group_scale(g, nan_g, r, rmask, scales_ptr, ss, RB, GR)
+
+
+@triton.jit
+def _packed_fold_t_kernel(pc_ptr, ps_ptr, codes_ptr, scales_ptr, count_ptr, spw, sps, sc, ss, SCALE_PER_ROW: tl.constexpr):
+    """32x32-tile MXFP4 folded as the operand whose inner dim is the stored rows (the stored tensor
+    transposed, read in place), 128x128 groups. Program (i, j): operand rows (stored columns)
+    i*128 .., operand columns (stored rows) j*128 .. . The stored [128, 128] piece is read along its rows
+    (16-bit words, coalesced) and folded in the stored orientation - a tile's bytes do not depend on
+    the orientation: one scale per tile, one group for all 16 tiles - four codes at a time
+    (:func:`_fold_words_near`), then its bytes are transposed in the program and stored along the
+    operand's rows. ``SCALE_PER_ROW``: the group scale on each of the 128 rows (an A operand)."""
+    k = tl.program_id(1) * 128 + tl.arange(0, 128)  # stored rows = operand columns
+    wj = tl.program_id(0) * 32 + tl.arange(0, 32)  # stored words (4 stored columns = 4 operand rows each)
+    w = tl.load(pc_ptr.to(tl.pointer_type(tl.uint16)) + k[:, None] * spw + wj[None, :])
+    t = tl.reshape(_spread_nibbles(w.to(tl.uint32)), [4, 32, 4, 8])  # [k tile, k in tile, r tile, word in tile]
+    ti = tl.program_id(1) * 4 + tl.arange(0, 4)  # stored tile rows
+    tj = tl.program_id(0) * 4 + tl.arange(0, 4)  # stored tile columns
+    sb = tl.load(ps_ptr + ti[:, None] * sps + tj[None, :]).to(tl.int32)  # [4, 4]
+    bad = sb == 255
+    eb = tl.where(bad, 128, sb - 127)
+    g = tl.max(tl.max(eb, axis=1), axis=0)
+    nan_g = tl.max(tl.max(bad.to(tl.int32), axis=1), axis=0) > 0
+    d = g - eb  # [4, 4]
+    live = tl.max(tl.max(t & 0x07070707, axis=3), axis=1) > 0  # [4, 4] tiles with a nonzero element
+    r = tl.program_id(0) * 128 + tl.arange(0, 128)  # operand rows
+    if tl.max(tl.reshape(tl.where(live, d, 0), [16]), axis=0) <= 11:
+        out = tl.reshape(_fold_words_near(t, d[:, None, :, None]), [128, 32])
+        lane = (tl.arange(0, 4) * 8).to(tl.uint32)
+        byte = tl.reshape((out[:, :, None] >> lane[None, None, :]) & 0xFF, [128, 128]).to(tl.uint8)
+        tl.store(codes_ptr + r[:, None] * sc + k[None, :], tl.trans(byte))
+    else:  # 16 stored rows x 32 stored columns at a time, re-read (a loop: its registers do not weigh on the usual path)
+        for c in range(8):
+            kc = tl.program_id(1) * 128 + c * 16 + tl.arange(0, 16)
+            for b in range(4):
+                wb = tl.program_id(0) * 32 + b * 8 + tl.arange(0, 8)
+                tb = _spread_nibbles(tl.load(pc_ptr.to(tl.pointer_type(tl.uint16)) + kc[:, None] * spw + wb[None, :]).to(tl.uint32))
+                # the shift of tile (c // 2, b): one value for these 16 x 32 elements
+                db = tl.sum(tl.sum(tl.where((tl.arange(0, 4)[:, None] == c // 2) & (tl.arange(0, 4)[None, :] == b), d, 0), axis=1), axis=0)
+                byte = _fold_bytes_any(tl.reshape(_words_to_codes(tb, 16), [16, 1, 32]), tl.zeros([16, 1], tl.int32) + db,
+                                       kc >= 0, count_ptr, 16)
+                rb = tl.program_id(0) * 128 + b * 32 + tl.arange(0, 32)
+                tl.store(codes_ptr + rb[:, None] * sc + kc[None, :], tl.trans(tl.reshape(byte, [16, 32]).to(tl.uint8)))
+    _store_group_scale(g, nan_g, r, r >= 0, scales_ptr, ss, 128, 128, SCALE_PER_ROW)
 
 
 def fold_tiles_mxfp4(codes: torch.Tensor, tile_scales: torch.Tensor, *, transposed: bool, group_rows: int,
@@ -290,22 +401,29 @@ PACKED_FOLD_LAUNCH = {1: (64, 4), 128: (128, 4)}
 
 def _packed_fold(codes, scales, R: int, K: int, group_rows: int, counter, *, tile: bool, transposed: bool = False,
                  scale_per_row: bool = False, launch: tuple[int | None, int | None] = (None, None)) -> FoldedFP8:
-    """Launch :func:`_packed_fold_kernel` for the operand [R, K] (shapes checked by the caller), with
-    ``launch`` = (rows per program, warps) overriding :data:`PACKED_FOLD_LAUNCH` (1x128 groups: any power
-    of two >= 2 rows; 128x128 groups take 128). Same bits whatever the launch."""
+    """Launch :func:`_packed_fold_kernel` (or, ``transposed``, :func:`_packed_fold_t_kernel`) for the
+    operand [R, K] (shapes checked by the caller), with ``launch`` = (rows per program, warps) overriding
+    :data:`PACKED_FOLD_LAUNCH` (1x128 groups: any power of two; 128x128 groups take 128). Same bits
+    whatever the launch."""
     codes, scales = codes.contiguous(), scales.contiguous()
+    if codes.data_ptr() % 2:  # the kernels read the codes as 16-bit words (row strides are even: K % 128 == 0)
+        codes = codes.clone()
     out, out_s = empty_folded(R, K, group_rows, device=codes.device, scale_per_row=scale_per_row)
     counter = torch.zeros((), dtype=torch.int32, device=codes.device) if counter is None else counter
     rb, warps = PACKED_FOLD_LAUNCH[group_rows]
     rb = (launch[0] or rb) if group_rows == 1 else 128
     warps = launch[1] or warps
-    if rb < 2 or rb & (rb - 1):
-        raise ValueError(f"rows_per_program must be a power of two >= 2, got {launch[0]}")
-    if R and K:
-        _packed_fold_kernel[(triton.cdiv(R, rb), K // 128)](codes, scales, out, out_s, counter, R, codes.stride(0),
-                                                            scales.stride(0), out.stride(0), out_s.stride(0), TILE=tile,
-                                                            TRANS=transposed, GR=group_rows, SCALE_PER_ROW=scale_per_row,
-                                                            RB=rb, num_warps=warps)
+    if rb < 1 or rb & (rb - 1):
+        raise ValueError(f"rows_per_program must be a power of two, got {launch[0]}")
+    if not (R and K):
+        pass
+    elif transposed:
+        _packed_fold_t_kernel[(R // 128, K // 128)](codes, scales, out, out_s, counter, codes.stride(0) // 2, scales.stride(0),
+                                                    out.stride(0), out_s.stride(0), SCALE_PER_ROW=scale_per_row, num_warps=warps)
+    else:
+        _packed_fold_kernel[(triton.cdiv(R, rb), K // 128)](codes, scales, out, out_s, counter, R, codes.stride(0) // 2,
+                                                            scales.stride(0), out.stride(0) // 4, out_s.stride(0), TILE=tile,
+                                                            GR=group_rows, RB=rb, CH=min(rb, 16), num_warps=warps)
     return FoldedFP8(out, out_s, 1 if scale_per_row else group_rows, counter)
 
 
