@@ -63,19 +63,43 @@ def _fold_kernel(x_ptr, d_ptr, codes_ptr, scales_ptr, count_ptr, R, K, s_r, s_k,
         x = tl.reshape(y * NORM, [RB, 128])
         if ROUND_BF16:
             x = _round_bf16(x)
-    _fold_rows(x, r, rmask, c, K, key, key2, codes_ptr, scales_ptr, count_ptr, sc, ss, CEIL, SR, RB, GR)
-
-
-@triton.jit
-def _fold_rows(x, r, rmask, c, K, key, key2, codes_ptr, scales_ptr, count_ptr, sc, ss,
-               CEIL: tl.constexpr, SR: tl.constexpr, RB: tl.constexpr, GR: tl.constexpr):
-    """A [RB, 128] tile of X (rows ``r``, columns ``c``) quantized to MXFP4 along the rows (four 1x32
-    blocks) and folded into E4M3 + group scales (:func:`_fold_rows_float`; stochastic rounding with
-    the reference's uniforms for the element's blocked index ``r * K + c``)."""
     u = x
     if SR:
         u = _uniforms(r[:, None] * K + c[None, :], key, key2)
-    _fold_rows_float(x, u, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, CEIL, SR, RB, GR)
+    usual, g = _fold_rows_float(x, u, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, CEIL, SR, RB, GR, HAD == 0)
+    if HAD == 0:
+        if usual == 0:
+            _fold_rows_reread(x_ptr, g, c, R, K, s_r, s_k, key, key2, codes_ptr, count_ptr, sc, CEIL, SR, RB, GR)
+
+
+@triton.jit
+def _fold_rows_reread(x_ptr, g, c, R, K, s_r, s_k, key, key2, codes_ptr, count_ptr, sc,
+                      CEIL: tl.constexpr, SR: tl.constexpr, RB: tl.constexpr, GR: tl.constexpr):
+    """The general path of :func:`_fold_rows_float` (its last branch) for a tile of x itself, four rows at
+    a time read again from memory (a loop: its per-element temporaries then do not set the kernel's
+    register count, which the usual path's occupancy pays for). ``g``: the tile's group maximum (used
+    for 128x128 groups; 1x128 groups take each row's own). The same bytes and inexact count as the
+    in-register path: the same exponents, uniforms and rule (:func:`_fold_bytes_any`)."""
+    CH: tl.constexpr = 4 if RB >= 4 else RB
+    for ci in range(RB // CH):
+        rc = tl.program_id(0) * RB + ci * CH + tl.arange(0, CH)
+        mc = rc < R
+        xc = tl.load(x_ptr + rc[:, None] * s_r + c[None, :] * s_k, mask=mc[:, None], other=0.0).to(tl.float32)
+        mb = tl.max(tl.reshape(xc.to(tl.int32, bitcast=True), [CH, 4, 32]) & 0x7FFFFFFF, axis=2)
+        bad = mb >= 0x7F800000
+        e = _scale_exponent(mb.to(tl.float32, bitcast=True), CEIL)
+        eb = tl.where(bad, 128, e)
+        if GR == 1:
+            _, _, d = _group_max(eb, bad, mc, GR)
+        else:
+            d = g - tl.where(mc[:, None], eb, g)
+        v = tl.reshape(xc, [CH, 4, 32]) * ((127 - e) << 23).to(tl.float32, bitcast=True)[:, :, None]
+        uc = v
+        if SR:
+            uc = tl.reshape(_uniforms(rc[:, None] * K + c[None, :], key, key2), [CH, 4, 32])
+        code = tl.where(bad[:, :, None], 0, _e2m1_codes(v, uc, SR))
+        byte = _fold_bytes_any(code, d, mc, count_ptr, CH)
+        tl.store(codes_ptr + rc[:, None] * sc + c[None, :], tl.reshape(byte, [CH, 128]).to(tl.uint8), mask=mc[:, None])
 
 
 @triton.jit
@@ -96,8 +120,10 @@ def _e2m1_sr_magnitude(ac, u):
 
 @triton.jit
 def _fold_rows_float(x, u, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss,
-                     CEIL: tl.constexpr, SR: tl.constexpr, RB: tl.constexpr, GR: tl.constexpr):
-    """:func:`_fold_rows` straight to the E4M3 value, in float arithmetic. With block exponent ``e``,
+                     CEIL: tl.constexpr, SR: tl.constexpr, RB: tl.constexpr, GR: tl.constexpr, REREAD: tl.constexpr = False):
+    """A [RB, 128] tile of X (rows ``r``; uniforms ``u`` for stochastic rounding) quantized to MXFP4 along
+    the rows (four 1x32 blocks) and folded into E4M3 + group scales, straight to the E4M3 value in float
+    arithmetic; returns (whether the tile took the usual path, the group maximum). With block exponent ``e``,
     group maximum ``g`` and ``d = g - e``, the folded value is ``f = q * 2**(6 - d)`` where ``q`` is
     ``v = x * 2**-e`` rounded to E2M1. Scaling by a power of two commutes with rounding onto a
     scaled grid, so ``f`` is ``w = x * 2**(6 - g)`` (exact: a power-of-two product) rounded onto the
@@ -108,7 +134,8 @@ def _fold_rows_float(x, u, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss,
     code. For ``d <= 14`` every ``f`` is an E4M3 number (down to its subnormal 2**-9), so the
     hardware cast to E4M3 is exact (in the interpreter too, which does not round as the GPU does).
     Tiles with a live block farther down, or with a group of FP32 subnormals (``2**(6 - g)`` past
-    FP32's range), take :func:`_fold_store`'s general path (E4M3 subnormals, the inexact count).
+    FP32's range), take the general path (E4M3 subnormals, the inexact count): :func:`_fold_store` here, or
+    with ``REREAD`` only the scales here and the bytes by the caller (:func:`_fold_rows_reread`).
     The sign is ``x``'s, -0.0 included, as the reference's E2M1 code keeps it. Stochastic rounding
     (``SR``, uniforms ``u``) rounds ``v = x * 2**-e`` itself, as the reference does
     (:func:`_e2m1_sr_magnitude`), then scales by ``2**(6 - d)``. Bit for bit the codes path
@@ -125,7 +152,8 @@ def _fold_rows_float(x, u, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss,
     # E4M3, formats.fold.MAX_EXACT_SPAN), and 2**(6 - g) a normal float (not so for groups of FP32
     # subnormals, whose exponent is clamped at -127)
     near = tl.max(tl.reshape(tl.where(live, d, 0), [RB * 4]), axis=0) <= 14
-    if near & (tl.min(tl.reshape(tl.where(live, eb, 0), [RB * 4]), axis=0) >= -121):
+    usual = near & (tl.min(tl.reshape(tl.where(live, eb, 0), [RB * 4]), axis=0) >= -121)
+    if usual:
         floor_bits = (tl.minimum(tl.maximum(6 - d, -126), 127) + 127) << 23  # [RB, 4]: 2**(6 - d)
         if SR:
             v = tl.reshape(x, [RB, 4, 32]) * inv_e[:, :, None]
@@ -145,10 +173,13 @@ def _fold_rows_float(x, u, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss,
             f = (q.to(tl.int32, bitcast=True) | (wb & -0x80000000)).to(tl.float32, bitcast=True)
         byte = tl.where(bad[:, :, None], 0, f.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32))
         _store_folded(byte, g, nan_g, r, rmask, codes_ptr, scales_ptr, sc, ss, RB, GR)
+    elif REREAD:  # the caller runs the general path from memory (_fold_rows_reread); the scales are stored here
+        _store_group_scale(g, nan_g, r, rmask, scales_ptr, ss, RB, GR)
     else:
         v = tl.reshape(x, [RB, 4, 32]) * inv_e[:, :, None]
         code = tl.where(bad[:, :, None], 0, _e2m1_codes(v, tl.reshape(u, [RB, 4, 32]), SR))
         _fold_store(code, eb, bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss, RB, GR)
+    return usual, g
 
 
 @triton.jit
