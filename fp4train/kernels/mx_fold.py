@@ -73,6 +73,17 @@ def _fold_kernel(x_ptr, d_ptr, codes_ptr, scales_ptr, count_ptr, R, K, s_r, s_k,
 
 
 @triton.jit
+def _block_exponents(x, CEIL: tl.constexpr, RB: tl.constexpr):
+    """``(mb, bad, e, eb)`` of a [RB, 128] tile's four 1x32 blocks per row: the bits of each block's max
+    |x| (>= Inf's bits: NaN/Inf in it), that flag, the scale exponent (bad blocks: unused) and the
+    exponent the reference's fold reads (a NaN block's 0xFF scale: 128)."""
+    mb = tl.max(tl.reshape(x.to(tl.int32, bitcast=True), [RB, 4, 32]) & 0x7FFFFFFF, axis=2)
+    bad = mb >= 0x7F800000
+    e = _scale_exponent(mb.to(tl.float32, bitcast=True), CEIL)
+    return mb, bad, e, tl.where(bad, 128, e)
+
+
+@triton.jit
 def _fold_rows_reread(x_ptr, g, c, R, K, s_r, s_k, key, key2, codes_ptr, count_ptr, sc,
                       CEIL: tl.constexpr, SR: tl.constexpr, RB: tl.constexpr, GR: tl.constexpr):
     """The general path of :func:`_fold_rows_float` (its last branch) for a tile of x itself, four rows at
@@ -85,10 +96,7 @@ def _fold_rows_reread(x_ptr, g, c, R, K, s_r, s_k, key, key2, codes_ptr, count_p
         rc = tl.program_id(0) * RB + ci * CH + tl.arange(0, CH)
         mc = rc < R
         xc = tl.load(x_ptr + rc[:, None] * s_r + c[None, :] * s_k, mask=mc[:, None], other=0.0).to(tl.float32)
-        mb = tl.max(tl.reshape(xc.to(tl.int32, bitcast=True), [CH, 4, 32]) & 0x7FFFFFFF, axis=2)
-        bad = mb >= 0x7F800000
-        e = _scale_exponent(mb.to(tl.float32, bitcast=True), CEIL)
-        eb = tl.where(bad, 128, e)
+        _, bad, e, eb = _block_exponents(xc, CEIL, CH)
         if GR == 1:
             _, _, d = _group_max(eb, bad, mc, GR)
         else:
@@ -140,11 +148,7 @@ def _fold_rows_float(x, u, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, ss,
     (``SR``, uniforms ``u``) rounds ``v = x * 2**-e`` itself, as the reference does
     (:func:`_e2m1_sr_magnitude`), then scales by ``2**(6 - d)``. Bit for bit the codes path
     (tests/test_kernels.py)."""
-    xb = tl.reshape(x.to(tl.int32, bitcast=True), [RB, 4, 32])
-    mb = tl.max(xb & 0x7FFFFFFF, axis=2)  # [RB, 4] the bits of each block's max |x|; >= Inf's bits: NaN/Inf in it
-    bad = mb >= 0x7F800000
-    e = _scale_exponent(mb.to(tl.float32, bitcast=True), CEIL)  # (bad blocks: unused)
-    eb = tl.where(bad, 128, e)  # the reference's fold reads a NaN block's exponent from its 0xFF scale: 128
+    mb, bad, e, eb = _block_exponents(x, CEIL, RB)  # [RB, 4] each
     g, nan_g, d = _group_max(eb, bad, rmask, GR)
     live = (mb > 0) & ~bad  # blocks that may hold a nonzero code
     inv_e = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2**-e: v = x * 2**-e is the reference's scaled element
@@ -375,11 +379,7 @@ def _packed_fold_t_kernel(pc_ptr, ps_ptr, codes_ptr, scales_ptr, count_ptr, spw,
     ti = tl.program_id(1) * 4 + tl.arange(0, 4)  # stored tile rows
     tj = tl.program_id(0) * 4 + tl.arange(0, 4)  # stored tile columns
     sb = tl.load(ps_ptr + ti[:, None] * sps + tj[None, :]).to(tl.int32)  # [4, 4]
-    bad = sb == 255
-    eb = tl.where(bad, 128, sb - 127)
-    g = tl.max(tl.max(eb, axis=1), axis=0)
-    nan_g = tl.max(tl.max(bad.to(tl.int32), axis=1), axis=0) > 0
-    d = g - eb  # [4, 4]
+    g, nan_g, d = _group_max(sb - 127, sb == 255, tl.arange(0, 4) >= 0, 128)  # one group: all 16 tiles; d [4, 4]
     live = tl.max(tl.max(t & 0x07070707, axis=3), axis=1) > 0  # [4, 4] tiles with a nonzero element
     r = tl.program_id(0) * 128 + tl.arange(0, 128)  # operand rows
     if tl.max(tl.reshape(tl.where(live, d, 0), [16]), axis=0) <= 11:
@@ -447,8 +447,8 @@ def _packed_fold(codes, scales, R: int, K: int, group_rows: int, counter, *, til
     if rb < 1 or rb & (rb - 1):
         raise ValueError(f"rows_per_program must be a power of two, got {launch[0]}")
     if not (R and K):
-        pass
-    elif transposed:
+        return FoldedFP8(out, out_s, 1 if scale_per_row else group_rows, counter)
+    if transposed:
         _packed_fold_t_kernel[(R // 128, K // 128)](codes, scales, out, out_s, counter, codes.stride(0) // 2, scales.stride(0),
                                                     out.stride(0), out_s.stride(0), SCALE_PER_ROW=scale_per_row, num_warps=warps)
     else:
