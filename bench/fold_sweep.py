@@ -50,6 +50,19 @@ def main(argv=None):
     copy_gbps = 4 * n / t_copy / 1e9
     counter = torch.zeros((), dtype=torch.int32, device="cuda")
     rows = []
+    gpu = torch.cuda.get_device_name()
+    path = args.json or ROOT / "bench/results" / f"fold_sweep-{gpu.replace(' ', '_')}.json"
+
+    def save() -> dict:
+        """Write every launch timed so far, and the fastest of each group; return that best."""
+        best = {}
+        for r in rows:
+            if "ms" in r and (r["group"] not in best or r["ms"] < best[r["group"]]["ms"]):
+                best[r["group"]] = r
+        out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit() or "unknown",
+               "torch": torch.__version__, "shape": [args.rows, args.cols], "copy_GBps": copy_gbps, "results": rows, "best": best}
+        path.write_text(json.dumps(out, indent=1) + "\n")
+        return best
 
     def time_launch(group: str, moved_bytes: int, cfg: dict, fn) -> None:
         """Time ``fn`` (one launch configuration of the sweep ``group``), record it and print it; a launch
@@ -65,6 +78,7 @@ def main(argv=None):
         gbps = moved_bytes / t / 1e9
         rows.append({**cfg, "ms": t * 1e3, "GBps": gbps, "fraction_of_copy": gbps / copy_gbps})
         print(f"{label}: {t * 1e3:7.3f} ms {gbps:7.1f} GB/s ({gbps / copy_gbps:.0%} of copy)", flush=True)
+        save()  # after every launch: a run cut by its time limit keeps what it timed
 
     which = set(args.kernels.split(","))
     for axis in ((1, 0) if "fold" in which else ()):
@@ -102,18 +116,9 @@ def main(argv=None):
                 time_launch(f"tile fold transposed {transposed}, {gr}x128", moved_tile_fold, {"rows_per_program": rb, "num_warps": nw},
                             partial(fold_tiles_mxfp4, q.codes, q.scales, transposed=transposed, group_rows=gr, scale_per_row=per_row,
                                     rows_per_program=rb, num_warps=nw, counter=counter))
-    best = {}
-    for r in rows:
-        if "ms" in r and (r["group"] not in best or r["ms"] < best[r["group"]]["ms"]):
-            best[r["group"]] = r
-    for k, r in best.items():
+    for k, r in save().items():
         launch = ", ".join(f"{name} {r[name]}" for name in r if name not in ("group", "ms", "GBps", "fraction_of_copy"))
         print(f"best {k}: {launch}: {r['ms']:.3f} ms, {r['fraction_of_copy']:.0%} of copy")
-    gpu = torch.cuda.get_device_name()
-    out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit() or "unknown", "torch": torch.__version__,
-           "shape": [args.rows, args.cols], "copy_GBps": copy_gbps, "results": rows, "best": best}
-    path = args.json or ROOT / "bench/results" / f"fold_sweep-{gpu.replace(' ', '_')}.json"
-    path.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":
