@@ -90,7 +90,8 @@ def _kernel_calls() -> None:
                 kernels.quantize_mxfp4(x, scale=scale, rounding=rounding, seed=seed)
                 kernels.quantize_mxfp8(x, scale=scale, rounding=rounding, seed=seed)
                 kernels.quantize_mxfp4_2d(x, scale=scale, rounding=rounding, seed=seed)
-                kernels.quantize_mxfp4_2d(x, scale=scale, rounding=rounding, seed=seed, pairs=False)  # the general kernel
+                for pairs in (True, False):  # the even/odd-column kernel and the general one, whichever the default
+                    kernels.quantize_mxfp4_2d(x, scale=scale, rounding=rounding, seed=seed, pairs=pairs)
                 kernels.quantize_mxfp8_2d(x, scale=scale, rounding=rounding, seed=seed)
                 mx_quantize.quantize_mxfp4_columns(x, scale=scale, rounding=rounding, seed=seed)
                 for axis in (1, 0, None):

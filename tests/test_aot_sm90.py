@@ -38,7 +38,7 @@ def test_every_kernel_compiles_for_sm90_without_large_spills(tmp_path):
         # them. The launches chosen by timing are exempt on purpose: they are the fastest of bench/fold_sweep.py on
         # the H200 (bench/results/fold_sweep-NVIDIA_H200*.json) - time decides there, and only there.
         from fp4train.kernels.mx_fold import FOLD_LAUNCH, PACKED_FOLD_LAUNCH
-        from fp4train.kernels.mx_quantize import TILE_LAUNCH
+        from fp4train.kernels.mx_quantize import MXFP4_TILE_LAUNCH, MXFP8_TILE_LAUNCH
 
         def timed(x):
             c, w = x["constexprs"], x["num_warps"]
@@ -48,7 +48,10 @@ def test_every_kernel_compiles_for_sm90_without_large_spills(tmp_path):
                 return (c["RB"], w) in set(PACKED_FOLD_LAUNCH.values())
             if x["kernel"] == "mx_fold._packed_fold_t_kernel":
                 return (128, w) == PACKED_FOLD_LAUNCH[128]
-            return x["kernel"] == "mx_quantize._mx_tile_kernel" and (c["TC"], w) == TILE_LAUNCH
+            tiles = set(MXFP4_TILE_LAUNCH.values()) | {(False, *MXFP8_TILE_LAUNCH)}
+            if x["kernel"] in ("mx_quantize._mxfp4_tile_kernel", "mx_quantize._mx_tile_kernel"):
+                return (x["kernel"] == "mx_quantize._mxfp4_tile_kernel", c["TC"], w) in tiles
+            return False
         assert any(timed(x) for x in results), "no timed launch was compiled"
         worst = max((x for x in results if not timed(x)), key=lambda x: x["spill_store_bytes"])
         assert worst["spill_store_bytes"] <= 512, worst

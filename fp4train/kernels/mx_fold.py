@@ -424,10 +424,10 @@ def fold_tiles_mxfp4(codes: torch.Tensor, tile_scales: torch.Tensor, *, transpos
 
 
 # (rows per program, warps) of the packed fold (fold_packed_mxfp4, fold_tiles_mxfp4) by group rows: the fastest
-# of bench/fold_sweep.py on the H200 (16384 x 8192 tile-quantized MXFP4; bench/results/fold_sweep-NVIDIA_H200-8c3b88e.json):
-# 1x128 groups 64 rows, 4 warps (0.163 ms; the earlier 16 rows, 8 warps 0.239); 128x128 groups 4 warps (0.218 ms,
-# transposed 0.306; 32 warps 0.247 / 0.589) - though ptxas reports spills for that launch: time decides.
-PACKED_FOLD_LAUNCH = {1: (64, 4), 128: (128, 4)}
+# of bench/fold_sweep.py on the H200 (16384 x 8192 tile-quantized MXFP4; bench/results/fold_sweep-NVIDIA_H200-680aa49.json,
+# the four-codes-a-word kernels): 1x128 groups 16 rows, 2 warps (0.118 ms; 64 rows / 4 warps 0.153); 128x128 groups
+# 4 warps (0.134 ms), transposed 0.219 ms (8 warps 0.216: within noise, one launch kept).
+PACKED_FOLD_LAUNCH = {1: (16, 2), 128: (128, 4)}
 
 
 def _packed_fold(codes, scales, R: int, K: int, group_rows: int, counter, *, tile: bool, transposed: bool = False,
@@ -459,13 +459,13 @@ def _packed_fold(codes, scales, R: int, K: int, group_rows: int, counter, *, til
 
 
 # (rows per program, warps) of quantize_mxfp4_fp8 by (blocks along dim 0, group rows): the fastest of
-# bench/fold_sweep.py on the H200 (16384 x 8192 BF16; bench/results/fold_sweep-NVIDIA_H200.json, at 93647de,
-# the float-arithmetic nearest path): 4 warps everywhere, 16 rows per program along dim 1 (0.198 ms, 51% of
-# copy), 128 rows along dim 0 (read down x's columns: 0.379 ms for 1x128 groups, 0.365 ms for 128x128).
-# Reading x's tile along its rows and transposing it in the kernel was no faster along dim 0 (best 0.426 ms).
-# With a fused Hadamard transform (a heavier program) the launch stays (16, 8) / (128, 32): the session-10
-# sweep's launches made hadamard_mxfp4 slower (docs/LOG.md); not swept again since.
-FOLD_LAUNCH = {(False, 1): (16, 4), (False, 128): (128, 4), (True, 1): (128, 4), (True, 128): (128, 4)}
+# bench/fold_sweep.py on the H200 (16384 x 8192 BF16, nearest; bench/results/fold_sweep-NVIDIA_H200-680aa49.json):
+# along dim 1, 1x128 groups 32 rows, 4 warps (0.196 ms, 51% of copy; 16 rows 0.224), 128x128 groups 16 warps
+# (0.227 ms; 4 warps 0.276); along dim 0 (read down x's columns) 128 rows, 4 warps (0.346 ms for 1x128 groups,
+# 0.375 ms for 128x128). Reading x's tile along its rows and transposing it in the kernel was no faster along
+# dim 0 (best 0.426 ms at 93647de). With a fused Hadamard transform (a heavier program) the launch stays (16, 8) /
+# (128, 32): the session-10 sweep's launches made hadamard_mxfp4 slower (docs/LOG.md); not swept again since.
+FOLD_LAUNCH = {(False, 1): (32, 4), (False, 128): (128, 16), (True, 1): (128, 4), (True, 128): (128, 4)}
 FOLD_LAUNCH_HADAMARD = {1: (16, 8), 128: (128, 32)}
 
 

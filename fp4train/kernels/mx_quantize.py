@@ -438,13 +438,17 @@ def _mxfp4_tile_kernel(
     tl.store(scales_ptr + tr * stride_s + tc, tl.where(nan_tile, 255, e + 127).to(tl.uint8), mask=tc < n_tc)
 
 
-# (tiles per program, warps) of the 32x32 tile kernel: the fastest of bench/fold_sweep.py on the H200 (16384 x 8192
-# BF16, ceil scale, stochastic rounding: 0.515 ms against one tile with 4 warps 0.627 ms;
-# bench/results/fold_sweep-NVIDIA_H200-8c3b88e.json).
-TILE_LAUNCH = (8, 8)
+# The 32x32 tile launch by rounding: (even/odd-column kernel?, tiles per program, warps), the fastest of
+# bench/fold_sweep.py on the H200 (16384 x 8192 BF16, ceil scale; bench/results/fold_sweep-NVIDIA_H200-680aa49.json):
+# stochastic rounding (tib2d's dY) the even/odd-column kernel, 4 tiles, 4 warps (0.426 ms; the general kernel's best
+# 0.429; the earlier launch, 8 tiles / 8 warps, 0.473); nearest (its W) the general kernel, 4 tiles, 8 warps (0.290 ms;
+# the even/odd-column kernel's best 0.332, at 8 tiles / 8 warps). MXFP8 tiles (the general kernel) keep 8 tiles,
+# 8 warps (not swept).
+MXFP4_TILE_LAUNCH = {"stochastic": (True, 4, 4), "nearest": (False, 4, 8)}
+MXFP8_TILE_LAUNCH = (8, 8)
 
 
-def _quantize_tiles(fmt: str, x, scale, rounding, seed, launch=(None, None), pairs: bool = True) -> QuantizedTensor:
+def _quantize_tiles(fmt: str, x, scale, rounding, seed, launch=(None, None), pairs: bool | None = None) -> QuantizedTensor:
     x = _check(f"quantize_{fmt}_2d", x, scale, rounding)
     R, C = x.shape
     layout = BlockLayout((R, C), (32, 32), None)
@@ -453,7 +457,9 @@ def _quantize_tiles(fmt: str, x, scale, rounding, seed, launch=(None, None), pai
     codes = torch.empty(rp, cp // 2 if elem == E2M1 else cp, dtype=torch.uint8, device=x.device)
     scales = torch.empty(rp // 32, cp // 32, dtype=torch.uint8, device=x.device)
     sr, key, key2 = _keys(rounding, seed)
-    tc, warps = launch[0] or TILE_LAUNCH[0], launch[1] or TILE_LAUNCH[1]
+    pairs_default, tc, warps = MXFP4_TILE_LAUNCH[rounding] if elem == E2M1 else (False, *MXFP8_TILE_LAUNCH)
+    pairs = pairs_default if pairs is None else pairs
+    tc, warps = launch[0] or tc, launch[1] or warps
     if tc < 1 or tc & (tc - 1):
         raise ValueError(f"tiles_per_program must be a power of two, got {tc}")
     grid = (rp // 32, triton.cdiv(cp // 32, tc))
@@ -468,11 +474,12 @@ def _quantize_tiles(fmt: str, x, scale, rounding, seed, launch=(None, None), pai
 
 
 def quantize_mxfp4_2d(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None,
-                      tiles_per_program: int | None = None, num_warps: int | None = None, pairs: bool = True) -> QuantizedTensor:
+                      tiles_per_program: int | None = None, num_warps: int | None = None,
+                      pairs: bool | None = None) -> QuantizedTensor:
     """MXFP4 with 32x32 tiles (transposition-invariant) of a 2D tensor, any shape (padded like the reference).
-    ``tiles_per_program`` / ``num_warps``: launch tuning (:data:`TILE_LAUNCH`), the same bits. ``pairs=False``
-    runs the general tile kernel (:func:`_mx_tile_kernel`, also MXFP8's) instead of the even/odd-column one
-    (:func:`_mxfp4_tile_kernel`) - the same bits, kept to time one against the other."""
+    ``tiles_per_program`` / ``num_warps``: launch tuning, the same bits. ``pairs``: True runs the even/odd-column
+    kernel (:func:`_mxfp4_tile_kernel`), False the general one (:func:`_mx_tile_kernel`, also MXFP8's) - the same
+    bits; None (default) takes the faster for the rounding (:data:`MXFP4_TILE_LAUNCH`, with its launch)."""
     return _quantize_tiles("mxfp4", x, scale, rounding, seed, (tiles_per_program, num_warps), pairs)
 
 
