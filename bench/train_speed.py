@@ -89,15 +89,23 @@ def setup(model_name: str, recipe: str, batch: int, seq: int, device, backend: s
 
 
 def measure(model_name: str, recipe: str, batch: int, seq: int, steps: int, warmup: int, compile_: bool, device,
-            backend: str | None = None, calibration_steps: int = 3) -> dict:
+            backend: str | None = None, calibration_steps: int = 3, compile_mode: str | None = None) -> dict:
     run = setup(model_name, recipe, batch, seq, device, backend, calibration_steps)
     cuda = device.type == "cuda"
     last = {}
+    graphs = compile_mode == "reduce-overhead"  # Inductor's CUDA graphs (cudagraph trees)
 
     def step(fwd):
-        last["loss"] = run.step(fwd)
+        if graphs:  # a new iteration: the previous replay's outputs may be overwritten; keep the loss apart
+            torch.compiler.cudagraph_mark_step_begin()
+            last["loss"] = run.step(fwd).detach().clone()
+        else:
+            last["loss"] = run.step(fwd)
 
-    fwd = torch.compile(run.model) if compile_ else run.model
+    from torch._dynamo.utils import counters
+
+    skips_before = counters["inductor"]["cudagraph_skips"]
+    fwd = torch.compile(run.model, mode=compile_mode) if compile_ else run.model
 
     def peak_gib():  # the peak since the last reset, then a fresh reset
         if not cuda:
@@ -124,6 +132,8 @@ def measure(model_name: str, recipe: str, batch: int, seq: int, steps: int, warm
         "warmup_step_peaks_gib": warm_peaks if cuda else None, "timed_peak_gib": timed_peak,
         "setup_peak_gib": setup_peak,
         "warmup_s": warm_s, "loss": loss.item(), **({"adahop_strategies": run.strategies} if run.strategies else {}),
+        # graphs Inductor did not capture in CUDA graphs (a CPU tensor, a forbidden op: its log says which)
+        **({"cudagraph_skips": counters["inductor"]["cudagraph_skips"] - skips_before} if graphs else {}),
     }
 
 
@@ -148,6 +158,9 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--compile", action="store_true", help="torch.compile the model")
+    ap.add_argument("--compile-mode", default=None, choices=["default", "reduce-overhead"],
+                    help="with --compile: torch.compile's mode; reduce-overhead replays each graph as CUDA graphs (no "
+                    "per-kernel host launch); a layer that draws a stochastic-rounding seed keeps its graph out of them")
     ap.add_argument("--numerics", default=None, choices=["eager", "compiled", "triton"],
                     help="how quantization runs (same bits): eager, compiled or triton (default: the backend's - "
                     "triton with the triton backend, eager otherwise)")
@@ -171,7 +184,7 @@ def main(argv=None):
     recipes = ["bf16"] + [r for r in recipes if r != "bf16"]  # the baseline, measured first in the same run
     for r in recipes:
         res = measure_or_error(args.model, r, args.batch_size, args.seq_len, args.steps, args.warmup, args.compile, device,
-                               backend=args.backend)
+                               backend=args.backend, compile_mode=args.compile_mode)
         rows.append(res)
         if "error" in rows[0]:
             raise SystemExit(f"the bf16 baseline failed ({rows[0]['error']}); no speed can be compared - try a smaller --batch-size")
@@ -187,8 +200,10 @@ def main(argv=None):
         numerics = fp4train.formats.numerics()  # what the recipes ran with (the backend may have chosen it)
         out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit(), "torch": torch.__version__,
                "model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len, "compile": args.compile,
+               "compile_mode": args.compile_mode or "default",
                "quantized_linears": "graph breaks" if args.graph_breaks else "in graph", "numerics": numerics, "backend": backend, "results": rows}
         name = (f"train_speed-{args.model}-{gpu.replace(' ', '_')}{'-compile' if args.compile else ''}"
+                f"{'-' + args.compile_mode if args.compile_mode not in (None, 'default') else ''}"
                 f"{'' if numerics == 'eager' else '-' + numerics}{'-' + args.backend if args.backend else ''}"
                 f"{'-graph-breaks' if args.graph_breaks else ''}.json")
         path = args.json or ROOT / "bench/results" / name

@@ -81,6 +81,28 @@ def _oe_spec():
                       gemm_spec(Strategy.OE, "inner", "inner", 4))
 
 
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_seed_output_is_a_cpu_scalar_only_where_the_spec_draws_a_seed(recipe):
+    """A spec without stochastic rounding or random signs outputs an int64 scalar on X's device as its seed (a
+    graph of such layers then holds no CPU tensor, and CUDA graphs can capture it), which backward does not read;
+    a seeded spec the CPU scalar its backward reads. X on the meta device stands for a GPU's (on the CPU both
+    are CPU tensors). Both give the eager bits (test_compiled_layers_give_the_eager_bits)."""
+    from fp4train.linear.graph_op import _seed_output, _seed_value
+
+    torch.manual_seed(0)
+    q = fp4train.convert(nn.Sequential(nn.Linear(128, 96)), recipe, backend="triton")[0]
+    assert q.spec.needs_seed == (recipe in ("tib2d", "nvfp4", "hadamard_mxfp4"))
+    seed = _seed_output(q.spec, 12345, torch.empty(4, 128, device="meta"))
+    assert seed.shape == () and seed.dtype == torch.int64
+    if q.spec.needs_seed:
+        assert seed.device.type == "cpu" and _seed_value(q.spec, seed) == 12345
+    else:
+        assert seed.device.type == "meta" and _seed_value(q.spec, seed) == 0
+    x = torch.randn(64, 128, requires_grad=True)  # the op itself outputs what _seed_output makes
+    _, out, *_ = torch.ops.fp4train.quantized_linear(x, q.weight, q.bias, q._config, torch.float32, True, True, [])
+    assert out.shape == () and out.dtype == torch.int64 and out.device == x.device
+
+
 @pytest.mark.parametrize("recipe", RECIPES + ["adahop_oe"])
 def test_graph_op_fake_shapes_schema_and_autograd(recipe):
     """torch.library.opcheck: the fake (shape) implementation agrees with the real one - the saved

@@ -7,7 +7,10 @@ Eager calls go through :class:`~fp4train.linear.function.QuantizedLinearFunction
   ``[Y, seed, *saved]``: :func:`~fp4train.linear.function.forward` run as it is (fp4train's
   kernels, the backend's GEMMs). ``seed`` is the call's stochastic-rounding / random-sign seed,
   drawn inside the op from torch's default CPU generator exactly where an eager call draws it
-  (a CPU int64 scalar); ``saved`` are the tensors of the X and W that backward needs, packed
+  (a CPU int64 scalar); a spec that draws none (:attr:`LinearSpec.needs_seed` false) outputs a
+  zero int64 scalar on X's device instead (never read), so that a graph of such layers holds no CPU tensor and
+  ``torch.compile(mode="reduce-overhead")`` can capture it in CUDA graphs (a CPU seed makes Inductor
+  skip CUDA graphs for that graph: a seed drawn at capture would be replayed, the same every step); ``saved`` are the tensors of the X and W that backward needs, packed
   (FP4 codes + scales), as outputs, so the compiler's partitioner sees and frees them.
 * ``fp4train::quantized_linear_backward(dY, weight, x, saved, seed, ...)`` -> ``[dX, dW, db]``
   (those asked for): :func:`~fp4train.linear.function.backward`.
@@ -233,7 +236,23 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
                                       shared=UNSHARED, x_prepared=prepared)
     tensors, x_meta, n_x, w_meta = _saved_tensors(x_saved, w_saved, saved_x_source(spec), x_given=bool(x_prep))
     _SKELETONS[_skeleton_key(config, x2.shape, x.dtype, weight.shape, out_dtype, save_x, save_w)] = (x_meta, n_x, w_meta)
-    return [y.reshape(*x.shape[:-1], weight.shape[0]), torch.tensor(seed, dtype=torch.int64), *tensors]
+    return [y.reshape(*x.shape[:-1], weight.shape[0]), _seed_output(spec, seed, x), *tensors]
+
+
+def _seed_output(spec: LinearSpec, seed: int, x: torch.Tensor) -> torch.Tensor:
+    """The forward op's seed output: the seed as a CPU int64 scalar where the spec draws one, else a zero
+    int64 scalar on X's device that nothing reads (no CPU tensor in the graph; see the module docstring).
+    Not an empty tensor (AOTAutograd's stride check of saved tensors fails on zero elements), not an
+    uninitialised one (an op's outputs must be deterministic: opcheck). The backward op reads the seed back
+    with :func:`_seed_value`."""
+    if spec.needs_seed:
+        return torch.tensor(seed, dtype=torch.int64)
+    return x.new_zeros((), dtype=torch.int64)
+
+
+def _seed_value(spec: LinearSpec, seed: torch.Tensor) -> int:
+    """The seed that :func:`_seed_output` encoded (0 where the spec draws none: its tensor is not read)."""
+    return int(seed) if spec.needs_seed else 0
 
 
 @quantized_linear.register_fake
@@ -255,7 +274,8 @@ def _(x, weight, bias, config, out_dtype, save_x, save_w, x_prep):
         w_saved = _reference_layout(weight, g.b, 1, cdt)
     tensors, *_ = _saved_tensors(x_saved, w_saved, source, x_given=bool(x_prep))
     y = x.new_empty((*x.shape[:-1], weight.shape[0]), dtype=out_dtype)
-    return [y, torch.empty((), dtype=torch.int64, device="cpu"), *[torch.empty_like(t) for t in tensors]]
+    seed = torch.empty((), dtype=torch.int64, device="cpu") if spec.needs_seed else x.new_empty((), dtype=torch.int64)
+    return [y, seed, *[torch.empty_like(t) for t in tensors]]
 
 
 def _reference_layout(x: torch.Tensor, q, axis: int, cdt: torch.dtype):
@@ -290,7 +310,7 @@ def quantized_linear_backward(grad: torch.Tensor, weight: torch.Tensor, x: Optio
     w_q = unpack_operand(tuple(saved[n_x:]), w_meta) if len(saved) > n_x else None
     dy2 = grad.reshape(-1, weight.shape[0])
     with torch.autocast(dy2.device.type, enabled=False):
-        dx, dw, db = backward(dy2, weight, x_op, w_q, spec, backend, int(seed), out_dtype, x_dtype, (needs_x, needs_w, needs_b))
+        dx, dw, db = backward(dy2, weight, x_op, w_q, spec, backend, _seed_value(spec, seed), out_dtype, x_dtype, (needs_x, needs_w, needs_b))
     out = []
     if needs_x:
         out.append(dx.reshape(x_shape))
