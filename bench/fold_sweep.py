@@ -6,13 +6,14 @@ training step on the H200, docs/LOG.md session 9) get from its current launch (1
 blocks along dim 1 and along dim 0 (read in place as x^T), 1x128 and 128x128 groups, each
 (rows per program, warps) pair is timed with CUDA events (median of ``--repeats``) against the copy
 baseline of the same run; then the columns kernel (MXFP4 along dim 0, packed: X's wgrad operand) by
-(columns per program, warps); then tib2d's 32x32-tile kernel (stochastic rounding for dY, nearest for W;
+(columns per program, warps); then the 1D MX kernel (``mx1d``: packed MXFP4 / MXFP8 codes along the last
+dim, the standalone quantization) by (blocks per program, warps); then tib2d's 32x32-tile kernel (stochastic rounding for dY, nearest for W;
 the even/odd-column kernel and the general one, ``pairs``) by (tiles per program, warps) and its tile fold (either orientation)
 by (rows per program, warps). The bits do not depend on
 these parameters (tests/test_kernels.py).
 Writes ``bench/results/fold_sweep-<gpu>.json``.
 
-    python bench/fold_sweep.py [--rows 16384 --cols 8192 --repeats 10 --kernels fold,columns,tiles,tile_fold]
+    python bench/fold_sweep.py [--rows 16384 --cols 8192 --repeats 10 --kernels fold,columns,mx1d,tiles,tile_fold]
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def main(argv=None):
     ap.add_argument("--rows", type=int, default=16384)
     ap.add_argument("--cols", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--kernels", default="fold,columns,tiles,tile_fold", help="which sweeps to run (comma list)")
+    ap.add_argument("--kernels", default="fold,columns,mx1d,tiles,tile_fold", help="which sweeps to run (comma list)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -95,6 +96,16 @@ def main(argv=None):
         for nw in (2, 4, 8):
             time_launch("columns (MXFP4 along dim 0, packed)", moved_cols, {"block_cols": bk, "num_warps": nw},
                         partial(quantize_mxfp4_columns, x, block_cols=bk, num_warps=nw))
+    # the 1D MX kernel (packed codes + E8M0 scales along the last dim: quantize_mxfp4 / quantize_mxfp8, the standalone
+    # quantization and quantize_speed's headline rows) by (blocks per program, warps)
+    from fp4train.kernels import quantize_mxfp4, quantize_mxfp8
+
+    for fmt, rounding in ((("mxfp4", "nearest"), ("mxfp4", "stochastic"), ("mxfp8", "nearest")) if "mx1d" in which else ()):
+        fn, out_bytes = (quantize_mxfp4, n // 2) if fmt == "mxfp4" else (quantize_mxfp8, n)
+        for bp in (4, 16, 32, 64):
+            for nw in (4, 8):
+                time_launch(f"mx1d ({fmt}, {rounding})", 2 * n + out_bytes + n // 32, {"blocks_per_program": bp, "num_warps": nw},
+                            partial(fn, x, rounding=rounding, seed=1, blocks_per_program=bp, num_warps=nw))
     # tib2d's kernels: 32x32 tiles (dY: ceil scale, stochastic rounding), then their folds as either operand
     from fp4train.kernels import quantize_mxfp4_2d
     from fp4train.kernels.mx_fold import fold_tiles_mxfp4

@@ -191,7 +191,7 @@ def _check(name: str, x: torch.Tensor, scale: str, rounding: str) -> torch.Tenso
     return x.contiguous()
 
 
-def _quantize_1d(fmt: str, x, scale, rounding, seed, blocks_per_program) -> QuantizedTensor:
+def _quantize_1d(fmt: str, x, scale, rounding, seed, blocks_per_program, num_warps=None) -> QuantizedTensor:
     name = f"quantize_{fmt}"
     if x.ndim == 2 and x.shape[1] % 32:
         raise ValueError(f"{name} needs a 2D tensor whose last dim is a multiple of 32, got {tuple(x.shape)}")
@@ -205,20 +205,21 @@ def _quantize_1d(fmt: str, x, scale, rounding, seed, blocks_per_program) -> Quan
     if rows and nb:
         _mx_kernel[(rows, triton.cdiv(nb, blocks_per_program))](
             x, codes, scales, nb, x.stride(0), codes.stride(0), scales.stride(0), key, key2,
-            CEIL=scale == "ceil", SR=sr, BLOCKS=blocks_per_program, ELEM=elem)
+            CEIL=scale == "ceil", SR=sr, BLOCKS=blocks_per_program, ELEM=elem, num_warps=num_warps or 4)
     return QuantizedTensor(fmt, codes, scales, None, BlockLayout(tuple(x.shape), (32,), 1), x.dtype)
 
 
 def quantize_mxfp4(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None,
-                   blocks_per_program: int = 4) -> QuantizedTensor:
-    """MXFP4 along the last dim of a 2D tensor (last dim a multiple of 32), fused; see the module docstring."""
-    return _quantize_1d("mxfp4", x, scale, rounding, seed, blocks_per_program)
+                   blocks_per_program: int = 4, num_warps: int | None = None) -> QuantizedTensor:
+    """MXFP4 along the last dim of a 2D tensor (last dim a multiple of 32), fused; see the module docstring.
+    ``blocks_per_program`` (a power of two) / ``num_warps``: launch tuning, the same bits."""
+    return _quantize_1d("mxfp4", x, scale, rounding, seed, blocks_per_program, num_warps)
 
 
 def quantize_mxfp8(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None,
-                   blocks_per_program: int = 4) -> QuantizedTensor:
+                   blocks_per_program: int = 4, num_warps: int | None = None) -> QuantizedTensor:
     """MXFP8 (E4M3 elements, one code byte each) along the last dim, as :func:`quantize_mxfp4`."""
-    return _quantize_1d("mxfp8", x, scale, rounding, seed, blocks_per_program)
+    return _quantize_1d("mxfp8", x, scale, rounding, seed, blocks_per_program, num_warps)
 
 
 @triton.jit(do_not_specialize=["key_r", "key2_r", "key_c", "key2_c"])
