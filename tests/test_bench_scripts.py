@@ -82,7 +82,8 @@ def test_readme_results_are_the_committed_ones():
     ratios = [fast[r] / fast["bf16"] for r in fast if r != "bf16"]
     assert f"{1 / max(ratios):.1f}–{1 / min(ratios):.1f}× slower" in readme
     e2e = json.loads((ROOT / "bench/results/summary.json").read_text())["e2e"]  # the status line: fp4train's recipes
-    ours = [r["speedup_vs_bf16"] for m in e2e.values() for k, r in m.items() if k not in ("bf16", "torchao_fp8_rowwise")]
+    ours = [r["speedup_vs_bf16"] for m in e2e.values() for k, r in m.items()
+            if k.split("+")[0] not in ("bf16", "torchao_fp8_rowwise") and "error" not in r]
     assert f"a whole training step is still {min(ours):.2f}–{max(ours):.2f}× BF16's speed" in readme
 
 
@@ -245,10 +246,15 @@ def test_readme_fast_path_numbers_are_the_committed_h200_results():
         cells = [f"{r['tokens_per_s']:,.0f} | {r['speedup_vs_bf16']:.2f}× | {r['peak_mem_gib']:.1f} | {r['commit']}"
                  for r in (e2e["1b"][k], e2e["3b"][k])]
         assert f"| {k} | {' | '.join(cells)} |" in readme, k
+    for k in ("bf16+cudagraphs", "mxfp4+cudagraphs"):  # one 1b run in CUDA graphs (train_speed --compile-mode reduce-overhead)
+        r = e2e["1b"][k]
+        assert f"| {k} | {r['tokens_per_s']:,.0f} | {r['speedup_vs_bf16']:.2f}× | {r['peak_mem_gib']:.1f} | {r['commit']} |" in readme, k
+    assert "error" in e2e["1b"]["adahop+cudagraphs"] and "| adahop+cudagraphs | failed |" in readme
     # the summary's e2e table is what bench/summary.py makes of the committed runs (a later run's entry wins)
     e2e_dir = res / "e2e-h200"
     runs = [e2e_dir / f"train_speed-1b-{c}.json" for c in ("a35b562-gpu0", "a35b562-gpu1", "d8fb690", "57bd0e9", "7a9e335",
-                                                             "680cd3e", "680cd3e-b")]
+                                                             "680cd3e", "680cd3e-b", "680aa49", "3e2df64",
+                                                             "reduce-overhead-38bdbed")]
     runs += [res / "train_speed-3b-NVIDIA_H200.json"] + [e2e_dir / f"train_speed-3b-{c}.json" for c in ("d8fb690", "57bd0e9", "7a9e335", "262876e", "0e1397a")]
     assert _load("summary").e2e_table([json.loads(p.read_text()) for p in runs]) == e2e
     assert all(json.loads(p.read_text()).get("quantized_linears") == "in graph" for p in runs if "e2e-h200" in str(p))
@@ -270,10 +276,13 @@ def test_readme_fast_path_numbers_are_the_committed_h200_results():
     assert f"tib2d went from 0.72× to {t1['speedup_vs_bf16']:.2f}× at 1b\n  and from 0.82× to {t3['speedup_vs_bf16']:.2f}× at 3b" in readme
     ada = [r["speedup_vs_bf16"] for c in ("93647de", "f264ba3", "7a9e335")
            for r in json.loads((e2e_dir / f"train_speed-1b-{c}.json").read_text())["results"] if r["recipe"] == "adahop"]
+    by_run = {c: {r["recipe"]: r for r in json.loads((e2e_dir / f"train_speed-1b-{c}.json").read_text())["results"]}
+              for c in ("7a9e335", "680cd3e")}
     assert (f"({min(ada):.2f}–{max(ada):.2f}× at\n  7a9e335 and the two commits before; "
+            f"{by_run['680cd3e']['adahop']['speedup_vs_bf16']:.2f}× at 680cd3e, "
             f"{e2e['1b']['adahop']['speedup_vs_bf16']:.2f}× at {e2e['1b']['adahop']['commit']})") in readme
-    mx_old = {r["recipe"]: r for r in json.loads((e2e_dir / "train_speed-1b-7a9e335.json").read_text())["results"]}["mxfp4"]
-    assert (f"mxfp4 at 1b fell from {mx_old['speedup_vs_bf16']:.2f}× (7a9e335) to {m1['speedup_vs_bf16']:.2f}× "
+    assert (f"mxfp4 at 1b fell from {by_run['7a9e335']['mxfp4']['speedup_vs_bf16']:.2f}× (7a9e335) to "
+            f"{by_run['680cd3e']['mxfp4']['speedup_vs_bf16']:.2f}× (680cd3e) and {m1['speedup_vs_bf16']:.2f}× "
             f"({m1['commit']})") in readme
     # the kind-by-kind reading of the 1b profiles
     prof = _load("profile_step")
@@ -309,12 +318,13 @@ def test_readme_fast_path_numbers_are_the_committed_h200_results():
     assert f"agrees ({mp['adahop']['step_peak_gib']:.1f} and {mp['mxfp4']['step_peak_gib']:.1f} GiB" in readme
     assert (f"peak at {run['adahop']['setup_peak_gib']:.1f} GiB at 1b, above\n  BF16's compiled steps "
             f"({run['bf16']['peak_mem_gib']:.1f} GiB)") in readme
-    above_bf16 = [(m, k) for m in ("1b", "3b") for k, r in e2e[m].items() if r["peak_mem_gib"] >= r["bf16_peak_mem_gib"] and k != "bf16"]
+    above_bf16 = [(m, k) for m in ("1b", "3b") for k, r in e2e[m].items()
+                  if "error" not in r and r["peak_mem_gib"] >= r["bf16_peak_mem_gib"] and not k.startswith("bf16")]
     assert above_bf16 == [("3b", "adahop")]  # "at 1b every recipe now peaks below BF16; at 3b every recipe but AdaHOP"
     g = json.loads((res / "gemm_speed-NVIDIA_H200.json").read_text())["results"][0]
     assert g["layer"] == "8192^3" and g["inexact_elements_first_fold"] == 0
     assert (f"{g['mxfp4_fp8_blockwise']:.0f} TFLOP/s, {g['speedup_vs_bf16']:.2f}× cuBLAS BF16\n  ({g['bf16']:.0f} TFLOP/s)") in readme
-    q = json.loads((res / "quantize_speed-NVIDIA_H200-93647de.json").read_text())["results"]
+    q = json.loads((res / "quantize_speed-NVIDIA_H200-680aa49.json").read_text())["results"]
     mx = [v["fraction_of_copy"] * 100 for k, v in q.items() if k.startswith("triton mxfp4") and "values" not in k]
     assert f"reach {min(mx):.0f}–{max(mx):.0f}% of the GPU's copy bandwidth" in readme
     lin = json.loads((res / "linear_speed-NVIDIA_H200-2457109.json").read_text())["results"]
@@ -401,3 +411,37 @@ def test_profile_step_sorts_kernels_by_kind_and_explains_a_profile_against_bf16(
     assert rows["mxfp4"]["gemm bf16"]["vs_bf16_ms"] == -10.0 and rows["mxfp4"]["gemm fp8"]["vs_bf16_ms"] == 4.0
     assert rows["mxfp4"]["fp4train triton"]["ms"] == 3.0 and rows["mxfp4"]["not ranked"]["ms"] == 3.0
     assert sum(v["ms"] for v in rows["bf16"].values()) == 13.0  # the annotation is not counted twice
+
+
+def test_readme_session_16_host_figures_are_the_committed_h200_results():
+    """The README's session-16 paragraph: GPU time by kind, step times, host time per step, the run-to-run spread
+    and the CUDA-graph run, each from a committed result file."""
+    readme = " ".join((ROOT / "README.md").read_text().split())  # one line: the paragraph's wrapping does not matter
+    res = ROOT / "bench/results"
+    prof = _load("profile_step")
+    old = prof.explain(json.loads((res / "profile_step/1b-H200-triton-490b414.json").read_text()))["tib2d"]
+    new = prof.explain(json.loads((res / "profile_step/1b-H200-triton-3e2df64.json").read_text()))
+    gpu = {k: sum(v["vs_bf16_ms"] for v in new[k].values()) for k in ("tib2d", "adahop")}
+    assert (f"tib2d's quantize/fold kernels from {old['fp4train triton']['vs_bf16_ms']:.0f} to "
+            f"{new['tib2d']['fp4train triton']['vs_bf16_ms']:.1f} ms a step, so its GPU time is now {gpu['tib2d']:.1f} ms above "
+            f"BF16's and AdaHOP's {-gpu['adahop']:.1f} ms below") in readme
+    e2e = res / "e2e-h200"
+    run = {r["recipe"]: r for r in json.loads((e2e / "train_speed-1b-3e2df64.json").read_text())["results"]}
+    assert (f"their steps take {run['tib2d']['step_ms']:.0f} and {run['adahop']['step_ms']:.0f} ms against BF16's "
+            f"{run['bf16']['step_ms']:.0f}") in readme
+    host = {r["recipe"]: r for r in json.loads((res / "host_overhead/host_overhead-1b-H200-e4b5906.json").read_text())["results"]}
+    assert (f"the host spends {host['tib2d']['enqueue_ms_per_step']:.0f} ms a step for tib2d, {host['adahop']['enqueue_ms_per_step']:.0f} "
+            f"for AdaHOP and {host['mxfp4']['enqueue_ms_per_step']:.0f} for mxfp4, against {host['bf16']['enqueue_ms_per_step']:.0f} "
+            f"for BF16") in readme
+    spread = {}
+    for name in ("680cd3e", "680cd3e-b", "680aa49", "3e2df64"):
+        for r in json.loads((e2e / f"train_speed-1b-{name}.json").read_text())["results"]:
+            spread.setdefault(r["recipe"], []).append(r["speedup_vs_bf16"])
+    assert all(len(spread[k]) == 3 for k in ("adahop", "mxfp4", "tib2d"))
+    assert ", ".join(f"{name} {min(spread[k]):.2f}–{max(spread[k]):.2f}×" for name, k in
+                     (("AdaHOP", "adahop"), ("mxfp4", "mxfp4"), ("tib2d", "tib2d"))) in readme
+    graphs = {r["recipe"]: r for r in json.loads((e2e / "train_speed-1b-reduce-overhead-38bdbed.json").read_text())["results"]}
+    assert graphs["mxfp4"]["cudagraph_skips"] == 0 and f"mxfp4 reaches {graphs['mxfp4']['speedup_vs_bf16']:.2f}×" in readme
+    sweep = json.loads((res / "fold_sweep-NVIDIA_H200-mx1d-38bdbed.json").read_text())["results"]
+    ms = {(r["blocks_per_program"], r["num_warps"]): r["ms"] for r in sweep if r["group"] == "mx1d (mxfp4, nearest)"}
+    assert f"runs {ms[(4, 4)] / ms[(64, 4)]:.1f}× faster" in readme

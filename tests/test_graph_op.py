@@ -349,3 +349,19 @@ def test_dynamic_shapes_compile_once_and_keep_the_eager_bits(fresh_dynamo):
             y.square().sum().backward()
             outs.append([y.detach(), xg.grad, m[0].weight.grad.clone()])
         assert all(torch.equal(a, b) for a, b in zip(*outs)), tokens
+
+
+def test_backend_state_is_allocated_when_a_layer_arrives_on_a_device(monkeypatch):
+    """The triton backend's inexact counter exists on the weight's device once a layer is made or moved, before
+    any call: made lazily inside the first call of a model compiled with mode="reduce-overhead", it would sit in
+    the CUDA-graph pool without being a graph output, which cudagraph trees refuse (AdaHOP on the H200)."""
+    backend = fp4train.backends.get("triton")
+    monkeypatch.setattr(backend, "inexact", None)
+    q = fp4train.convert(nn.Sequential(nn.Linear(128, 96)), "mxfp4", backend="triton")[0]
+    assert backend.inexact is not None and backend.inexact.device == q.weight.device
+    monkeypatch.setattr(backend, "inexact", None)
+    q.to(torch.float64)  # any move goes through nn.Module._apply
+    assert backend.inexact is not None and backend.inexact.device == q.weight.device
+    monkeypatch.setattr(backend, "inexact", None)
+    q.to("meta")  # no storage: nothing to allocate there
+    assert backend.inexact is None

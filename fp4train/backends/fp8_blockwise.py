@@ -161,6 +161,14 @@ class Fp8BlockwiseBackend:
             self.inexact = torch.zeros((), dtype=torch.int32, device=device)
         return self.inexact
 
+    def allocate_state(self, device) -> None:
+        """Allocate now the device state kept across calls (the inexact counter) for ``device``.
+        QuantizedLinear calls this when its weight arrives on a device: made lazily inside the first
+        call of a model compiled with ``mode="reduce-overhead"``, the counter would live in the CUDA-graph
+        memory pool without being a graph output, which cudagraph trees refuse ("Detected 1 tensor(s)
+        in the cudagraph pool not tracked as outputs": AdaHOP's first compiled step on the H200)."""
+        self._counter(torch.device(device))
+
     # What this backend prepares itself, as predicates on the specs (known when a model is converted) and
     # on the tensor (known at the call): operand() and operand_pair() decide by them, and the graph ops
     # (linear/graph_op.py) ask them which shared preparation of X a layer's fake implementation describes.

@@ -191,7 +191,14 @@ def _check(name: str, x: torch.Tensor, scale: str, rounding: str) -> torch.Tenso
     return x.contiguous()
 
 
-def _quantize_1d(fmt: str, x, scale, rounding, seed, blocks_per_program, num_warps=None) -> QuantizedTensor:
+# (blocks per program, warps) of the 1D MX kernel by format: the fastest of bench/fold_sweep.py --kernels mx1d on the
+# H200 (16384 x 8192 BF16; bench/results/fold_sweep-NVIDIA_H200-mx1d-38bdbed.json): MXFP4 64 blocks, 4 warps
+# (nearest 0.274 ms, stochastic 0.438 ms; the earlier 4 blocks 0.752 / 0.948 ms), MXFP8 32 blocks, 4 warps (0.269 ms;
+# 4 blocks 0.748 ms).
+MX1D_LAUNCH = {"mxfp4": (64, 4), "mxfp8": (32, 4)}
+
+
+def _quantize_1d(fmt: str, x, scale, rounding, seed, blocks_per_program=None, num_warps=None) -> QuantizedTensor:
     name = f"quantize_{fmt}"
     if x.ndim == 2 and x.shape[1] % 32:
         raise ValueError(f"{name} needs a 2D tensor whose last dim is a multiple of 32, got {tuple(x.shape)}")
@@ -202,22 +209,25 @@ def _quantize_1d(fmt: str, x, scale, rounding, seed, blocks_per_program, num_war
     codes = torch.empty(rows, k // 2 if elem == E2M1 else k, dtype=torch.uint8, device=x.device)
     scales = torch.empty(rows, nb, dtype=torch.uint8, device=x.device)
     sr, key, key2 = _keys(rounding, seed)
+    bp, warps = blocks_per_program or MX1D_LAUNCH[fmt][0], num_warps or MX1D_LAUNCH[fmt][1]
+    if bp < 1 or bp & (bp - 1):
+        raise ValueError(f"{name}: blocks_per_program must be a power of two, got {bp}")
     if rows and nb:
-        _mx_kernel[(rows, triton.cdiv(nb, blocks_per_program))](
+        _mx_kernel[(rows, triton.cdiv(nb, bp))](
             x, codes, scales, nb, x.stride(0), codes.stride(0), scales.stride(0), key, key2,
-            CEIL=scale == "ceil", SR=sr, BLOCKS=blocks_per_program, ELEM=elem, num_warps=num_warps or 4)
+            CEIL=scale == "ceil", SR=sr, BLOCKS=bp, ELEM=elem, num_warps=warps)
     return QuantizedTensor(fmt, codes, scales, None, BlockLayout(tuple(x.shape), (32,), 1), x.dtype)
 
 
 def quantize_mxfp4(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None,
-                   blocks_per_program: int = 4, num_warps: int | None = None) -> QuantizedTensor:
+                   blocks_per_program: int | None = None, num_warps: int | None = None) -> QuantizedTensor:
     """MXFP4 along the last dim of a 2D tensor (last dim a multiple of 32), fused; see the module docstring.
-    ``blocks_per_program`` (a power of two) / ``num_warps``: launch tuning, the same bits."""
+    ``blocks_per_program`` (a power of two) / ``num_warps``: launch tuning (:data:`MX1D_LAUNCH`), the same bits."""
     return _quantize_1d("mxfp4", x, scale, rounding, seed, blocks_per_program, num_warps)
 
 
 def quantize_mxfp8(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None,
-                   blocks_per_program: int = 4, num_warps: int | None = None) -> QuantizedTensor:
+                   blocks_per_program: int | None = None, num_warps: int | None = None) -> QuantizedTensor:
     """MXFP8 (E4M3 elements, one code byte each) along the last dim, as :func:`quantize_mxfp4`."""
     return _quantize_1d("mxfp8", x, scale, rounding, seed, blocks_per_program, num_warps)
 

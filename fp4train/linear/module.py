@@ -45,6 +45,22 @@ class QuantizedLinear(nn.Linear):
         self.backend = backends.get(backend)
         self.spec = spec
         self.recipe_name = recipe_name
+        self._allocate_backend_state()
+
+    def _allocate_backend_state(self) -> None:
+        """Let the backend allocate the state it keeps per device (fp8_blockwise/triton: the inexact counter)
+        on the weight's device now, outside any compiled call (see ``Fp8BlockwiseBackend.allocate_state``)."""
+        # whatever the spec: AdaHOP's layers start unquantized and get their specs from calibration
+        allocate = getattr(getattr(self, "backend", None), "allocate_state", None)
+        weight = getattr(self, "weight", None)
+        if allocate is not None and weight is not None and weight.device.type != "meta":
+            allocate(weight.device)
+
+    def _apply(self, fn, *args, **kwargs):
+        """``.to()``, ``.cuda()``, ...: the module moves, and the backend's state follows to its new device."""
+        out = super()._apply(fn, *args, **kwargs)
+        self._allocate_backend_state()
+        return out
 
     @property
     def spec(self) -> LinearSpec:
