@@ -47,6 +47,9 @@ HELP = {
     "device": "auto (GPU if there is one), cpu, cuda or cuda:N",
     "dtype": "autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32",
     "compile": "torch.compile the model",
+    "compile_mode": "with --compile: default, or reduce-overhead (each step replayed as CUDA graphs: no per-kernel "
+    "launch from the host, which bounds the quantized recipes' speed at small models; layers that draw a stochastic-"
+    "rounding seed - tib2d, nvfp4, hadamard_mxfp4 - are left out of the graphs for now)",
     "numerics": "how quantization runs, same bits in each: eager (reference ops), compiled (torch.compile'd "
     "reference), triton (fp4train's kernels where they exist); default: triton with the triton backend (the default "
     "on a GPU machine), eager elsewhere",

@@ -445,3 +445,24 @@ def test_readme_session_16_host_figures_are_the_committed_h200_results():
     sweep = json.loads((res / "fold_sweep-NVIDIA_H200-mx1d-38bdbed.json").read_text())["results"]
     ms = {(r["blocks_per_program"], r["num_warps"]): r["ms"] for r in sweep if r["group"] == "mx1d (mxfp4, nearest)"}
     assert f"runs {ms[(4, 4)] / ms[(64, 4)]:.1f}× faster" in readme
+
+
+def test_host_overhead_explains_itself_and_measures_a_step(capsys, monkeypatch):
+    """bench/host_overhead.py: --help; refuses to run without a GPU (its question is the host beside one); its
+    measurement on the CPU (synchronisation stubbed): the step's wall and enqueue times and the profiled functions,
+    fp4train's own among them for a quantized recipe."""
+    mod = _load("host_overhead")
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--help"])
+    assert e.value.code == 0 and "Host (CPU) time of one training step" in capsys.readouterr().out
+    if torch.cuda.is_available():
+        return
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        mod.main([])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    args = mod.argparse.Namespace(model="tiny", batch_size=1, seq_len=32, compile=False, warmup=1, steps=2, profile_steps=1, top=40)
+    r = mod.measure(args, "mxfp4", torch.device("cpu"))
+    assert r["recipe"] == "mxfp4" and r["wall_ms_per_step"] >= r["enqueue_ms_per_step"] > 0 and r["profiled_ms_per_step"] > 0
+    assert len(r["top_cumtime"]) == 40 and any(f["function"].startswith("fp4train/") for f in r["top_cumtime"])
+    assert all(f["calls_per_step"] > 0 and f["cumtime_ms"] >= f["tottime_ms"] for f in r["top_tottime"])

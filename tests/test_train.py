@@ -178,3 +178,30 @@ def test_resume_reuses_the_saved_config_and_refuses_changed_settings(tmp_path, c
     rc = main(["train", "--out", str(out), "--resume", "--recipe", "tib2d", "--max-steps", "6"])
     assert rc == 2
     assert "cannot resume: the run's settings changed (recipe: checkpoint 'mxfp4' vs now 'tib2d')" in capsys.readouterr().err
+
+
+def test_compile_mode_is_checked_and_says_which_recipes_stay_out_of_cuda_graphs(tmp_path, monkeypatch):
+    """--compile-mode: a bad mode is refused with the choices; under reduce-overhead the trainer compiles with that
+    mode and says once which layers draw host seeds (their graphs run without CUDA graphs), and nothing for a recipe
+    without seeds; each compiled call starts a CUDA-graph step."""
+    with pytest.raises(ValueError, match="compile_mode must be default or reduce-overhead, got 'fast'"):
+        TrainConfig(compile_mode="fast")
+    with pytest.raises(ValueError, match="compile_mode reduce-overhead takes grad_accum 1 \\(got 2\\)"):
+        TrainConfig(compile_mode="reduce-overhead", grad_accum=2)
+    modes = []
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: modes.append(mode) or model)  # no compilation here
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    for recipe, says in (("tib2d", True), ("mxfp4", False)):
+        logs = []
+        cfg = TrainConfig(model="tiny", recipe=recipe, seq_len=32, batch_size=2, max_steps=1, eval_batches=1, out=str(tmp_path / recipe),
+                          progress=False, tensorboard=False, device="cpu", compile=True, compile_mode="reduce-overhead")
+        t = Trainer(cfg, log=logs.append)
+        assert modes[-1] == "reduce-overhead"
+        assert any("draw their stochastic-rounding seeds on the host" in m and recipe in m for m in logs) == says
+        n = len(marks)
+        t.train_step()
+        assert len(marks) == n + 1  # one per step (one micro-batch)
+    Trainer(TrainConfig(model="tiny", seq_len=32, batch_size=2, out=str(tmp_path / "d"), progress=False, tensorboard=False,
+                        device="cpu", compile=True), log=lambda m: None)
+    assert modes[-1] is None  # default: torch.compile's own default

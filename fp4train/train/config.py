@@ -45,6 +45,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     compile: bool = False
+    compile_mode: str = "default"  # with compile: default | reduce-overhead (the steps replayed as CUDA graphs)
     numerics: str | None = None  # eager | compiled | triton (same bits in each); None: the backend's (triton on a GPU)
     progress: bool = True
     tensorboard: bool = True
@@ -64,6 +65,13 @@ class TrainConfig:
             problems.append(f"lr must be > 0, got {self.lr}")
         if self.numerics not in (None, "eager", "compiled", "triton"):
             problems.append(f"numerics must be eager, compiled or triton, got {self.numerics!r}")
+        if self.compile_mode not in ("default", "reduce-overhead"):
+            problems.append(f"compile_mode must be default or reduce-overhead, got {self.compile_mode!r}")
+        if self.compile_mode == "reduce-overhead" and self.grad_accum > 1:
+            # each compiled call starts a CUDA-graph step, whose replay may overwrite the gradients that earlier
+            # micro-batches left in the graphs' memory
+            problems.append(f"compile_mode reduce-overhead takes grad_accum 1 (got {self.grad_accum}): a larger batch_size "
+                            "instead, or compile_mode default")
         if self.dtype not in ("auto", "bf16", "fp32"):
             problems.append(f"dtype must be auto, bf16 or fp32, got {self.dtype!r}")
         if problems:

@@ -29,6 +29,7 @@ from ..adahop.calibration import Calibration, PatternRecorder
 from ..timing import code_commit
 from ..convert import convert
 from ..data import PackedBatches, eval_batches, load_splits, load_tokenizer
+from ..linear import QuantizedLinear
 from .checkpoint import Checkpoints
 from .config import TrainConfig
 
@@ -106,7 +107,7 @@ class Trainer:
         self.evals = eval_batches(self.val_split, cfg.seq_len, cfg.batch_size, cfg.eval_batches)
         self.ckpts = Checkpoints(self.out, keep=cfg.keep_checkpoints)
         self.step = 0
-        self.forward = torch.compile(self.model) if cfg.compile else self.model
+        self.forward = self._compiled() if cfg.compile else self.model
         # AdaHOP: calibrate during the first steps (in BF16), or reuse a saved calibration
         self.calibration: Calibration | None = None
         self.recorder: PatternRecorder | None = None
@@ -124,7 +125,28 @@ class Trainer:
         self.calibration = cal
         convert(self.model, cal.recipe(self.recipe.name, base=self.recipe), backend=self.cfg.backend)
         if self.cfg.compile:
-            self.forward = torch.compile(self.model)
+            self.forward = self._compiled()
+
+    def _compiled(self):
+        """The model under ``torch.compile`` with the config's mode. With ``reduce-overhead`` Inductor replays each
+        graph as CUDA graphs; a quantized layer whose spec draws a stochastic-rounding or random-sign seed outputs
+        that seed as a CPU tensor (drawn on the host each call), which keeps its graph out of them (Inductor logs
+        "skipping cudagraphs"): still correct, not faster. Said once here rather than left to the log."""
+        mode = self.cfg.compile_mode
+        if mode == "reduce-overhead":
+            seeded = sorted({m.recipe_name or "?" for m in self.model.modules()
+                             if isinstance(m, QuantizedLinear) and m.spec.needs_seed})
+            if seeded:
+                self.log(f"fp4train: compile_mode reduce-overhead: the layers of {', '.join(seeded)} draw their stochastic-"
+                         "rounding seeds on the host, so their graphs run without CUDA graphs (correct, not faster)")
+        return torch.compile(self.model, mode=None if mode == "default" else mode)
+
+    def _step_begins(self) -> None:
+        """Before each compiled call under CUDA graphs: a new iteration (the previous replay's outputs may be
+        overwritten; everything kept from it - the loss sum, the evaluation total - is copied out first; the
+        gradients are used and freed within the step, which is why the config asks grad_accum 1)."""
+        if self.cfg.compile and self.cfg.compile_mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
 
     # ---- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -179,6 +201,7 @@ class Trainer:
         total, n = 0.0, 0
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             for x, y in self.evals:
+                self._step_begins()
                 with self._autocast():
                     loss = self.forward(x.to(self.device), y.to(self.device))
                 total += loss.float().item() * x.numel()
@@ -191,6 +214,7 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         for _ in range(cfg.grad_accum):
             x, y = self.batches.next_batch()
+            self._step_begins()
             with self._autocast():
                 loss = self.forward(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
             (loss / cfg.grad_accum).backward()
