@@ -5,7 +5,10 @@
 #   bash scripts/gpu/e2e_speed.sh COMMIT MODEL BATCH [RECIPES]
 # A recipe that fails (memory, compile) is recorded with its error; the rest still run.
 set -u
-python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+# torchao travels as wheels (carry [".whl"]); without them its recipe is recorded with its import error
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+fi
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 FP4TRAIN_COMMIT=$1
 R=${4:-bf16,fp8_rowwise,torchao_fp8_rowwise,mxfp4,hadamard_mxfp4,tib2d,adahop,nvfp4}
 timeout 560 python3 bench/train_speed.py --model $2 --seq-len 2048 --batch-size $3 --compile --recipes $R \
