@@ -288,11 +288,12 @@ def _fold_words_near(t, d):
 
 
 @triton.jit
-def _words_to_codes(t, LEAD: tl.constexpr):
-    """Words of four one-per-byte codes ``[LEAD, 8]`` -> the codes ``[LEAD, 32]`` (int32): word ``j``,
-    byte ``i`` is element ``4j + i``."""
+def _word_bytes(t, MASK: tl.constexpr, LEAD: tl.constexpr, WORDS: tl.constexpr):
+    """Words ``[LEAD, WORDS]`` (uint32) -> their bytes ``[LEAD, 4 * WORDS]`` (int32), each ANDed with ``MASK``:
+    word ``j``, byte ``i`` is element ``4j + i`` (little endian). ``MASK`` 15: one-per-byte E2M1 codes
+    (:func:`_spread_nibbles`); 0xFF: E4M3 bytes (:func:`_fold_words_near`)."""
     lane = (tl.arange(0, 4) * 8).to(tl.uint32)
-    return tl.reshape(((t[:, :, None] >> lane[None, None, :]) & 15).to(tl.int32), [LEAD, 32])
+    return tl.reshape(((t[:, :, None] >> lane[None, None, :]) & MASK).to(tl.int32), [LEAD, 4 * WORDS])
 
 
 @triton.jit
@@ -358,7 +359,7 @@ def _packed_fold_kernel(pc_ptr, ps_ptr, codes_ptr, scales_ptr, count_ptr, R, spw
                 tb = _spread_nibbles(tl.load(pc_ptr.to(tl.pointer_type(tl.uint16)) + rc[:, None] * spw + wb[None, :],
                                              mask=mc[:, None], other=0).to(tl.uint32))
                 db = tl.sum(tl.where(tl.arange(0, 4)[None, :] == b, dc, 0), axis=1)  # [CH]
-                byte = _fold_bytes_any(tl.reshape(_words_to_codes(tb, CH), [CH, 1, 32]), db[:, None], mc, count_ptr, CH)
+                byte = _fold_bytes_any(tl.reshape(_word_bytes(tb, 15, CH, 8), [CH, 1, 32]), db[:, None], mc, count_ptr, CH)
                 tl.store(out_w + rc[:, None] * scw + wb[None, :], _bytes_to_words(tl.reshape(byte, [CH, 32]), CH), mask=mc[:, None])
     _store_group_scale(g, nan_g, r, rmask, scales_ptr, ss, RB, GR)
 
@@ -383,9 +384,7 @@ def _packed_fold_t_kernel(pc_ptr, ps_ptr, codes_ptr, scales_ptr, count_ptr, spw,
     live = tl.max(tl.max(t & 0x07070707, axis=3), axis=1) > 0  # [4, 4] tiles with a nonzero element
     r = tl.program_id(0) * 128 + tl.arange(0, 128)  # operand rows
     if tl.max(tl.reshape(tl.where(live, d, 0), [16]), axis=0) <= 11:
-        out = tl.reshape(_fold_words_near(t, d[:, None, :, None]), [128, 32])
-        lane = (tl.arange(0, 4) * 8).to(tl.uint32)
-        byte = tl.reshape((out[:, :, None] >> lane[None, None, :]) & 0xFF, [128, 128]).to(tl.uint8)
+        byte = _word_bytes(tl.reshape(_fold_words_near(t, d[:, None, :, None]), [128, 32]), 0xFF, 128, 32).to(tl.uint8)
         tl.store(codes_ptr + r[:, None] * sc + k[None, :], tl.trans(byte))
     else:  # 16 stored rows x 32 stored columns at a time, re-read (a loop: its registers do not weigh on the usual path)
         for c in range(8):
@@ -395,7 +394,7 @@ def _packed_fold_t_kernel(pc_ptr, ps_ptr, codes_ptr, scales_ptr, count_ptr, spw,
                 tb = _spread_nibbles(tl.load(pc_ptr.to(tl.pointer_type(tl.uint16)) + kc[:, None] * spw + wb[None, :]).to(tl.uint32))
                 # the shift of tile (c // 2, b): one value for these 16 x 32 elements
                 db = tl.sum(tl.sum(tl.where((tl.arange(0, 4)[:, None] == c // 2) & (tl.arange(0, 4)[None, :] == b), d, 0), axis=1), axis=0)
-                byte = _fold_bytes_any(tl.reshape(_words_to_codes(tb, 16), [16, 1, 32]), tl.zeros([16, 1], tl.int32) + db,
+                byte = _fold_bytes_any(tl.reshape(_word_bytes(tb, 15, 16, 8), [16, 1, 32]), tl.zeros([16, 1], tl.int32) + db,
                                        kc >= 0, count_ptr, 16)
                 rb = tl.program_id(0) * 128 + b * 32 + tl.arange(0, 32)
                 tl.store(codes_ptr + rb[:, None] * sc + kc[None, :], tl.trans(tl.reshape(byte, [16, 32]).to(tl.uint8)))
