@@ -103,6 +103,27 @@ def derive_seed(seed: int, *salt: int) -> int:
     return s
 
 
+def derive_seed_tensor(seed: torch.Tensor, *salt: int | torch.Tensor) -> torch.Tensor:
+    """:func:`derive_seed` on int64 tensors (seeds in [0, 2**62), salts in [0, 2**62) as ints or tensors),
+    bit for bit: the same mixing with every product taken mod 2**32 (:func:`_mul32`), so that a seed kept on a
+    device is derived there - by ops a CUDA graph can capture - without a host round trip."""
+    s = seed & ((1 << 62) - 1)
+    for v in salt:
+        vc = (v * 0x632BE5AB) & _MASK32 if isinstance(v, int) else _mul32(v & _MASK32, 0x632BE5AB)
+        a = lowbias32((s & _MASK32) ^ vc)
+        b = lowbias32(((s >> 32) + v) & _MASK32)
+        s = ((a << 30) ^ b) & ((1 << 62) - 1)
+    return s
+
+
+def seed_keys_tensor(seed: torch.Tensor) -> torch.Tensor:
+    """:func:`seed_keys` of a 0-d int64 seed tensor as an int64 tensor ``[key, key2]`` on its device (what
+    :func:`uniform_keys` and the kernels take)."""
+    key = _mul32(seed & _MASK32, _GOLDEN)  # (seed * golden) mod 2**32 depends on seed mod 2**32 only
+    key2 = ((seed >> 32) ^ 0x85EBCA6B) & _MASK32
+    return torch.stack([key, key2])
+
+
 def fresh_seed() -> int:
     """A seed drawn from torch's default CPU generator (so ``torch.manual_seed`` governs it).
 
@@ -110,3 +131,74 @@ def fresh_seed() -> int:
     saves with ``torch.get_rng_state()``.
     """
     return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
+
+
+class DeviceSeedStream:
+    """Per-call seeds made on a device, by ops a CUDA graph can capture: call ``n``'s seed is
+    ``derive_seed(base, n)`` (:func:`derive_seed_tensor`), an int64 0-d tensor that never visits the host.
+
+    ``base`` is drawn from torch's CPU generator when the stream is made (so ``torch.manual_seed`` governs it);
+    the call counter lives on the device and is advanced by each :meth:`next`. Replayed as a CUDA graph, the
+    captured ``next`` advances the counter again, so each replay draws fresh seeds - which a seed drawn on the
+    host at capture time would not. Make the stream before any capture (its tensors must not live in a graph's
+    memory pool): :func:`device_seed_stream` is called when a quantized layer arrives on its device.
+    """
+
+    def __init__(self, device, base: int | None = None):
+        self.base = fresh_seed() if base is None else int(base)
+        self._base = torch.tensor(self.base, dtype=torch.int64, device=device)
+        self.count = torch.zeros((), dtype=torch.int64, device=device)
+
+    def next(self) -> torch.Tensor:
+        """The next call's seed (0-d int64 on the stream's device)."""
+        self.count.add_(1)
+        return derive_seed_tensor(self._base, self.count)
+
+    def state_dict(self) -> dict:
+        return {"base": self.base, "count": int(self.count)}  # one host read: at checkpoint time only
+
+    def load_state_dict(self, st: dict) -> None:
+        self.base = int(st["base"])
+        self._base.fill_(self.base)
+        self.count.fill_(int(st["count"]))
+
+
+_STREAMS: dict[torch.device, DeviceSeedStream] = {}
+
+
+def _device_key(device) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def device_seed_stream(device) -> DeviceSeedStream:
+    """This process's seed stream on ``device`` (made on first use)."""
+    device = _device_key(device)
+    if device not in _STREAMS:
+        _STREAMS[device] = DeviceSeedStream(device)
+    return _STREAMS[device]
+
+
+def restart_device_seed_stream(device) -> DeviceSeedStream:
+    """The stream on ``device``, made or restarted now with a new base from torch's CPU generator and its count
+    at 0 - the same draw whether the process had made one before (a run's seeds must not depend on what ran
+    earlier in the process). An existing stream keeps its tensors: graphs captured with them stay valid."""
+    base = fresh_seed()  # one draw either way
+    device = _device_key(device)
+    if device not in _STREAMS:
+        _STREAMS[device] = DeviceSeedStream(device, base=base)
+    else:
+        _STREAMS[device].load_state_dict({"base": base, "count": 0})
+    return _STREAMS[device]
+
+
+def device_seed_state() -> dict:
+    """Every stream's state by device name (what a checkpoint saves beside torch's RNG states)."""
+    return {str(d): s.state_dict() for d, s in _STREAMS.items()}
+
+
+def load_device_seed_state(state: dict) -> None:
+    for name, st in state.items():
+        device_seed_stream(name).load_state_dict(st)

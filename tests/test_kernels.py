@@ -763,3 +763,53 @@ def test_fp8_rowwise_both_layouts_from_two_reads_equal_the_reference(dtype, shap
         assert got.layout == ref.layout and torch.equal(got.codes.cpu(), ref.codes), axis
         torch.testing.assert_close(got.scales.cpu(), ref.scales, rtol=0, atol=0, equal_nan=True)
         assert bool(ref.scales.isnan().any())
+
+
+def _device_keys_cases():
+    """(name, launch(x, seed)) for every kernel that rounds stochastically: its outputs as a tuple of tensors."""
+    from fp4train.kernels import (mxfp4_values, mxfp8_values, nvfp4_tile_values, nvfp4_values, quantize_mxfp4, quantize_mxfp4_2d,
+                                  quantize_mxfp4_dual, quantize_mxfp4_fp8, quantize_mxfp8, quantize_mxfp8_2d, quantize_nvfp4,
+                                  quantize_nvfp4_2d)
+    from fp4train.kernels.mx_quantize import quantize_mxfp4_columns
+    from fp4train.kernels.nvfp4_quantize import quantize_nvfp4_columns
+
+    sr = dict(rounding="stochastic")
+    q = lambda t: (t.codes, t.scales)  # noqa: E731
+    return [
+        ("mxfp4", lambda x, s: q(quantize_mxfp4(x, seed=s, **sr))),
+        ("mxfp8", lambda x, s: q(quantize_mxfp8(x, seed=s, **sr))),
+        ("mxfp4 columns", lambda x, s: q(quantize_mxfp4_columns(x, seed=s, **sr))),
+        ("mxfp4 dual", lambda x, s: (*q(quantize_mxfp4_dual(x, rounding=("stochastic",) * 2, seed=(s, s))[0]),
+                                     *q(quantize_mxfp4_dual(x, rounding=("stochastic",) * 2, seed=(s, s))[1]))),
+        ("mxfp4 32x32 even/odd", lambda x, s: q(quantize_mxfp4_2d(x, seed=s, pairs=True, **sr))),
+        ("mxfp4 32x32 general", lambda x, s: q(quantize_mxfp4_2d(x, seed=s, pairs=False, **sr))),
+        ("mxfp8 32x32", lambda x, s: q(quantize_mxfp8_2d(x, seed=s, **sr))),
+        ("mxfp4 values", lambda x, s: tuple(mxfp4_values(x, axis=a, seed=s, **sr).values for a in (1, 0, None))),
+        ("mxfp8 values", lambda x, s: (mxfp8_values(x, axis=1, seed=s, **sr).values,)),
+        ("mxfp4 -> fp8", lambda x, s: tuple(t for a in (1, 0) for t in q(quantize_mxfp4_fp8(x, group_rows=1, axis=a, seed=s, **sr)))),
+        ("mxfp4 -> fp8 hadamard", lambda x, s: q(quantize_mxfp4_fp8(x, group_rows=128, seed=s, hadamard_block=32, **sr))),
+        ("nvfp4", lambda x, s: q(quantize_nvfp4(x, seed=s, **sr))),
+        ("nvfp4 columns", lambda x, s: q(quantize_nvfp4_columns(x, seed=s, **sr))),
+        ("nvfp4 16x16", lambda x, s: (*q(quantize_nvfp4_2d(x, seed=s, **sr)), nvfp4_tile_values(x, seed=s, **sr).values)),
+        ("nvfp4 values", lambda x, s: tuple(nvfp4_values(x, axis=a, seed=s, **sr).values for a in (1, 0))),
+    ]
+
+
+@pytest.mark.parametrize("case", range(15))
+def test_stochastic_kernels_take_the_seed_from_the_device(case):
+    """A seed that lives on the device - its keys as an int64 tensor there (counter_rng.seed_keys_tensor), what a
+    CUDA graph can capture and replay with fresh values - gives every stochastic-rounding kernel the same bits as
+    the same seed given as a host int; another seed gives other bits; keys of the wrong shape are refused."""
+    from fp4train import counter_rng
+
+    name, launch = _device_keys_cases()[case]
+    x = torch.randn(128, 128, generator=torch.Generator().manual_seed(case)).to(DEV)  # finite: every draw shows
+    seed = 2**40 + 12345 + case
+    keys = counter_rng.seed_keys_tensor(torch.tensor(seed, dtype=torch.int64, device=DEV))
+    bits = lambda t: t.view({2: torch.int16, 4: torch.int32}[t.element_size()]) if t.is_floating_point() else t  # noqa: E731
+    same = lambda a, b: len(a) == len(b) and all(torch.equal(bits(u), bits(v)) for u, v in zip(a, b))  # NaN blocks too  # noqa: E731
+    host, device = launch(x, seed), launch(x, keys)
+    assert same(host, device), name
+    assert not same(host, launch(x, counter_rng.seed_keys_tensor(torch.tensor(seed + 1, dtype=torch.int64, device=DEV)))), name
+    with pytest.raises(ValueError, match="int64 keys"):
+        launch(x, keys[:1])

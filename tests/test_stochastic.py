@@ -129,3 +129,46 @@ def test_host_seed_mixing_matches_the_tensor_hash():
     assert counter_rng.lowbias32(x).tolist() == [counter_rng._lowbias32_int(v) for v in x.tolist()]
     seeds = {counter_rng.derive_seed(7, g, o) for g in range(3) for o in range(3)}
     assert len(seeds) == 9 and all(0 <= s < 2**62 for s in seeds)
+
+
+def test_seed_derivation_on_tensors_matches_the_host_ints():
+    """derive_seed_tensor / seed_keys_tensor (a seed kept on a device, derived there) give derive_seed's and
+    seed_keys' values bit for bit, for salts given as ints or as tensors, at the ends of the 62-bit range too."""
+    g = torch.Generator().manual_seed(5)
+    seeds = torch.randint(0, 2**62, (64,), generator=g, dtype=torch.int64).tolist() + [0, 1, 2**32 - 1, 2**32, 2**62 - 1]
+    for s in seeds:
+        t = torch.tensor(s, dtype=torch.int64)
+        for salt in ((), (0,), (1, 2), (3, 0), (2**40 + 7,)):
+            want = counter_rng.derive_seed(s, *salt)
+            assert counter_rng.derive_seed_tensor(t, *salt).item() == want, (s, salt)
+            assert counter_rng.derive_seed_tensor(t, *(torch.tensor(v) for v in salt)).item() == want, (s, salt)
+        assert counter_rng.seed_keys_tensor(t).tolist() == list(counter_rng.seed_keys(s)), s
+
+
+def test_device_seed_stream_draws_fresh_reproducible_seeds_and_restores_its_state():
+    """Call n of a stream is derive_seed(base, n), made on the stream's device; base follows torch.manual_seed;
+    a saved state continues the same sequence."""
+    torch.manual_seed(3)
+    s = counter_rng.DeviceSeedStream("cpu")
+    torch.manual_seed(3)
+    assert s.base == counter_rng.fresh_seed()
+    got = [s.next().item() for _ in range(4)]
+    assert got == [counter_rng.derive_seed(s.base, n) for n in (1, 2, 3, 4)] and len(set(got)) == 4
+    st = s.state_dict()
+    after = [s.next().item() for _ in range(3)]
+    t = counter_rng.DeviceSeedStream("cpu", base=1)
+    t.load_state_dict(st)
+    assert [t.next().item() for _ in range(3)] == after
+
+
+def test_a_restarted_stream_does_not_depend_on_what_ran_before(monkeypatch):
+    """restart_device_seed_stream draws one base from the CPU generator whether the process made the stream
+    before or not (a run's seeds must not depend on the process's history), and keeps an existing stream's tensors."""
+    monkeypatch.setattr(counter_rng, "_STREAMS", {})
+    torch.manual_seed(11)
+    fresh = counter_rng.restart_device_seed_stream("cpu")
+    first = (fresh.base, [fresh.next().item() for _ in range(2)])
+    count = fresh.count
+    torch.manual_seed(11)
+    again = counter_rng.restart_device_seed_stream("cpu")
+    assert again is fresh and again.count is count and (again.base, [again.next().item() for _ in range(2)]) == first

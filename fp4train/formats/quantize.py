@@ -101,9 +101,15 @@ def geometry(x: torch.Tensor, info: FormatInfo, axis: int, block) -> tuple[tuple
     return ((int(block),) if block is not None else None), axis % x.ndim
 
 
-def sr_keys(seed: int | None) -> torch.Tensor:
+def sr_keys(seed: int | torch.Tensor | None) -> torch.Tensor:
     """Stochastic-rounding keys (int64 ``[2]``) for ``seed`` (``None``: a fresh one), on the CPU
-    so that no host-to-device copy is needed."""
+    so that no host-to-device copy is needed; a seed given as its keys already (an int64 ``[2]`` tensor,
+    :func:`~fp4train.counter_rng.seed_keys_tensor`, e.g. on a device) is returned as it is."""
+    if isinstance(seed, torch.Tensor):
+        if seed.shape != (2,) or seed.dtype != torch.int64:
+            raise ValueError(f"a seed given as a tensor must be its int64 keys [key, key2] (counter_rng.seed_keys_tensor), "
+                             f"got {seed.dtype} {tuple(seed.shape)}")
+        return seed
     if seed is None:
         seed = counter_rng.fresh_seed()
     return torch.tensor(counter_rng.seed_keys(seed), dtype=torch.int64)
@@ -260,8 +266,10 @@ def _check(x, fmt, axis, block, scale, rounding, seed, four_over_six) -> FormatI
         )
     if four_over_six and fmt != "nvfp4":
         raise ValueError(f"four_over_six is an NVFP4 option, not available for {fmt}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+    if isinstance(seed, torch.Tensor):  # a seed's keys, made where the seed lives (counter_rng.seed_keys_tensor)
+        sr_keys(seed)  # checks them
+    elif seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"seed must be an int, its keys as an int64 [2] tensor, or None, got {type(seed).__name__}")
     if not isinstance(axis, int) or not -x.ndim <= axis < x.ndim:
         raise ValueError(f"axis={axis} is out of range for a tensor with {x.ndim} dims")
     if isinstance(block, (tuple, list)):

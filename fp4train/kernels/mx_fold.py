@@ -25,7 +25,7 @@ from ..formats.fold import FoldedFP8, empty_folded
 from ..formats.qtensor import QuantizedTensor
 from .e4m3 import e4m3_rtne
 from .hadamard import _butterfly
-from .mx_quantize import _e2m1_codes, _keys, _pow2, _scale_exponent, _uniforms, _with_sign, quantize_mxfp4_columns
+from .mx_quantize import _e2m1_codes, _kernel_keys, _keys, _pow2, _scale_exponent, _uniforms, _with_sign, quantize_mxfp4_columns
 
 
 @triton.jit
@@ -40,7 +40,8 @@ def _round_bf16(y):
 @triton.jit(do_not_specialize=["key", "key2"])
 def _fold_kernel(x_ptr, d_ptr, codes_ptr, scales_ptr, count_ptr, R, K, s_r, s_k, sc, ss, key, key2,
                  CEIL: tl.constexpr, SR: tl.constexpr, GR: tl.constexpr, RB: tl.constexpr,
-                 HAD: tl.constexpr, LOG_HAD: tl.constexpr, HAS_D: tl.constexpr, NORM: tl.constexpr, ROUND_BF16: tl.constexpr):
+                 HAD: tl.constexpr, LOG_HAD: tl.constexpr, HAS_D: tl.constexpr, NORM: tl.constexpr, ROUND_BF16: tl.constexpr,
+                 KEYS_PTR: tl.constexpr = False):
     """Program (i, j): rows i*RB .. +RB, columns j*128 .. +128 (RB = GR for 128x128 groups; any power of
     two for 1x128 groups, which are per row) of
     the operand [R, K] whose element (r, k) is ``x_ptr[r * s_r + k * s_k]``: x itself (``s_k`` = 1) or,
@@ -48,6 +49,7 @@ def _fold_kernel(x_ptr, d_ptr, codes_ptr, scales_ptr, count_ptr, R, K, s_r, s_k,
     ``HAD`` > 0: first the block-HAD Hadamard transform along the rows (signs ``d`` if HAS_D), exactly as
     kernels/hadamard.py does it, rounded to BF16 when the input is BF16 (the reference transforms into
     the input's dtype, then quantizes)."""
+    key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     r = tl.program_id(0) * RB + tl.arange(0, RB)
     c = tl.program_id(1) * 128 + tl.arange(0, 128)
     rmask = r < R
@@ -499,7 +501,7 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     R, K = op.shape
     codes, scales = empty_folded(R, K, group_rows, device=x.device)
     counter = torch.zeros((), dtype=torch.int32, device=x.device) if counter is None else counter
-    sr, key, key2 = _keys(rounding, seed)
+    sr, key, key2 = _keys(rounding, seed, x.device)
     rb_default, warps_default = FOLD_LAUNCH_HADAMARD[group_rows] if had else FOLD_LAUNCH[(along_0, group_rows)]
     rb = (rows_per_program or rb_default) if group_rows == 1 else 128
     if rb < 1 or rb & (rb - 1):
@@ -509,7 +511,8 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
                                                      op.stride(1), codes.stride(0), scales.stride(0), key, key2, CEIL=scale == "ceil", SR=sr,
                                                      GR=group_rows, RB=rb, num_warps=num_warps or warps_default, HAD=had,
                                                      LOG_HAD=max(had.bit_length() - 1, 0),
-                                                     HAS_D=d is not None, NORM=norm, ROUND_BF16=had > 0 and x.dtype == torch.bfloat16)
+                                                     HAS_D=d is not None, NORM=norm, ROUND_BF16=had > 0 and x.dtype == torch.bfloat16,
+                                                     KEYS_PTR=isinstance(key, torch.Tensor))
     return FoldedFP8(codes, scales, group_rows, counter)
 
 

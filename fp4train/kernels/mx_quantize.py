@@ -145,14 +145,30 @@ def _uniforms(idx, key, key2):
     return (h >> 8).to(tl.float32) * (1.0 / 16777216.0)
 
 
+@triton.jit
+def _kernel_keys(key, key2, KEYS_PTR: tl.constexpr):
+    """The stochastic-rounding keys a kernel hashes with: the host ints ``key``, ``key2`` as launched, or
+    (``KEYS_PTR``) the pair ``[key, key2]`` read from the int64 tensor ``key`` points to - a seed that lives on
+    the device (:func:`fp4train.counter_rng.seed_keys_tensor`), so that a CUDA graph replays fresh draws."""
+    if KEYS_PTR:
+        k1 = tl.load(key)
+        k2 = tl.load(key + 1)
+    else:
+        k1 = key
+        k2 = key2
+    return k1, k2
+
+
 @triton.jit(do_not_specialize=["key", "key2"])
 def _mx_kernel(
     x_ptr, codes_ptr, scales_ptr,
     n_blocks_row, stride_x, stride_c, stride_s,
     key, key2,
     CEIL: tl.constexpr, SR: tl.constexpr, BLOCKS: tl.constexpr, ELEM: tl.constexpr,
+    KEYS_PTR: tl.constexpr = False,
 ):
     """``BLOCKS`` consecutive 32-element blocks of one row."""
+    key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     row = tl.program_id(0)
     b0 = tl.program_id(1) * BLOCKS
     blk = b0 + tl.arange(0, BLOCKS)  # block index within the row
@@ -208,14 +224,14 @@ def _quantize_1d(fmt: str, x, scale, rounding, seed, blocks_per_program=None, nu
     elem = E2M1 if fmt == "mxfp4" else E4M3
     codes = torch.empty(rows, k // 2 if elem == E2M1 else k, dtype=torch.uint8, device=x.device)
     scales = torch.empty(rows, nb, dtype=torch.uint8, device=x.device)
-    sr, key, key2 = _keys(rounding, seed)
+    sr, key, key2 = _keys(rounding, seed, x.device)
     bp, warps = blocks_per_program or MX1D_LAUNCH[fmt][0], num_warps or MX1D_LAUNCH[fmt][1]
     if bp < 1 or bp & (bp - 1):
         raise ValueError(f"{name}: blocks_per_program must be a power of two, got {bp}")
     if rows and nb:
         _mx_kernel[(rows, triton.cdiv(nb, bp))](
             x, codes, scales, nb, x.stride(0), codes.stride(0), scales.stride(0), key, key2,
-            CEIL=scale == "ceil", SR=sr, BLOCKS=bp, ELEM=elem, num_warps=warps)
+            CEIL=scale == "ceil", SR=sr, BLOCKS=bp, ELEM=elem, KEYS_PTR=isinstance(key, torch.Tensor), num_warps=warps)
     return QuantizedTensor(fmt, codes, scales, None, BlockLayout(tuple(x.shape), (32,), 1), x.dtype)
 
 
@@ -238,8 +254,11 @@ def _mxfp4_dual_kernel(
     M, K, stride_x, stride_rc, stride_rs, stride_cc, stride_cs,
     key_r, key2_r, key_c, key2_c,
     CEIL_R: tl.constexpr, SR_R: tl.constexpr, CEIL_C: tl.constexpr, SR_C: tl.constexpr, NB: tl.constexpr,
+    KEYS_PTR_R: tl.constexpr = False, KEYS_PTR_C: tl.constexpr = False,
 ):
     """One read of a [32, 32*NB] tile -> MXFP4 along K (rows) and along M (columns)."""
+    key_r, key2_r = _kernel_keys(key_r, key2_r, KEYS_PTR_R)  # host ints, or device seeds' keys (CUDA graphs)
+    key_c, key2_c = _kernel_keys(key_c, key2_c, KEYS_PTR_C)
     pm = tl.program_id(0)
     pk = tl.program_id(1)
     BK: tl.constexpr = 32 * NB
@@ -299,8 +318,9 @@ def _store_columns(x, af, bad, m, kk, kmask, pm, M, key_c, key2_c, cc_ptr, cs_pt
 
 @triton.jit(do_not_specialize=["key", "key2"])
 def _mxfp4_cols_kernel(x_ptr, cc_ptr, cs_ptr, M, K, stride_x, stride_cc, stride_cs, key, key2,
-                       CEIL: tl.constexpr, SR: tl.constexpr, BK: tl.constexpr):
+                       CEIL: tl.constexpr, SR: tl.constexpr, BK: tl.constexpr, KEYS_PTR: tl.constexpr = False):
     """A [32, BK] tile of X -> MXFP4 along M (32x1 blocks down the columns), stored as X^T packed."""
+    key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     pm = tl.program_id(0)
     m = pm * 32 + tl.arange(0, 32)
     kk = tl.program_id(1) * BK + tl.arange(0, BK)
@@ -325,16 +345,24 @@ def quantize_mxfp4_columns(x: torch.Tensor, *, scale: str = "floor", rounding: s
     M, K = x.shape
     cc = torch.empty(K, M // 2, dtype=torch.uint8, device=x.device)
     cs = torch.empty(K, M // 32, dtype=torch.uint8, device=x.device)
-    sr, key, key2 = _keys(rounding, seed)
+    sr, key, key2 = _keys(rounding, seed, x.device)
     if M and K:
         _mxfp4_cols_kernel[(M // 32, triton.cdiv(K, block_cols))](x, cc, cs, M, K, x.stride(0), cc.stride(0), cs.stride(0),
                                                                    key, key2, CEIL=scale == "ceil", SR=sr, BK=block_cols,
-                                                                   num_warps=num_warps)
+                                                                   KEYS_PTR=isinstance(key, torch.Tensor), num_warps=num_warps)
     return QuantizedTensor("mxfp4", cc, cs, None, BlockLayout((M, K), (32,), 0), x.dtype)
 
 
-def _keys(rounding: str, seed: int | None) -> tuple[bool, int, int]:
+def _keys(rounding: str, seed: int | torch.Tensor | None, device: torch.device | None = None):
+    """``(stochastic?, key, key2)`` for a launch: the host ints of ``seed`` (a fresh one if None), or - ``seed`` an
+    int64 tensor ``[key, key2]`` on ``device`` (:func:`fp4train.counter_rng.seed_keys_tensor`) - that tensor and 0:
+    the kernel then reads the keys from it (launch it with ``KEYS_PTR=isinstance(key, torch.Tensor)``)."""
     sr = rounding == "stochastic"
+    if isinstance(seed, torch.Tensor):
+        if seed.shape != (2,) or seed.dtype != torch.int64 or (device is not None and seed.device != torch.device(device)):
+            raise ValueError(f"a seed given as a tensor must be its int64 keys [key, key2] on the data's device {device} "
+                             f"(counter_rng.seed_keys_tensor), got {seed.dtype} {tuple(seed.shape)} on {seed.device}")
+        return sr, (seed if sr else 0), 0
     if sr and seed is None:
         seed = counter_rng.fresh_seed()
     s = int(seed or 0)
@@ -360,13 +388,14 @@ def quantize_mxfp4_dual(
     rs = torch.empty(M, K // 32, dtype=torch.uint8, device=x.device)
     cc = torch.empty(K, M // 2, dtype=torch.uint8, device=x.device)
     cs = torch.empty(K, M // 32, dtype=torch.uint8, device=x.device)
-    sr_r, k_r, k2_r = _keys(rounding[0], seed[0])
-    sr_c, k_c, k2_c = _keys(rounding[1], seed[1])
+    sr_r, k_r, k2_r = _keys(rounding[0], seed[0], x.device)
+    sr_c, k_c, k2_c = _keys(rounding[1], seed[1], x.device)
     grid = (M // 32, triton.cdiv(K, 32 * blocks_per_program))
     if M and K:
         _mxfp4_dual_kernel[grid](x, rc, rs, cc, cs, M, K, x.stride(0), rc.stride(0), rs.stride(0), cc.stride(0), cs.stride(0),
                                  k_r, k2_r, k_c, k2_c, CEIL_R=scale[0] == "ceil", SR_R=sr_r, CEIL_C=scale[1] == "ceil",
-                                 SR_C=sr_c, NB=blocks_per_program, num_warps=8)  # 4 warps: 148-255 registers (ptxas)
+                                 SR_C=sr_c, NB=blocks_per_program, KEYS_PTR_R=isinstance(k_r, torch.Tensor),
+                                 KEYS_PTR_C=isinstance(k_c, torch.Tensor), num_warps=8)  # 4 warps: 148-255 registers (ptxas)
     rows = QuantizedTensor("mxfp4", rc, rs, None, BlockLayout((M, K), (32,), 1), x.dtype)
     cols = QuantizedTensor("mxfp4", cc, cs, None, BlockLayout((M, K), (32,), 0), x.dtype)
     return rows, cols
@@ -376,9 +405,11 @@ def quantize_mxfp4_dual(
 def _mx_tile_kernel(
     x_ptr, codes_ptr, scales_ptr, R, C, n_tc, stride_x, stride_c, stride_s, key, key2,
     CEIL: tl.constexpr, SR: tl.constexpr, ELEM: tl.constexpr, TC: tl.constexpr,
+    KEYS_PTR: tl.constexpr = False,
 ):
     """``TC`` 32x32 tiles side by side (a [32, TC * 32] strip) -> one E8M0 scale and 1024 codes each
     (E2M1 packed along the columns, or E4M3)."""
+    key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     tr = tl.program_id(0)
     tc = tl.program_id(1) * TC + tl.arange(0, TC)  # this program's tiles
     r = tr * 32 + tl.arange(0, 32)
@@ -408,12 +439,14 @@ def _mx_tile_kernel(
 def _mxfp4_tile_kernel(
     x_ptr, codes_ptr, scales_ptr, R, C, n_tc, stride_x, stride_c, stride_s, key, key2,
     CEIL: tl.constexpr, SR: tl.constexpr, TC: tl.constexpr, BF16_PAIRS: tl.constexpr,
+    KEYS_PTR: tl.constexpr = False,
 ):
     """MXFP4 of ``TC`` 32x32 tiles side by side, as :func:`_mx_tile_kernel` (the same bits), with the tile
     view built from loads alone: each tile is held as its even and its odd columns, two [32, TC, 16]
     tensors, so that the two codes of a byte are computed side by side and packed without a reshape,
     split or layout change. ``BF16_PAIRS``: BF16 input with an even row length, read as one 32-bit word per
     pair of columns (the even column in the low half: little endian) and widened by shifts."""
+    key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     tr = tl.program_id(0)
     tc = tl.program_id(1) * TC + tl.arange(0, TC)  # this program's tiles
     i = tl.arange(0, 32)[:, None, None]  # row within the tile
@@ -467,7 +500,7 @@ def _quantize_tiles(fmt: str, x, scale, rounding, seed, launch=(None, None), pai
     elem = E2M1 if fmt == "mxfp4" else E4M3
     codes = torch.empty(rp, cp // 2 if elem == E2M1 else cp, dtype=torch.uint8, device=x.device)
     scales = torch.empty(rp // 32, cp // 32, dtype=torch.uint8, device=x.device)
-    sr, key, key2 = _keys(rounding, seed)
+    sr, key, key2 = _keys(rounding, seed, x.device)
     pairs_default, tc, warps = MXFP4_TILE_LAUNCH[rounding] if elem == E2M1 else (False, *MXFP8_TILE_LAUNCH)
     pairs = pairs_default if pairs is None else pairs
     tc, warps = launch[0] or tc, launch[1] or warps
@@ -477,10 +510,11 @@ def _quantize_tiles(fmt: str, x, scale, rounding, seed, launch=(None, None), pai
     if rp and cp and elem == E2M1 and pairs:
         bf16_pairs = x.dtype == torch.bfloat16 and C % 2 == 0 and x.data_ptr() % 4 == 0
         _mxfp4_tile_kernel[grid](x, codes, scales, R, C, cp // 32, x.stride(0), codes.stride(0), scales.stride(0), key, key2,
-                                 CEIL=scale == "ceil", SR=sr, TC=tc, BF16_PAIRS=bf16_pairs, num_warps=warps)
+                                 CEIL=scale == "ceil", SR=sr, TC=tc, BF16_PAIRS=bf16_pairs, KEYS_PTR=isinstance(key, torch.Tensor),
+                                 num_warps=warps)
     elif rp and cp:
         _mx_tile_kernel[grid](x, codes, scales, R, C, cp // 32, x.stride(0), codes.stride(0), scales.stride(0), key, key2,
-                              CEIL=scale == "ceil", SR=sr, ELEM=elem, TC=tc, num_warps=warps)
+                              CEIL=scale == "ceil", SR=sr, ELEM=elem, TC=tc, KEYS_PTR=isinstance(key, torch.Tensor), num_warps=warps)
     return QuantizedTensor(fmt, codes, scales, None, layout, x.dtype)
 
 

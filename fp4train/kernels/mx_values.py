@@ -24,7 +24,7 @@ import triton.language as tl
 
 from ..formats.qtensor import ScaledBF16
 from .e4m3 import e4m3_codes, e4m3_value
-from .mx_quantize import E2M1, E4M3, _e2m1_codes, _keys, _mx_exponent, _pow2, _uniforms, _with_sign
+from .mx_quantize import E2M1, E4M3, _e2m1_codes, _kernel_keys, _keys, _mx_exponent, _pow2, _uniforms, _with_sign
 
 
 @triton.jit
@@ -53,8 +53,10 @@ def _mx_values(v, u, e, SR: tl.constexpr, ELEM: tl.constexpr):
 
 @triton.jit(do_not_specialize=["key", "key2"])
 def _rows_kernel(x_ptr, y_ptr, M, K, sx, sy, key, key2,
-                 CEIL: tl.constexpr, SR: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr, ELEM: tl.constexpr):
+                 CEIL: tl.constexpr, SR: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr, ELEM: tl.constexpr,
+                 KEYS_PTR: tl.constexpr = False):
     """Tile [RB rows, NB*32 columns]: 1x32 blocks along the columns."""
+    key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     BK: tl.constexpr = NB * 32
     r = tl.program_id(0) * RB + tl.arange(0, RB)
     c = tl.program_id(1) * BK + tl.arange(0, BK)
@@ -79,8 +81,10 @@ def _rows_kernel(x_ptr, y_ptr, M, K, sx, sy, key, key2,
 
 @triton.jit(do_not_specialize=["key", "key2"])
 def _cols_kernel(x_ptr, y_ptr, M, K, sx, sy, key, key2,
-                 CEIL: tl.constexpr, SR: tl.constexpr, BK: tl.constexpr, ELEM: tl.constexpr):
+                 CEIL: tl.constexpr, SR: tl.constexpr, BK: tl.constexpr, ELEM: tl.constexpr,
+                 KEYS_PTR: tl.constexpr = False):
     """Tile [32 rows, BK columns]: 32x1 blocks down each column."""
+    key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     r = tl.program_id(0) * 32 + tl.arange(0, 32)
     c = tl.program_id(1) * BK + tl.arange(0, BK)
     mask = (c < K)[None, :]
@@ -101,8 +105,10 @@ def _cols_kernel(x_ptr, y_ptr, M, K, sx, sy, key, key2,
 
 
 @triton.jit(do_not_specialize=["key", "key2"])
-def _tiles_kernel(x_ptr, y_ptr, R, C, n_tc, sx, sy, key, key2, CEIL: tl.constexpr, SR: tl.constexpr, ELEM: tl.constexpr):
+def _tiles_kernel(x_ptr, y_ptr, R, C, n_tc, sx, sy, key, key2, CEIL: tl.constexpr, SR: tl.constexpr, ELEM: tl.constexpr,
+                  KEYS_PTR: tl.constexpr = False):
     """One 32x32 tile (zero padding outside the tensor, like the reference's canonical layout)."""
+    key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     tr = tl.program_id(0)
     tc = tl.program_id(1)
     i = tl.arange(0, 32)
@@ -150,19 +156,20 @@ def _mx_values_call(fmt, elem, x, axis, scale, rounding, seed) -> ScaledBF16:
     x = x.contiguous()
     M, K = x.shape
     y = torch.empty(M, K, dtype=torch.bfloat16, device=x.device)
-    sr, key, key2 = _keys(rounding, seed)
+    sr, key, key2 = _keys(rounding, seed, x.device)
+    kp = isinstance(key, torch.Tensor)
     ceil = scale == "ceil"
     if M and K:
         if axis is None:
             n_tc = triton.cdiv(K, 32)
             _tiles_kernel[(triton.cdiv(M, 32), n_tc)](x, y, M, K, n_tc, x.stride(0), y.stride(0), key, key2, CEIL=ceil, SR=sr,
-                                                     ELEM=elem)
+                                                     ELEM=elem, KEYS_PTR=kp)
         elif axis % 2 == 1:
             rb, nb = 16, 4
             _rows_kernel[(triton.cdiv(M, rb), triton.cdiv(K, 32 * nb))](x, y, M, K, x.stride(0), y.stride(0), key, key2,
-                                                                         CEIL=ceil, SR=sr, RB=rb, NB=nb, ELEM=elem)
+                                                                         CEIL=ceil, SR=sr, RB=rb, NB=nb, ELEM=elem, KEYS_PTR=kp)
         else:
             bk = 64
             _cols_kernel[(M // 32, triton.cdiv(K, bk))](x, y, M, K, x.stride(0), y.stride(0), key, key2,
-                                                         CEIL=ceil, SR=sr, BK=bk, ELEM=elem)
+                                                         CEIL=ceil, SR=sr, BK=bk, ELEM=elem, KEYS_PTR=kp)
     return ScaledBF16(y, None, None, None if axis is None else axis % 2)

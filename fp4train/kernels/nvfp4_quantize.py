@@ -22,7 +22,7 @@ from ..formats.layout import BlockLayout
 from ..formats.qtensor import QuantizedTensor
 from .amax import finite_amax
 from .e4m3 import e4m3_rtne
-from .mx_quantize import _e2m1_codes, _keys, _uniforms
+from .mx_quantize import _e2m1_codes, _kernel_keys, _keys, _uniforms
 
 
 @triton.jit
@@ -55,7 +55,9 @@ def _nvfp4_kernel(
     x_ptr, s_enc_ptr, codes_ptr, scales_ptr,
     n_blocks_row, stride_x, stride_c, stride_s, key, key2,
     SR: tl.constexpr, BLOCKS: tl.constexpr,
+    KEYS_PTR: tl.constexpr = False,
 ):
+    key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     row = tl.program_id(0)
     blk = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
     j = tl.arange(0, 16)
@@ -102,18 +104,19 @@ def quantize_nvfp4(x: torch.Tensor, *, rounding: str = "nearest", seed: int | No
     s_enc = device_tensor_scale(x)
     codes = torch.empty(rows, k // 2, dtype=torch.uint8, device=x.device)
     scales = torch.empty(rows, nb, dtype=torch.uint8, device=x.device)
-    sr, key, key2 = _keys(rounding, seed)
+    sr, key, key2 = _keys(rounding, seed, x.device)
     if rows and nb:
         grid = (rows, triton.cdiv(nb, blocks_per_program))
         _nvfp4_kernel[grid](x, s_enc, codes, scales, nb, x.stride(0), codes.stride(0), scales.stride(0), key, key2,
-                            SR=sr, BLOCKS=blocks_per_program)
+                            SR=sr, BLOCKS=blocks_per_program, KEYS_PTR=isinstance(key, torch.Tensor))
     return QuantizedTensor("nvfp4", codes, scales, s_enc.reshape(()), BlockLayout(tuple(x.shape), (16,), 1), x.dtype)
 
 
 @triton.jit(do_not_specialize=["key", "key2"])
 def _nvfp4_cols_kernel(x_ptr, s_enc_ptr, cc_ptr, cs_ptr, M, K, stride_x, stride_cc, stride_cs, key, key2,
-                       SR: tl.constexpr, BK: tl.constexpr):
+                       SR: tl.constexpr, BK: tl.constexpr, KEYS_PTR: tl.constexpr = False):
     """A [16, BK] tile of X -> NVFP4 along M (16x1 blocks down the columns), stored as X^T packed."""
+    key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     pm = tl.program_id(0)
     m = pm * 16 + tl.arange(0, 16)
     kk = tl.program_id(1) * BK + tl.arange(0, BK)
@@ -139,8 +142,9 @@ def quantize_nvfp4_columns(x: torch.Tensor, *, rounding: str = "nearest", seed: 
     s_enc = device_tensor_scale(x)
     cc = torch.empty(K, M // 2, dtype=torch.uint8, device=x.device)
     cs = torch.empty(K, M // 16, dtype=torch.uint8, device=x.device)
-    sr, key, key2 = _keys(rounding, seed)
+    sr, key, key2 = _keys(rounding, seed, x.device)
     if M and K:
         _nvfp4_cols_kernel[(M // 16, triton.cdiv(K, block_cols))](x, s_enc, cc, cs, M, K, x.stride(0), cc.stride(0), cs.stride(0),
-                                                                   key, key2, SR=sr, BK=block_cols)
+                                                                   key, key2, SR=sr, BK=block_cols,
+                                                                   KEYS_PTR=isinstance(key, torch.Tensor))
     return QuantizedTensor("nvfp4", cc, cs, s_enc.reshape(()), BlockLayout((M, K), (16,), 0), x.dtype)

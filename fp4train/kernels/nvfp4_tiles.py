@@ -36,7 +36,7 @@ import triton.language as tl
 
 from ..formats.layout import BlockLayout
 from ..formats.qtensor import QuantizedTensor, ScaledBF16
-from .mx_quantize import _e2m1_codes, _keys, _uniforms
+from .mx_quantize import _e2m1_codes, _kernel_keys, _keys, _uniforms
 from .nvfp4_quantize import _nvfp4_scale, _nvfp4_scaled, device_tensor_scale
 from .scaled_decode import decode_scaled_bf16
 
@@ -45,7 +45,7 @@ TILES_PER_PROGRAM = 8  # 16 x 128 elements per program
 
 @triton.jit(do_not_specialize=["key", "key2"])
 def _nvfp4_tile_kernel(x_ptr, s_enc_ptr, codes_ptr, scales_ptr, R, C, n_tc, sx, sc, ss, key, key2,
-                       SR: tl.constexpr, NB: tl.constexpr):
+                       SR: tl.constexpr, NB: tl.constexpr, KEYS_PTR: tl.constexpr = False):
     """Rows ``program_id(0) * 16 ..`` x tiles ``program_id(1) * NB ..``: codes (two per byte along the
     rows, element 2j in the low nibble) + E4M3 tile scales into the padded canonical layout.
 
@@ -53,6 +53,7 @@ def _nvfp4_tile_kernel(x_ptr, s_enc_ptr, codes_ptr, scales_ptr, R, C, n_tc, sx, 
     high nibbles of the bytes - and reduced over axes 2 and 0, with no reshape or permute (the first
     version regrouped ``[16, NB*16]`` into ``[NB, 256]``; its per-tile reductions came out wrong on the
     H200 while right in the interpreter, see the module docstring)."""
+    key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     s_enc = tl.load(s_enc_ptr)
     tr = tl.program_id(0)
     tc = tl.program_id(1) * NB + tl.arange(0, NB)  # [NB] tile columns
@@ -90,12 +91,12 @@ def _check(name: str, x: torch.Tensor, rounding: str) -> torch.Tensor:
 
 
 def _launch(x, s_enc, codes, scales, rows, n_tc, rounding, seed) -> None:
-    sr, key, key2 = _keys(rounding, seed)
+    sr, key, key2 = _keys(rounding, seed, x.device)
     if rows and n_tc:
         nb = TILES_PER_PROGRAM
         _nvfp4_tile_kernel[(triton.cdiv(rows, 16), triton.cdiv(n_tc, nb))](
             x, s_enc, codes, scales, x.shape[0], x.shape[1], n_tc, x.stride(0), codes.stride(0), scales.stride(0),
-            key, key2, SR=sr, NB=nb)
+            key, key2, SR=sr, NB=nb, KEYS_PTR=isinstance(key, torch.Tensor))
 
 
 def quantize_nvfp4_2d(x: torch.Tensor, *, rounding: str = "nearest", seed: int | None = None) -> QuantizedTensor:

@@ -20,14 +20,16 @@ import triton
 import triton.language as tl
 
 from ..formats.qtensor import ScaledBF16
-from .mx_quantize import _e2m1_codes, _keys, _uniforms
+from .mx_quantize import _e2m1_codes, _kernel_keys, _keys, _uniforms
 from .mx_values import _e2m1_value
 from .nvfp4_quantize import _nvfp4_blocks, device_tensor_scale
 
 
 @triton.jit(do_not_specialize=["key", "key2"])
-def _rows_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr):
+def _rows_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr,
+                 KEYS_PTR: tl.constexpr = False):
     """Tile [RB rows, NB*16 columns]: 1x16 blocks along the columns."""
+    key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     BK: tl.constexpr = NB * 16
     r = tl.program_id(0) * RB + tl.arange(0, RB)
     c = tl.program_id(1) * BK + tl.arange(0, BK)
@@ -42,8 +44,10 @@ def _rows_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.conste
 
 
 @triton.jit(do_not_specialize=["key", "key2"])
-def _cols_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.constexpr, BK: tl.constexpr):
+def _cols_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.constexpr, BK: tl.constexpr,
+                 KEYS_PTR: tl.constexpr = False):
     """Tile [16 rows, BK columns]: 16x1 blocks down each column."""
+    key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     r = tl.program_id(0) * 16 + tl.arange(0, 16)
     c = tl.program_id(1) * BK + tl.arange(0, BK)
     mask = (c < K)[None, :]
@@ -69,13 +73,14 @@ def nvfp4_values(x: torch.Tensor, *, axis: int, rounding: str = "nearest", seed:
     M, K = x.shape
     s_enc = device_tensor_scale(x)
     y = torch.empty(M, K, dtype=torch.bfloat16, device=x.device)
-    sr, key, key2 = _keys(rounding, seed)
+    sr, key, key2 = _keys(rounding, seed, x.device)
+    kp = isinstance(key, torch.Tensor)
     if M and K:
         if axis % 2 == 1:
             rb, nb = 16, 8
             _rows_kernel[(triton.cdiv(M, rb), triton.cdiv(K, 16 * nb))](x, s_enc, y, M, K, x.stride(0), y.stride(0),
-                                                                         key, key2, SR=sr, RB=rb, NB=nb)
+                                                                         key, key2, SR=sr, RB=rb, NB=nb, KEYS_PTR=kp)
         else:
             bk = 64
-            _cols_kernel[(M // 16, triton.cdiv(K, bk))](x, s_enc, y, M, K, x.stride(0), y.stride(0), key, key2, SR=sr, BK=bk)
+            _cols_kernel[(M // 16, triton.cdiv(K, bk))](x, s_enc, y, M, K, x.stride(0), y.stride(0), key, key2, SR=sr, BK=bk, KEYS_PTR=kp)
     return ScaledBF16(y, None, s_enc.reshape(()), axis % 2)
