@@ -90,10 +90,13 @@ def setup(model_name: str, recipe: str, batch: int, seq: int, device, backend: s
 
 def measure(model_name: str, recipe: str, batch: int, seq: int, steps: int, warmup: int, compile_: bool, device,
             backend: str | None = None, calibration_steps: int = 3, compile_mode: str | None = None) -> dict:
+    from fp4train.linear.module import set_device_seeds
+
+    graphs = compile_mode == "reduce-overhead"  # Inductor's CUDA graphs (cudagraph trees)
+    set_device_seeds(graphs)  # seeded layers draw on the device, so that their graphs are captured too (reset: measure_or_error)
     run = setup(model_name, recipe, batch, seq, device, backend, calibration_steps)
     cuda = device.type == "cuda"
     last = {}
-    graphs = compile_mode == "reduce-overhead"  # Inductor's CUDA graphs (cudagraph trees)
 
     def step(fwd):
         if graphs:  # a new iteration: the previous replay's outputs may be overwritten; keep the loss apart
@@ -144,6 +147,9 @@ def measure_or_error(*args, **kw) -> dict:
     except Exception as e:  # noqa: BLE001 - OOM, compile or kernel failures are results here
         return {"recipe": args[1], "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]}
     finally:
+        from fp4train.linear.module import set_device_seeds
+
+        set_device_seeds(False)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         torch._dynamo.reset()

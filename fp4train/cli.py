@@ -48,8 +48,8 @@ HELP = {
     "dtype": "autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32",
     "compile": "torch.compile the model",
     "compile_mode": "with --compile: default, or reduce-overhead (each step replayed as CUDA graphs: no per-kernel "
-    "launch from the host, which bounds the quantized recipes' speed at small models; layers that draw a stochastic-"
-    "rounding seed - tib2d, nvfp4, hadamard_mxfp4 - are left out of the graphs for now)",
+    "launch from the host, which bounds the quantized recipes' speed at small models; stochastic-rounding seeds are "
+    "then drawn on the device; layers with random Hadamard signs - nvfp4's - are left out of the graphs for now)",
     "numerics": "how quantization runs, same bits in each: eager (reference ops), compiled (torch.compile'd "
     "reference), triton (fp4train's kernels where they exist); default: triton with the triton backend (the default "
     "on a GPU machine), eager elsewhere",

@@ -365,3 +365,73 @@ def test_backend_state_is_allocated_when_a_layer_arrives_on_a_device(monkeypatch
     monkeypatch.setattr(backend, "inexact", None)
     q.to("meta")  # no storage: nothing to allocate there
     assert backend.inexact is None
+
+
+def test_device_seeds_drive_the_graph_op_and_its_backward(monkeypatch):
+    """set_device_seeds: a seeded layer's op draws its seed from the device's stream (each call a new one, shape
+    (1,) on X's device: no CPU tensor in the graph), its backward uses that seed - the gradients are those of
+    the eager Function given the same device seed - and a spec without seeds or with random Hadamard signs
+    keeps its host behaviour."""
+    from fp4train import counter_rng
+    from fp4train.linear import QuantizedLinearFunction
+    from fp4train.linear import module as qmod
+    from fp4train.linear.graph_op import _device_seeded, seedable_on_device, with_device_seeds
+
+    monkeypatch.setattr(qmod, "DEVICE_SEEDS", True)
+    monkeypatch.setattr(counter_rng, "_STREAMS", {})
+    torch.manual_seed(0)
+    q = fp4train.convert(nn.Sequential(nn.Linear(128, 128)), "tib2d", backend="triton")[0]
+    stream = counter_rng._STREAMS[torch.device("cpu")]  # made when the layer was
+    config = with_device_seeds(q._config)  # what the compiled call site passes under set_device_seeds
+    assert _device_seeded(config) and not _device_seeded(q._config)
+    assert seedable_on_device(q.spec) and not seedable_on_device(fp4train.recipes.get("mxfp4").linear)
+    assert not seedable_on_device(fp4train.recipes.get("nvfp4").linear)  # random Hadamard signs: host seeds
+    x = torch.randn(128, 128)
+    state = stream.state_dict()
+
+    def op_grads():
+        xi, w = x.clone().requires_grad_(), q.weight.detach().clone().requires_grad_()
+        y, seed, *_ = torch.ops.fp4train.quantized_linear(xi, w, q.bias, config, torch.float32, True, True, [])
+        y.backward(torch.ones_like(y) + torch.linspace(0, 1, y.numel()).reshape(y.shape))
+        return seed, y, xi.grad, w.grad
+
+    s1, y1, dx1, dw1 = op_grads()
+    s2, *_ = op_grads()
+    assert s1.shape == (1,) and s1.dtype == torch.int64 and s1.device == x.device and s1.item() != s2.item()
+    assert s1.item() == counter_rng.derive_seed(state["base"], state["count"] + 1)
+    stream.load_state_dict(state)
+    seed = stream.next()
+    xi, w = x.clone().requires_grad_(), q.weight.detach().clone().requires_grad_()
+    y = QuantizedLinearFunction.apply(xi, w, q.bias, q.spec, q.backend, seed, torch.float32)
+    y.backward(torch.ones_like(y) + torch.linspace(0, 1, y.numel()).reshape(y.shape))
+    assert torch.equal(y, y1) and torch.equal(xi.grad, dx1) and torch.equal(w.grad, dw1)
+    stream.load_state_dict(state)  # another seed, other stochastic rounding of dY: other gradients
+    stream.next()
+    _, _, dx3, _ = op_grads()
+    assert not torch.equal(dx3, dx1)
+
+
+def test_compiled_model_with_device_seeds_is_one_graph_and_draws_a_seed_per_layer_call(fresh_dynamo, monkeypatch):
+    """With device seeds a whole tib2d Llama still compiles with fullgraph=True; each step draws one seed per
+    seeded layer call from the device's stream (the count moves by that many), and its loss matches the
+    host-seeded model's (the forward rounds to nearest: seeds only move the gradients)."""
+    from fp4train import counter_rng
+    from fp4train.linear import module as qmod
+
+    monkeypatch.setattr(counter_rng, "_STREAMS", {})
+    torch.manual_seed(0)
+    m = models.build("tiny")
+    fp4train.convert(m, "tib2d")
+    idx = torch.randint(0, m.config.vocab_size, (2, 33))
+    host = _loss_and_grads(m, torch.compile(m, fullgraph=True), idx, 5)
+    torch._dynamo.reset()
+    monkeypatch.setattr(qmod, "DEVICE_SEEDS", True)
+    m.to(torch.float32)  # a move: the layers make their device's stream now, outside any compiled call
+    stream = counter_rng._STREAMS[torch.device("cpu")]
+    calls = sum(isinstance(mod, QuantizedLinear) and mod.spec.needs_seed for mod in m.modules())
+    compiled = torch.compile(m, fullgraph=True)
+    for step in (1, 2):
+        loss, grads = _loss_and_grads(m, compiled, idx, 5)
+        assert int(stream.count) == step * calls and all(torch.isfinite(g).all() for g in grads)
+    torch.testing.assert_close(loss, host[0], rtol=1e-5, atol=0)
+    assert any(not torch.equal(a, b) for a, b in zip(grads, host[1]))  # other draws than the host seeds'

@@ -182,8 +182,13 @@ def test_resume_reuses_the_saved_config_and_refuses_changed_settings(tmp_path, c
 
 def test_compile_mode_is_checked_and_says_which_recipes_stay_out_of_cuda_graphs(tmp_path, monkeypatch):
     """--compile-mode: a bad mode is refused with the choices; under reduce-overhead the trainer compiles with that
-    mode and says once which layers draw host seeds (their graphs run without CUDA graphs), and nothing for a recipe
-    without seeds; each compiled call starts a CUDA-graph step."""
+    mode, lets compiled layers draw their seeds on the device (a stream restarted from the run's seed), says once
+    which layers still draw host seeds (random Hadamard signs: their graphs run without CUDA graphs) and nothing
+    for the others; each compiled call starts a CUDA-graph step; the default mode keeps host seeds."""
+    from fp4train import counter_rng
+    from fp4train.linear import module as qmod
+
+    monkeypatch.setattr(qmod, "DEVICE_SEEDS", False)  # restored after the test: the trainer sets it per run
     with pytest.raises(ValueError, match="compile_mode must be default or reduce-overhead, got 'fast'"):
         TrainConfig(compile_mode="fast")
     with pytest.raises(ValueError, match="compile_mode reduce-overhead takes grad_accum 1 \\(got 2\\)"):
@@ -192,16 +197,18 @@ def test_compile_mode_is_checked_and_says_which_recipes_stay_out_of_cuda_graphs(
     monkeypatch.setattr(torch, "compile", lambda model, mode=None: modes.append(mode) or model)  # no compilation here
     marks = []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
-    for recipe, says in (("tib2d", True), ("mxfp4", False)):
+    for recipe, says in (("nvfp4", True), ("tib2d", False), ("mxfp4", False)):
         logs = []
         cfg = TrainConfig(model="tiny", recipe=recipe, seq_len=32, batch_size=2, max_steps=1, eval_batches=1, out=str(tmp_path / recipe),
                           progress=False, tensorboard=False, device="cpu", compile=True, compile_mode="reduce-overhead")
         t = Trainer(cfg, log=logs.append)
-        assert modes[-1] == "reduce-overhead"
-        assert any("draw their stochastic-rounding seeds on the host" in m and recipe in m for m in logs) == says
+        assert modes[-1] == "reduce-overhead" and qmod.DEVICE_SEEDS
+        torch.manual_seed(cfg.seed)
+        assert counter_rng._STREAMS[torch.device("cpu")].base == counter_rng.fresh_seed()  # restarted from the run's seed
+        assert any("draw random Hadamard signs on the host" in m and recipe in m for m in logs) == says
         n = len(marks)
         t.train_step()
         assert len(marks) == n + 1  # one per step (one micro-batch)
     Trainer(TrainConfig(model="tiny", seq_len=32, batch_size=2, out=str(tmp_path / "d"), progress=False, tensorboard=False,
                         device="cpu", compile=True), log=lambda m: None)
-    assert modes[-1] is None  # default: torch.compile's own default
+    assert modes[-1] is None and not qmod.DEVICE_SEEDS  # default: torch.compile's own default, host seeds

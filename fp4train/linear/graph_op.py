@@ -7,11 +7,15 @@ Eager calls go through :class:`~fp4train.linear.function.QuantizedLinearFunction
   ``[Y, seed, *saved]``: :func:`~fp4train.linear.function.forward` run as it is (fp4train's
   kernels, the backend's GEMMs). ``seed`` is the call's stochastic-rounding / random-sign seed,
   drawn inside the op from torch's default CPU generator exactly where an eager call draws it
-  (a CPU int64 scalar); a spec that draws none (:attr:`LinearSpec.needs_seed` false) outputs a
-  zero int64 scalar on X's device instead (never read), so that a graph of such layers holds no CPU tensor and
-  ``torch.compile(mode="reduce-overhead")`` can capture it in CUDA graphs (a CPU seed makes Inductor
-  skip CUDA graphs for that graph: a seed drawn at capture would be replayed, the same every step); ``saved`` are the tensors of the X and W that backward needs, packed
-  (FP4 codes + scales), as outputs, so the compiler's partitioner sees and frees them.
+  (a CPU int64 scalar). Two cases keep CPU tensors out of the graph, so that
+  ``torch.compile(mode="reduce-overhead")`` can capture it in CUDA graphs (a CPU seed makes Inductor skip
+  them for that graph; a seed drawn at capture would be replayed, the same every step): a spec that draws
+  no seed (:attr:`LinearSpec.needs_seed` false) outputs a zero int64 scalar on X's device (never read), and
+  with :func:`~fp4train.linear.module.set_device_seeds` a seeded spec draws its seed from the device's
+  :class:`~fp4train.counter_rng.DeviceSeedStream` and outputs it as an int64 ``[1]`` tensor there (the
+  backward op derives its operands' keys from it on the device). ``saved`` are the tensors of the X and W
+  that backward needs, packed (FP4 codes + scales), as outputs, so the compiler's partitioner sees and
+  frees them.
 * ``fp4train::quantized_linear_backward(dY, weight, x, saved, seed, ...)`` -> ``[dX, dW, db]``
   (those asked for): :func:`~fp4train.linear.function.backward`.
 * ``fp4train::prepare_x(x, key, out_dtype)`` -> X prepared for fprop and for wgrad (``x_prep``),
@@ -41,7 +45,7 @@ from typing import Optional
 import torch
 
 from .. import backends
-from ..counter_rng import fresh_seed
+from ..counter_rng import device_seed_stream, fresh_seed
 from ..formats.fold import FoldedFP8, empty_folded
 from ..formats.qtensor import QuantizedTensor
 from ..formats.quantize import FORMATS, encode_blocks, geometry, quantize_tensors
@@ -228,7 +232,7 @@ def _saved_tensors(x_saved, w_saved, x_source: str | None, x_given: bool = False
 def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], config: str,
                      out_dtype: torch.dtype, save_x: bool, save_w: bool, x_prep: list[torch.Tensor]) -> list[torch.Tensor]:
     spec, backend = _config(config)
-    seed = fresh_seed() if spec.needs_seed else 0
+    seed = _draw_seed(config, spec, x)
     x2 = x.reshape(-1, x.shape[-1])
     prepared = _unpack_prep(x_prep, x2, config, out_dtype) if x_prep else None
     with torch.autocast(x.device.type, enabled=False):
@@ -239,19 +243,54 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     return [y.reshape(*x.shape[:-1], weight.shape[0]), _seed_output(spec, seed, x), *tensors]
 
 
-def _seed_output(spec: LinearSpec, seed: int, x: torch.Tensor) -> torch.Tensor:
+def seedable_on_device(spec: LinearSpec) -> bool:
+    """Can a call of ``spec`` draw its seed on the device? It must draw one, and not for random Hadamard signs
+    (those are made on the host from the seed)."""
+    return spec.needs_seed and not any(g.transform is not None and g.transform.random_signs for g in (spec.fprop, spec.dgrad, spec.wgrad))
+
+
+@functools.lru_cache(maxsize=None)
+def with_device_seeds(config: str) -> str:
+    """``config`` asking its calls to draw their seeds on the device (what the ops take under
+    :func:`~fp4train.linear.module.set_device_seeds`): part of the ops' arguments, so that a compiled graph's
+    cache key and the fake implementation's seed layout follow it."""
+    d = json.loads(config)
+    d["device_seeds"] = True
+    return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=None)
+def _device_seeded(config: str) -> bool:
+    """Do the calls of ``config`` draw their seeds on the device (:func:`with_device_seeds`, and the spec can)?"""
+    return bool(json.loads(config).get("device_seeds")) and seedable_on_device(_parse(config)[0])
+
+
+def _draw_seed(config: str, spec: LinearSpec, x: torch.Tensor) -> int | torch.Tensor:
+    """The call's seed: from the device's seed stream (a 0-d int64 tensor there), from torch's CPU generator
+    (an int) where the spec draws one, else 0."""
+    if _device_seeded(config):
+        return device_seed_stream(x.device).next()
+    return fresh_seed() if spec.needs_seed else 0
+
+
+def _seed_output(spec: LinearSpec, seed: int | torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """The forward op's seed output: the seed as a CPU int64 scalar where the spec draws one, else a zero
     int64 scalar on X's device that nothing reads (no CPU tensor in the graph; see the module docstring).
     Not an empty tensor (AOTAutograd's stride check of saved tensors fails on zero elements), not an
     uninitialised one (an op's outputs must be deterministic: opcheck). The backward op reads the seed back
     with :func:`_seed_value`."""
+    if isinstance(seed, torch.Tensor):  # a device seed: shape (1,), which tells it from a host seed's scalar
+        return seed.reshape(1)
     if spec.needs_seed:
         return torch.tensor(seed, dtype=torch.int64)
     return x.new_zeros((), dtype=torch.int64)
 
 
-def _seed_value(spec: LinearSpec, seed: torch.Tensor) -> int:
-    """The seed that :func:`_seed_output` encoded (0 where the spec draws none: its tensor is not read)."""
+def _seed_value(spec: LinearSpec, seed: torch.Tensor) -> int | torch.Tensor:
+    """The seed that :func:`_seed_output` encoded: a device seed as the 0-d tensor it was (never read on the
+    host), a host seed as its int, 0 where the spec draws none (its tensor is not read)."""
+    if seed.shape == (1,):
+        return seed.reshape(())
     return int(seed) if spec.needs_seed else 0
 
 
@@ -274,7 +313,10 @@ def _(x, weight, bias, config, out_dtype, save_x, save_w, x_prep):
         w_saved = _reference_layout(weight, g.b, 1, cdt)
     tensors, *_ = _saved_tensors(x_saved, w_saved, source, x_given=bool(x_prep))
     y = x.new_empty((*x.shape[:-1], weight.shape[0]), dtype=out_dtype)
-    seed = torch.empty((), dtype=torch.int64, device="cpu") if spec.needs_seed else x.new_empty((), dtype=torch.int64)
+    if _device_seeded(config):
+        seed = x.new_empty((1,), dtype=torch.int64)
+    else:
+        seed = torch.empty((), dtype=torch.int64, device="cpu") if spec.needs_seed else x.new_empty((), dtype=torch.int64)
     return [y, seed, *[torch.empty_like(t) for t in tensors]]
 
 

@@ -7,7 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import backends
-from ..counter_rng import fresh_seed
+from ..counter_rng import device_seed_stream, fresh_seed
 from ..recipes.spec import LinearSpec
 from .function import QuantizedLinearFunction, fprop
 
@@ -53,8 +53,12 @@ class QuantizedLinear(nn.Linear):
         # whatever the spec: AdaHOP's layers start unquantized and get their specs from calibration
         allocate = getattr(getattr(self, "backend", None), "allocate_state", None)
         weight = getattr(self, "weight", None)
-        if allocate is not None and weight is not None and weight.device.type != "meta":
+        if weight is None or weight.device.type == "meta":
+            return
+        if allocate is not None:
             allocate(weight.device)
+        if DEVICE_SEEDS:  # the seed stream too: made inside a captured call it would sit in the graph's pool
+            device_seed_stream(weight.device)
 
     def _apply(self, fn, *args, **kwargs):
         """``.to()``, ``.cuda()``, ...: the module moves, and the backend's state follows to its new device."""
@@ -68,10 +72,11 @@ class QuantizedLinear(nn.Linear):
 
     @spec.setter
     def spec(self, spec: LinearSpec) -> None:
-        from .graph_op import config_key, prep_key
+        from .graph_op import config_key, prep_key, with_device_seeds
 
         self._spec = spec
         self._config = config_key(spec, self.backend_name)  # what the graph op takes for (spec, backend)
+        self._config_device_seeds = with_device_seeds(self._config)  # the same, its seeds drawn on the device
         self._prep = prep_key(spec, self.backend_name)  # its shared X preparation, if the specs allow one
 
     @classmethod
@@ -92,7 +97,9 @@ class QuantizedLinear(nn.Linear):
         if IN_GRAPH and torch.compiler.is_compiling():
             from .graph_op import quantized_linear_in_graph
 
-            return quantized_linear_in_graph(x, self.weight, self.bias, self._config, self._prep, self._out_dtype(x))
+            # DEVICE_SEEDS: a global that dynamo guards on (flipping it recompiles); the op's config carries it
+            config = self._config_device_seeds if DEVICE_SEEDS else self._config
+            return quantized_linear_in_graph(x, self.weight, self.bias, config, self._prep, self._out_dtype(x))
         return _UNCOMPILED(self, x)
 
     @staticmethod
@@ -123,6 +130,23 @@ class QuantizedLinear(nn.Linear):
 # import (torch.compiler.disable imports dynamo: ~1 s).
 IN_GRAPH = True
 _UNCOMPILED = None
+
+
+#: Compiled layers draw their stochastic-rounding seeds on the device (set_device_seeds).
+DEVICE_SEEDS = False
+
+
+def set_device_seeds(enabled: bool = True) -> None:
+    """Let quantized layers under ``torch.compile`` draw their stochastic-rounding seeds on the device
+    (:class:`~fp4train.counter_rng.DeviceSeedStream`) instead of from torch's CPU generator, so that
+    ``torch.compile(mode="reduce-overhead")`` can capture seeded layers (tib2d's, hadamard_mxfp4's) in CUDA
+    graphs and each replay still draws fresh seeds. The draws have the same distribution as host seeds but
+    other bits, and eager calls keep host seeds. Layers with random Hadamard signs (NVFP4's RHT) keep host
+    seeds (their signs are made on the host). Set it before the model is converted or moved to its device:
+    the streams are made then, outside any capture. A checkpoint saves the streams' state
+    (:func:`~fp4train.counter_rng.device_seed_state`)."""
+    global DEVICE_SEEDS
+    DEVICE_SEEDS = bool(enabled)
 
 
 def set_in_graph(enabled: bool = True) -> None:

@@ -23,13 +23,14 @@ from pathlib import Path
 
 import torch
 
-from .. import backends, formats, models
+from .. import backends, counter_rng, formats, models
 from .. import recipes as _recipes
 from ..adahop.calibration import Calibration, PatternRecorder
 from ..timing import code_commit
 from ..convert import convert
 from ..data import PackedBatches, eval_batches, load_splits, load_tokenizer
 from ..linear import QuantizedLinear
+from ..linear.module import set_device_seeds
 from .checkpoint import Checkpoints
 from .config import TrainConfig
 
@@ -57,7 +58,7 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
 
 
 def _rng_state(device: torch.device) -> dict:
-    st = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    st = {"torch": torch.get_rng_state(), "python": random.getstate(), "device_seeds": counter_rng.device_seed_state()}
     if device.type == "cuda":
         st["cuda"] = torch.cuda.get_rng_state(device)
     return st
@@ -68,6 +69,7 @@ def _set_rng_state(st: dict, device: torch.device) -> None:
     random.setstate(st["python"])
     if device.type == "cuda" and "cuda" in st:
         torch.cuda.set_rng_state(st["cuda"].cpu(), device)
+    counter_rng.load_device_seed_state(st.get("device_seeds", {}))  # compile_mode reduce-overhead's seed streams
 
 
 class Trainer:
@@ -82,6 +84,12 @@ class Trainer:
 
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
+        # CUDA graphs (compile_mode reduce-overhead): compiled layers draw stochastic-rounding seeds on the device,
+        # from a stream (re)started here, at a fixed point of the seeded CPU generator
+        graphs = cfg.compile and cfg.compile_mode == "reduce-overhead"
+        set_device_seeds(graphs)
+        if graphs:
+            counter_rng.restart_device_seed_stream(self.device)
         from ..formats import set_numerics
 
         if cfg.numerics is not None:
@@ -129,16 +137,19 @@ class Trainer:
 
     def _compiled(self):
         """The model under ``torch.compile`` with the config's mode. With ``reduce-overhead`` Inductor replays each
-        graph as CUDA graphs; a quantized layer whose spec draws a stochastic-rounding or random-sign seed outputs
-        that seed as a CPU tensor (drawn on the host each call), which keeps its graph out of them (Inductor logs
-        "skipping cudagraphs"): still correct, not faster. Said once here rather than left to the log."""
+        graph as CUDA graphs, and the layers draw their stochastic-rounding seeds on the device (set in __init__);
+        a layer with random Hadamard signs still draws its seed on the host and outputs it as a CPU tensor, which
+        keeps its graph out of them (Inductor logs "skipping cudagraphs"): still correct, not faster. Said once
+        here rather than left to the log."""
+        from ..linear.graph_op import seedable_on_device
+
         mode = self.cfg.compile_mode
         if mode == "reduce-overhead":
             seeded = sorted({m.recipe_name or "?" for m in self.model.modules()
-                             if isinstance(m, QuantizedLinear) and m.spec.needs_seed})
+                             if isinstance(m, QuantizedLinear) and m.spec.needs_seed and not seedable_on_device(m.spec)})
             if seeded:
-                self.log(f"fp4train: compile_mode reduce-overhead: the layers of {', '.join(seeded)} draw their stochastic-"
-                         "rounding seeds on the host, so their graphs run without CUDA graphs (correct, not faster)")
+                self.log(f"fp4train: compile_mode reduce-overhead: the layers of {', '.join(seeded)} draw random Hadamard "
+                         "signs on the host, so their graphs run without CUDA graphs (correct, not faster)")
         return torch.compile(self.model, mode=None if mode == "default" else mode)
 
     def _step_begins(self) -> None:
