@@ -79,7 +79,7 @@ def _kernel_calls() -> None:
     import torch
 
     import fp4train
-    from fp4train import kernels
+    from fp4train import counter_rng, kernels
     from fp4train.kernels import amax, fp8_values, mx_fold, mx_quantize, nvfp4_quantize
     from fp4train.transforms.hadamard import signs
 
@@ -116,6 +116,25 @@ def _kernel_calls() -> None:
             amax.finite_amax_along(x, axis)
         fp8_values.quantize_fp8_rowwise_both(x)
         kernels.block_hadamard(x, None, block=32, axis=1)
+    # the stochastic-rounding kernels with their keys read from a device tensor (KEYS_PTR: CUDA graphs' seeds)
+    keys = counter_rng.seed_keys_tensor(torch.tensor(3, dtype=torch.int64))
+    xb, sr = x32.bfloat16(), dict(rounding="stochastic", seed=keys)
+    kernels.quantize_mxfp4(xb, **sr)
+    kernels.quantize_mxfp8(xb, **sr)
+    for pairs in (True, False):
+        kernels.quantize_mxfp4_2d(xb, scale="ceil", pairs=pairs, **sr)
+    kernels.quantize_mxfp8_2d(xb, **sr)
+    mx_quantize.quantize_mxfp4_columns(xb, **sr)
+    for axis in (1, 0, None):
+        kernels.mxfp4_values(xb, axis=axis, **sr)
+    kernels.mxfp8_values(xb, axis=1, **sr)
+    kernels.quantize_mxfp4_dual(xb, rounding=("stochastic", "stochastic"), seed=(keys, keys))
+    kernels.quantize_nvfp4(xb, **sr)
+    nvfp4_quantize.quantize_nvfp4_columns(xb, **sr)
+    for axis in (1, 0):
+        kernels.nvfp4_values(xb, axis=axis, **sr)
+        mx_fold.quantize_mxfp4_fp8(xb, group_rows=1, axis=axis, **sr)
+    kernels.quantize_nvfp4_2d(xb, **sr)
     q = fp4train.quantize(x32, "mxfp4")
     kernels.decode_scaled_bf16(q)
     kernels.decode_scaled_bf16(fp4train.quantize(x32, "nvfp4"))
