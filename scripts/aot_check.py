@@ -134,6 +134,8 @@ def _kernel_calls() -> None:
     for axis in (1, 0):
         kernels.nvfp4_values(xb, axis=axis, **sr)
         mx_fold.quantize_mxfp4_fp8(xb, group_rows=1, axis=axis, **sr)
+    for gr in (1, 128):  # hadamard_mxfp4's dY: the fused Hadamard fold with stochastic rounding
+        mx_fold.quantize_mxfp4_fp8(xb, group_rows=gr, hadamard_block=32, **sr)
     kernels.quantize_nvfp4_2d(xb, **sr)
     q = fp4train.quantize(x32, "mxfp4")
     kernels.decode_scaled_bf16(q)
