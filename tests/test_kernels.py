@@ -779,8 +779,8 @@ def _device_keys_cases():
         ("mxfp4", lambda x, s: q(quantize_mxfp4(x, seed=s, **sr))),
         ("mxfp8", lambda x, s: q(quantize_mxfp8(x, seed=s, **sr))),
         ("mxfp4 columns", lambda x, s: q(quantize_mxfp4_columns(x, seed=s, **sr))),
-        ("mxfp4 dual", lambda x, s: (*q(quantize_mxfp4_dual(x, rounding=("stochastic",) * 2, seed=(s, s))[0]),
-                                     *q(quantize_mxfp4_dual(x, rounding=("stochastic",) * 2, seed=(s, s))[1]))),
+        ("mxfp4 dual", lambda x, s: tuple(t for half in quantize_mxfp4_dual(x, rounding=("stochastic",) * 2, seed=(s, s))
+                                          for t in q(half))),
         ("mxfp4 32x32 even/odd", lambda x, s: q(quantize_mxfp4_2d(x, seed=s, pairs=True, **sr))),
         ("mxfp4 32x32 general", lambda x, s: q(quantize_mxfp4_2d(x, seed=s, pairs=False, **sr))),
         ("mxfp8 32x32", lambda x, s: q(quantize_mxfp8_2d(x, seed=s, **sr))),
