@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call on the two-GPU machine: two command lists side by side, one per GPU, with the
-# common setup (torchao/tomli_w wheels from .whl, the source tree on PYTHONPATH, the commit named
+# common setup (torchao/tomli_w wheels from .whl if carried, the source tree on PYTHONPATH, the commit named
 # for the JSON files) and a deadline, so that each finishes inside the call.
 #   bash scripts/gpu/call_x2.sh COMMIT SECONDS 'GPU 0 commands' 'GPU 1 commands'
 # Each command list runs under `bash -c` with CUDA_VISIBLE_DEVICES set, $OUT as the results folder and
@@ -8,7 +8,9 @@
 # $OUT/gpu0.log / $OUT/gpu1.log, whose last lines are printed at the end.
 set -u
 T0=$(date +%s)
-python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+if ls .whl/*.whl > /dev/null 2>&1; then  # torchao travels as wheels (carry [".whl"]) when a run needs it
+  python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+fi
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 FP4TRAIN_COMMIT=$1 DEADLINE=$(( T0 + $2 - 10 ))
 run_on() {  # GPU, commands
   CUDA_VISIBLE_DEVICES=$1 timeout $(( DEADLINE - $(date +%s) )) bash -c "LEFT() { echo \$(( DEADLINE - \$(date +%s) )); }; $2" \
