@@ -145,7 +145,11 @@ def measure_or_error(*args, **kw) -> dict:
     try:
         return measure(*args, **kw)
     except Exception as e:  # noqa: BLE001 - OOM, compile or kernel failures are results here
-        return {"recipe": args[1], "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]}
+        import traceback
+
+        return {"recipe": args[1], "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500],
+                # where it failed: the innermost frames (a CUDA-graph capture error names the op that broke it)
+                "traceback": traceback.format_exc().splitlines()[-24:]}
     finally:
         from fp4train.linear.module import set_device_seeds
 

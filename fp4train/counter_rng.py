@@ -124,6 +124,25 @@ def seed_keys_tensor(seed: torch.Tensor) -> torch.Tensor:
     return torch.stack([key, key2])
 
 
+def _seed_kernels_on(t: torch.Tensor) -> bool:
+    """Do the one-launch seed kernels (:mod:`fp4train.kernels.seeds`) take ``t``? On a CUDA device (and on
+    the CPU under Triton's interpreter, as every kernel); elsewhere the int64 tensor ops above."""
+    from .formats.quantize import kernels_usable_on  # here, not at the top: formats imports this module
+
+    return kernels_usable_on(t)
+
+
+def derived_keys_tensor(seed: torch.Tensor, *salt: int) -> torch.Tensor:
+    """``seed_keys_tensor(derive_seed_tensor(seed, *salt))`` - an operand's stochastic-rounding keys from a
+    layer seed that lives on a device. On a GPU one Triton launch (:func:`fp4train.kernels.seeds.derived_keys`)
+    instead of some 100 tiny kernels, each of which a CUDA graph would replay."""
+    if len(salt) <= 2 and _seed_kernels_on(seed):
+        from .kernels.seeds import derived_keys
+
+        return derived_keys(seed, *salt)
+    return seed_keys_tensor(derive_seed_tensor(seed, *salt))
+
+
 def fresh_seed() -> int:
     """A seed drawn from torch's default CPU generator (so ``torch.manual_seed`` governs it).
 
@@ -150,7 +169,12 @@ class DeviceSeedStream:
         self.count = torch.zeros((), dtype=torch.int64, device=device)
 
     def next(self) -> torch.Tensor:
-        """The next call's seed (0-d int64 on the stream's device)."""
+        """The next call's seed (0-d int64 on the stream's device); on a GPU one Triton launch
+        (:func:`fp4train.kernels.seeds.stream_next`), elsewhere the reference's int64 ops."""
+        if _seed_kernels_on(self.count):
+            from .kernels.seeds import stream_next
+
+            return stream_next(self._base, self.count)
         self.count.add_(1)
         return derive_seed_tensor(self._base, self.count)
 

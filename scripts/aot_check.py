@@ -137,6 +137,11 @@ def _kernel_calls() -> None:
     for gr in (1, 128):  # hadamard_mxfp4's dY: the fused Hadamard fold with stochastic rounding
         mx_fold.quantize_mxfp4_fp8(xb, group_rows=gr, hadamard_block=32, **sr)
     kernels.quantize_nvfp4_2d(xb, **sr)
+    from fp4train.kernels import seeds  # the device-seed chain in one launch each (CUDA graphs)
+
+    seeds.stream_next(torch.tensor(7, dtype=torch.int64), torch.zeros((), dtype=torch.int64))
+    for salt in ((), (1,), (1, 2)):
+        seeds.derived_keys(torch.tensor(7, dtype=torch.int64), *salt)
     q = fp4train.quantize(x32, "mxfp4")
     kernels.decode_scaled_bf16(q)
     kernels.decode_scaled_bf16(fp4train.quantize(x32, "nvfp4"))

@@ -59,6 +59,34 @@ def test_foid_finds_planted_outliers(axis):
     assert foid(t, 0, axis=axis).numel() == 0 and foid(t, 10_000, axis=axis).numel() == t.shape[axis]
 
 
+@pytest.mark.parametrize("overlap", [0, 2, 4])
+def test_both_inner_patterns_extract_the_union_of_channels_once(overlap):
+    """Both operands with an inner pattern: the rank update runs over the union of their channels, each once,
+    made without torch.unique (a host sync that a CUDA-graph capture refuses): a channel both pick is kept twice,
+    sorted, and its repeat's columns are zeroed - the same product as the deduplicated index set."""
+    from fp4train.adahop.strategy import extraction_for
+
+    g = torch.Generator().manual_seed(overlap)
+    a, b = torch.randn(48, 256, generator=g), torch.randn(40, 256, generator=g)
+    ca = [10, 20, 30, 40]
+    cb = ca[:overlap] + [100, 120, 140, 160][:4 - overlap]  # `overlap` channels in common
+    a[:, ca] *= 40
+    b[:, cb] *= 40
+    ext = extraction_for(a, b, Relative.INNER, Relative.INNER, 4)
+    union = sorted(set(ca) | set(cb))
+    assert ext.inner.tolist() == sorted(ca + cb)  # both sets, sorted, repeats kept
+    kept = ext.inner[~ext.inner_repeat]
+    assert kept.tolist() == union and int(ext.inner_repeat.sum()) == len(ca) + len(cb) - len(union)
+    exact = lambda x, y: x @ y.T  # noqa: E731 - nothing quantized: the decomposition is the product itself
+    dedup = Extraction(inner=torch.tensor(union))
+    torch.testing.assert_close(oe_gemm(a.double(), b.double(), ext, exact), oe_gemm(a.double(), b.double(), dedup, exact),
+                               rtol=1e-12, atol=1e-9)
+    torch.testing.assert_close(oe_gemm(a.double(), b.double(), ext, exact), (a.double() @ b.double().T).float(),
+                               rtol=1e-6, atol=1e-3)
+    got, ref = oe_gemm(a, b, ext, iht_gemm), oe_gemm(a, b, dedup, iht_gemm)  # the same residual, quantized
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+
+
 def test_oe_gemm_equals_the_dense_emulated_decomposition_and_slices_are_exact():
     a, _ = _planted("column", rows=64, cols=128, n=2, seed=1)
     b, _ = _planted("row", rows=96, cols=128, n=2, seed=2)

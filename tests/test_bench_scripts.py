@@ -122,7 +122,9 @@ def test_train_speed_measures_bf16_first_and_records_a_failing_recipe(tmp_path, 
     # AdaHOP is timed after its calibration, with every quantized GEMM given a strategy
     assert sum(rows[3]["adahop_strategies"].values()) == 3 * 7 * 2 and rows[3]["tokens_per_s"] > 0  # 3 GEMMs, 7 linears, 2 blocks
     assert rows[1]["tokens_per_s"] > 0 and rows[1]["speedup_vs_bf16"] == rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"]
+    tb = rows[2].pop("traceback")  # the innermost frames, for a failure on a machine nobody can log into
     assert rows[2] == {"recipe": "torchao_fp8_rowwise", "error": "RuntimeError: torchao_fp8_rowwise needs torchao"}
+    assert tb[-1] == "RuntimeError: torchao_fp8_rowwise needs torchao" and any("in convert" in line for line in tb)
 
 
 def test_summary_checks_the_targets_and_says_how_far_off(tmp_path, capsys):

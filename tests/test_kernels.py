@@ -813,3 +813,30 @@ def test_stochastic_kernels_take_the_seed_from_the_device(case):
     assert not same(host, launch(x, counter_rng.seed_keys_tensor(torch.tensor(seed + 1, dtype=torch.int64, device=DEV)))), name
     with pytest.raises(ValueError, match="int64 keys"):
         launch(x, keys[:1])
+
+
+def test_seed_kernels_derive_the_reference_seeds_and_keys_bit_for_bit():
+    """kernels/seeds.py (one launch each, what a CUDA graph replays instead of ~150 tiny int64 kernels per layer
+    call): the stream's next seed and an operand's keys equal counter_rng's host ints and its tensor ops bit for
+    bit - at the ends of the 62-bit range and with counts past 2**32 - and the stream's count advances in place."""
+    from fp4train import counter_rng
+    from fp4train.kernels.seeds import derived_keys, stream_next
+
+    g = torch.Generator().manual_seed(9)
+    seeds = torch.randint(0, 2**62, (24,), generator=g, dtype=torch.int64).tolist() + [0, 1, 2**32 - 1, 2**32, 2**62 - 1]
+    for s in seeds:
+        t = torch.tensor(s, dtype=torch.int64, device=DEV)
+        for salt in ((), (0,), (2,), (0, 0), (1, 2), (2, 1), (2**32 - 1, 7)):
+            want = list(counter_rng.seed_keys(counter_rng.derive_seed(s, *salt)))
+            assert derived_keys(t, *salt).tolist() == want, (s, salt)
+            assert derived_keys(t.reshape(1), *salt).tolist() == want  # the graph op's seed output is shape (1,)
+        assert counter_rng.seed_keys_tensor(counter_rng.derive_seed_tensor(t.cpu(), 1, 2)).tolist() == \
+            derived_keys(t, 1, 2).tolist()  # the tensor-op reference agrees too
+        for c in (0, 5, 2**32 - 1, 2**32 + 3):
+            count = torch.tensor(c, dtype=torch.int64, device=DEV)
+            assert stream_next(t, count).item() == counter_rng.derive_seed(s, c + 1), (s, c)
+            assert count.item() == c + 1
+    with pytest.raises(ValueError, match="one int64 element"):
+        derived_keys(torch.zeros(2, dtype=torch.int64, device=DEV), 1)
+    with pytest.raises(ValueError, match="up to two salts"):
+        derived_keys(torch.zeros((), dtype=torch.int64, device=DEV), 1, 2, 3)

@@ -34,6 +34,9 @@ class Extraction:
     a_rows: torch.Tensor | None = None
     b_rows: torch.Tensor | None = None
     inner: torch.Tensor | None = None
+    #: bool per ``inner`` index: True where it repeats the one before (``inner`` is then sorted), so that its
+    #: rank-1 term is added once - a union of two index sets made without ``torch.unique``'s host sync
+    inner_repeat: torch.Tensor | None = None
 
 
 def split(t: torch.Tensor, rows: torch.Tensor | None, inner: torch.Tensor | None):
@@ -59,7 +62,10 @@ def oe_gemm(
     b_res, b_row, b_col = split(b, ext.b_rows, ext.inner)
     c = residual_gemm(a_res, b_res).float()
     if ext.inner is not None:  # rank-|S| update, added by the GEMM itself (C += A_S B_S^T): no extra pass over C
-        c.addmm_(a_col.float(), b_col.float().T)
+        a_col, b_col = a_col.float(), b_col.float()
+        if ext.inner_repeat is not None:  # a repeated channel's columns set to zero (not multiplied: 0 * Inf)
+            a_col, b_col = a_col.masked_fill(ext.inner_repeat, 0.0), b_col.masked_fill(ext.inner_repeat, 0.0)
+        c.addmm_(a_col, b_col.T)
     if ext.a_rows is not None:
         c[ext.a_rows] = a_row.float() @ b.float().T
     if ext.b_rows is not None:

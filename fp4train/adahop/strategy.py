@@ -53,10 +53,18 @@ def extraction_for(a: torch.Tensor, b: torch.Tensor, rel_a: Relative, rel_b: Rel
         inner.append(foid(a, k, axis=1))
     if Relative(rel_b) is Relative.INNER:
         inner.append(foid(b, k, axis=1))
+    repeat = None
+    if len(inner) == 2:  # both operands' channels: their sorted union, without torch.unique (a host sync,
+        # which a CUDA-graph capture refuses): an index found by both is kept twice and marked as a repeat
+        joined = torch.cat(inner).sort().values
+        repeat = torch.zeros_like(joined, dtype=torch.bool)
+        repeat[1:] = joined[1:] == joined[:-1]
+        inner = [joined]
     return Extraction(
         a_rows=foid(a, k, axis=0) if Relative(rel_a) is Relative.OUTER else None,
         b_rows=foid(b, k, axis=0) if Relative(rel_b) is Relative.OUTER else None,
-        inner=torch.cat(inner).unique() if inner else None,
+        inner=inner[0] if inner else None,  # one operand's channels: foid's indices are sorted and distinct
+        inner_repeat=repeat,
     )
 
 

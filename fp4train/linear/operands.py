@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import formats
-from ..counter_rng import derive_seed, derive_seed_tensor, seed_keys_tensor
+from ..counter_rng import derive_seed, derived_keys_tensor
 from ..formats.qtensor import QuantizedTensor, ScaledBF16
 from ..formats.quantize import FORMATS, geometry, kernels_usable_on, quantize, quantize_tensors, sr_keys
 from ..formats.quantize import encode_blocks as _encode_reference
@@ -57,11 +57,11 @@ def sr_seed(q: QuantSpec, seed: int | torch.Tensor, gemm: int, operand: int) -> 
     """The stochastic-rounding seed of an operand: ``derive_seed(seed, gemm, operand)``, None for
     nearest rounding (or no quantization). A layer seed that lives on a device (a 0-d int64 tensor from
     :class:`~fp4train.counter_rng.DeviceSeedStream`) is derived there, and the operand gets its keys
-    (``seed_keys_tensor``: what the kernels and the reference take in place of the int)."""
+    (``derived_keys_tensor``: what the kernels and the reference take in place of the int)."""
     if not (q.quantized and q.stochastic):
         return None
     if isinstance(seed, torch.Tensor):
-        return seed_keys_tensor(derive_seed_tensor(seed, gemm, operand))
+        return derived_keys_tensor(seed, gemm, operand)
     return derive_seed(seed, gemm, operand)
 
 
