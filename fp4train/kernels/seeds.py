@@ -23,7 +23,7 @@ import triton.language as tl
 
 from .mx_quantize import _lowbias32
 
-_MASK62 = (1 << 62) - 1
+_MASK62 = tl.constexpr((1 << 62) - 1)  # a constexpr: a jit function may read no other global
 
 
 @triton.jit
