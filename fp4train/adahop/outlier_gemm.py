@@ -44,10 +44,12 @@ def split(t: torch.Tensor, rows: torch.Tensor | None, inner: torch.Tensor | None
     res = t.clone()
     row_slice = t[rows] if rows is not None else None
     col_slice = t[:, inner] if inner is not None else None
+    # index_fill_, not `res[rows] = 0`: indexed assignment of a Python number copies it to the device first,
+    # which a CUDA-graph capture refuses (AdaHOP with mode="reduce-overhead" on the H200)
     if rows is not None:
-        res[rows] = 0
+        res.index_fill_(0, rows, 0.0)
     if inner is not None:
-        res[:, inner] = 0
+        res.index_fill_(1, inner, 0.0)
     return res, row_slice, col_slice
 
 
@@ -67,7 +69,7 @@ def oe_gemm(
             a_col, b_col = a_col.masked_fill(ext.inner_repeat, 0.0), b_col.masked_fill(ext.inner_repeat, 0.0)
         c.addmm_(a_col, b_col.T)
     if ext.a_rows is not None:
-        c[ext.a_rows] = a_row.float() @ b.float().T
+        c.index_copy_(0, ext.a_rows, a_row.float() @ b.float().T)
     if ext.b_rows is not None:
-        c[:, ext.b_rows] = a.float() @ b_row.float().T
+        c.index_copy_(1, ext.b_rows, a.float() @ b_row.float().T)
     return c
