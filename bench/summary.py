@@ -12,7 +12,7 @@ falls short (``measured / goal - 1``). Missing inputs leave their targets out ("
 rather than guessing.
 
     python bench/summary.py --e2e bench/results/train_speed-1b-*.json bench/results/train_speed-3b-*.json \\
-        --gemm bench/results/gemm_speed-NVIDIA_H200.json --linear bench/results/linear_speed-NVIDIA_H200.json \\
+        --gemm bench/results/gemm_speed-NVIDIA_H200.json --linear OLDER.json NEWER.json \\
         --quantize bench/results/quantize_speed-NVIDIA_H200.json
 """
 
@@ -65,6 +65,21 @@ def e2e_table(runs: list[dict]) -> dict:
                               "speedup_vs_bf16": r["tokens_per_s"] / bf16["tokens_per_s"] if bf16 else None,
                               "bf16_peak_mem_gib": bf16.get("peak_mem_gib") if bf16 else None, "commit": run.get("commit")}
     return table
+
+
+def merge_linear(runs: list[dict]) -> dict | None:
+    """Several ``linear_speed`` runs as one: rows by (model, layer, tokens); a later run's variant replaces an
+    earlier one's (a rerun of some variants after a kernel change). Each variant keeps the speedup over the BF16
+    of its own run, and says which run (``commit``, ``bf16_ms``)."""
+    if not runs:
+        return None
+    rows: dict = {}
+    for run in runs:
+        for r in run["results"]:
+            row = rows.setdefault((r["model"], r["layer"], r.get("tokens")), {**r, "variants": {}})
+            for name, v in r["variants"].items():
+                row["variants"][name] = {**v, "commit": run.get("commit"), "bf16_ms": r.get("bf16_ms")}
+    return {**runs[-1], "results": list(rows.values()), "commit": runs[-1].get("commit")}
 
 
 def build(e2e: list[dict], gemm: dict | None, linear: dict | None, quantize: dict | None) -> dict:
@@ -157,12 +172,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--e2e", nargs="*", default=[], help="train_speed JSON files (the 1b and 3b runs)")
     ap.add_argument("--gemm", help="gemm_speed JSON")
-    ap.add_argument("--linear", help="linear_speed JSON")
+    ap.add_argument("--linear", nargs="*", default=[], help="linear_speed JSON files (later runs' variants win)")
     ap.add_argument("--quantize", help="quantize_speed JSON")
     ap.add_argument("--json", type=Path, default=ROOT / "bench/results/summary.json")
     args = ap.parse_args(argv)
     one = lambda p: json.loads(Path(p).read_text()) if p else None  # noqa: E731
-    summary = build(_load(args.e2e), one(args.gemm), one(args.linear), one(args.quantize))
+    summary = build(_load(args.e2e), one(args.gemm), merge_linear(_load(args.linear)), one(args.quantize))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(summary, indent=1) + "\n")
     print(markdown(summary))

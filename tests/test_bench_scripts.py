@@ -127,6 +127,25 @@ def test_train_speed_measures_bf16_first_and_records_a_failing_recipe(tmp_path, 
     assert tb[-1] == "RuntimeError: torchao_fp8_rowwise needs torchao" and any("in convert" in line for line in tb)
 
 
+def test_summary_merges_linear_runs_later_variants_winning():
+    """A rerun of some linear_speed variants (after a kernel change) replaces those variants only; each keeps the
+    speedup over its own run's BF16 and names its run."""
+    mod = _load("summary")
+    row = lambda layer, bf16, v: {"model": "llama-3-8b", "layer": layer, "tokens": 16, "bf16_ms": bf16,  # noqa: E731
+                                  "bf16_saved_bytes": 400, "variants": v}
+    old = {"gpu": "G", "date": "d1", "commit": "old", "results": [
+        row("qkv", 2.0, {"a": {"speedup_vs_bf16": 1.0, "saved_bytes": 100}, "b": {"speedup_vs_bf16": 0.5, "saved_bytes": 100}}),
+        row("up", 4.0, {"a": {"speedup_vs_bf16": 1.1, "saved_bytes": 100}})]}
+    new = {"gpu": "G", "date": "d2", "commit": "new", "results": [row("qkv", 2.2, {"a": {"speedup_vs_bf16": 1.4, "saved_bytes": 100}})]}
+    m = mod.merge_linear([old, new])
+    by = {r["layer"]: r["variants"] for r in m["results"]}
+    assert by["qkv"]["a"] == {"speedup_vs_bf16": 1.4, "saved_bytes": 100, "commit": "new", "bf16_ms": 2.2}
+    assert by["qkv"]["b"]["commit"] == "old" and by["up"]["a"]["commit"] == "old" and m["commit"] == "new"
+    assert mod.merge_linear([]) is None
+    t = {x["target"]: x for x in mod.build([], None, m, None)["targets"]}
+    assert t["linear fwd+bwd at the Llama-3-8B shapes, a: speedup vs BF16 (geometric mean)"]["measured"] == pytest.approx((1.4 * 1.1) ** 0.5)
+
+
 def test_summary_checks_the_targets_and_says_how_far_off(tmp_path, capsys):
     mod = _load("summary")
     meta = {"gpu": "NVIDIA H200", "date": "2026-11-30", "commit": "abc1234"}
@@ -248,16 +267,32 @@ def test_readme_fast_path_numbers_are_the_committed_h200_results():
         cells = [f"{r['tokens_per_s']:,.0f} | {r['speedup_vs_bf16']:.2f}× | {r['peak_mem_gib']:.1f} | {r['commit']}"
                  for r in (e2e["1b"][k], e2e["3b"][k])]
         assert f"| {k} | {' | '.join(cells)} |" in readme, k
-    for k in ("bf16+cudagraphs", "mxfp4+cudagraphs"):  # one 1b run in CUDA graphs (train_speed --compile-mode reduce-overhead)
-        r = e2e["1b"][k]
-        assert f"| {k} | {r['tokens_per_s']:,.0f} | {r['speedup_vs_bf16']:.2f}× | {r['peak_mem_gib']:.1f} | {r['commit']} |" in readme, k
-    assert "error" in e2e["1b"]["adahop+cudagraphs"] and "| adahop+cudagraphs | failed |" in readme
+    def graph_cells(r):  # a row's cells for one model from runs in CUDA graphs (train_speed --compile-mode reduce-overhead)
+        if r is None:
+            return ["not run", "—", "—", "—"]
+        if "error" in r:
+            return ["failed", "—", "—", r["commit"]]
+        return [f"{r['tokens_per_s']:,.0f}", f"{r['speedup_vs_bf16']:.2f}×", f"{r['peak_mem_gib']:.1f}", r["commit"]]
+
+    for k in ("bf16", "mxfp4", "tib2d", "adahop"):
+        k += "+cudagraphs"
+        assert f"| {k} | {' | '.join(graph_cells(e2e['1b'].get(k)) + graph_cells(e2e['3b'].get(k)))} |" in readme, k
+    assert "during capture" in e2e["3b"]["adahop+cudagraphs"]["error"] and e2e["3b"]["adahop+cudagraphs"]["commit"] == "384cb50"
+    t1g, t3g, a1g = e2e["1b"]["tib2d+cudagraphs"], e2e["3b"]["tib2d+cudagraphs"], e2e["1b"]["adahop+cudagraphs"]
+    first = {m: {r["recipe"]: r for r in json.loads((res / f"e2e-h200/train_speed-{m}-reduce-overhead-384cb50.json").read_text())["results"]}
+             for m in ("1b", "3b")}
+    assert (f"({first['1b']['tib2d']['speedup_vs_bf16']:.2f}× at 1b, {first['3b']['tib2d']['speedup_vs_bf16']:.2f}× at 3b; "
+            f"`…-reduce-overhead-384cb50.json`)") in readme
+    assert f"took it to {t1g['speedup_vs_bf16']:.2f}× at 1b and {t3g['speedup_vs_bf16']:.2f}× at 3b" in readme
+    assert f"AdaHOP then ran at {a1g['speedup_vs_bf16']:.2f}× at 1b" in readme
     # the summary's e2e table is what bench/summary.py makes of the committed runs (a later run's entry wins)
     e2e_dir = res / "e2e-h200"
     runs = [e2e_dir / f"train_speed-1b-{c}.json" for c in ("a35b562-gpu0", "a35b562-gpu1", "d8fb690", "57bd0e9", "7a9e335",
                                                              "680cd3e", "680cd3e-b", "680aa49", "3e2df64",
-                                                             "reduce-overhead-38bdbed")]
-    runs += [res / "train_speed-3b-NVIDIA_H200.json"] + [e2e_dir / f"train_speed-3b-{c}.json" for c in ("d8fb690", "57bd0e9", "7a9e335", "262876e", "0e1397a")]
+                                                             "reduce-overhead-38bdbed", "reduce-overhead-384cb50",
+                                                             "reduce-overhead-c601335", "reduce-overhead-21ffa9f")]
+    runs += [res / "train_speed-3b-NVIDIA_H200.json"] + [e2e_dir / f"train_speed-3b-{c}.json" for c in (
+        "d8fb690", "57bd0e9", "7a9e335", "262876e", "0e1397a", "reduce-overhead-384cb50", "reduce-overhead-21ffa9f")]
     assert _load("summary").e2e_table([json.loads(p.read_text()) for p in runs]) == e2e
     assert all(json.loads(p.read_text()).get("quantized_linears") == "in graph" for p in runs if "e2e-h200" in str(p))
     old = {m: {r["recipe"]: r for r in json.loads((e2e_dir / f"train_speed-{m}.json").read_text())["results"]}
@@ -326,16 +361,25 @@ def test_readme_fast_path_numbers_are_the_committed_h200_results():
     g = json.loads((res / "gemm_speed-NVIDIA_H200.json").read_text())["results"][0]
     assert g["layer"] == "8192^3" and g["inexact_elements_first_fold"] == 0
     assert (f"{g['mxfp4_fp8_blockwise']:.0f} TFLOP/s, {g['speedup_vs_bf16']:.2f}× cuBLAS BF16\n  ({g['bf16']:.0f} TFLOP/s)") in readme
-    q = json.loads((res / "quantize_speed-NVIDIA_H200-680aa49.json").read_text())["results"]
-    mx = [v["fraction_of_copy"] * 100 for k, v in q.items() if k.startswith("triton mxfp4") and "values" not in k]
-    assert f"reach {min(mx):.0f}–{max(mx):.0f}% of the GPU's copy bandwidth" in readme
-    lin = json.loads((res / "linear_speed-NVIDIA_H200-2457109.json").read_text())["results"]
+    q = json.loads((res / "quantize_speed-NVIDIA_H200-ddc592e.json").read_text())["results"]
+    mx = {k: v["fraction_of_copy"] * 100 for k, v in q.items() if k.startswith("triton mxfp4") and "values" not in k}
+    assert f"reach {min(mx.values()):.0f}–{max(mx.values()):.0f}% of the GPU's copy bandwidth" in readme
+    old_q = json.loads((res / "quantize_speed-NVIDIA_H200-680aa49.json").read_text())["results"]
+    assert (f"The 1D MX kernel is at {mx['triton mxfp4 nearest']:.0f}%, up from {old_q['triton mxfp4 nearest']['fraction_of_copy'] * 100:.0f}% "
+            f"before its launch changed") in readme
+    assert f"The {mx['triton mxfp4 both layouts (one read)']:.0f}% is now the dual-layout kernel." in readme
 
-    def geo(v):
+    def geo(run, v):
+        lin = json.loads((res / f"linear_speed-NVIDIA_H200-{run}.json").read_text())["results"]
         sp = [r["variants"][v]["speedup_vs_bf16"] for r in lin if r["model"] == "llama-3-8b"]
         return math.prod(sp) ** (1 / len(sp))
 
-    assert f"Llama-3-8B shapes is {geo('mxfp4:triton:triton'):.2f}× BF16 for mxfp4 (geometric mean)\n  and {geo('tib2d:triton:triton'):.2f}× for tib2d" in readme
+    assert (f"Llama-3-8B shapes is {geo('ddc592e', 'mxfp4:triton:triton'):.2f}× BF16 for mxfp4 (geometric mean)\n  and "
+            f"{geo('ddc592e', 'tib2d:triton:triton'):.2f}× for tib2d") in readme
+    assert f"{geo('2457109', 'mxfp4:triton:triton'):.2f}× and\n  {geo('2457109', 'tib2d:triton:triton'):.2f}× before session 12" in readme
+    t = {x["target"]: x for x in summary["targets"]}
+    assert all(t[f"linear fwd+bwd at the Llama-3-8B shapes, {v}:triton:triton: speedup vs BF16 (geometric mean)"]["met"] for v in ("mxfp4", "tib2d"))
+    lin = json.loads((res / "linear_speed-NVIDIA_H200-ddc592e.json").read_text())["results"]
     saved = min(r["bf16_saved_bytes"] / r["variants"]["mxfp4:triton:triton"]["saved_bytes"] for r in lin if r["model"] == "llama-3-8b")
     assert f"{saved:.1f}× smaller than BF16's for MXFP4" in readme
 
