@@ -83,8 +83,16 @@ def test_readme_results_are_the_committed_ones():
     assert f"{1 / max(ratios):.1f}–{1 / min(ratios):.1f}× slower" in readme
     e2e = json.loads((ROOT / "bench/results/summary.json").read_text())["e2e"]  # the status line: fp4train's recipes
     ours = [r["speedup_vs_bf16"] for m in e2e.values() for k, r in m.items()
-            if k.split("+")[0] not in ("bf16", "torchao_fp8_rowwise") and "error" not in r]
-    assert f"a whole training step is still {min(ours):.2f}–{max(ours):.2f}× BF16's speed" in readme
+            if k.split("+")[0] not in ("bf16", "torchao_fp8_rowwise") and "error" not in r and "+" not in k]
+    assert f"a whole training step is\n{min(ours):.2f}–{max(ours):.2f}× BF16's speed compiled by default" in readme
+    assert (f"mxfp4 ({e2e['3b']['mxfp4']['speedup_vs_bf16']:.2f}×) and AdaHOP ({e2e['3b']['adahop']['speedup_vs_bf16']:.2f}×) "
+            "beat BF16 at 3b") in readme
+    g = {k: e2e[m][k + "+cudagraphs"]["speedup_vs_bf16"] for m, k in (("3b", "tib2d"), ("1b", "adahop"), ("1b", "mxfp4"))}
+    assert (f"tib2d runs at {g['tib2d']:.2f}×\nat 3b, AdaHOP at {g['adahop']:.2f}× and mxfp4 at {g['mxfp4']:.2f}× at 1b") in readme
+    t1 = e2e["1b"]["tib2d+cudagraphs"]["speedup_vs_bf16"]
+    assert (f"mxfp4 {g['mxfp4']:.2f}× BF16 at 1b, AdaHOP {g['adahop']:.2f}× and tib2d {t1:.2f}× ({g['tib2d']:.2f}× at 3b)") in readme
+    default_1b = [e2e["1b"][k]["speedup_vs_bf16"] for k in ("mxfp4", "adahop", "tib2d")]
+    assert f"against\n  {min(default_1b):.2f}–{max(default_1b):.2f}× compiled by default" in readme
 
 
 def test_adahop_numbers_in_docs_are_the_committed_analysis():
