@@ -501,7 +501,7 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     R, K = op.shape
     codes, scales = empty_folded(R, K, group_rows, device=x.device)
     counter = torch.zeros((), dtype=torch.int32, device=x.device) if counter is None else counter
-    sr, key, key2 = _keys(rounding, seed, x.device)
+    sr, key, key2, kp = _keys(rounding, seed, x.device)
     rb_default, warps_default = FOLD_LAUNCH_HADAMARD[group_rows] if had else FOLD_LAUNCH[(along_0, group_rows)]
     rb = (rows_per_program or rb_default) if group_rows == 1 else 128
     if rb < 1 or rb & (rb - 1):
@@ -512,7 +512,7 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
                                                      GR=group_rows, RB=rb, num_warps=num_warps or warps_default, HAD=had,
                                                      LOG_HAD=max(had.bit_length() - 1, 0),
                                                      HAS_D=d is not None, NORM=norm, ROUND_BF16=had > 0 and x.dtype == torch.bfloat16,
-                                                     KEYS_PTR=isinstance(key, torch.Tensor))
+                                                     KEYS_PTR=kp)
     return FoldedFP8(codes, scales, group_rows, counter)
 
 

@@ -224,14 +224,14 @@ def _quantize_1d(fmt: str, x, scale, rounding, seed, blocks_per_program=None, nu
     elem = E2M1 if fmt == "mxfp4" else E4M3
     codes = torch.empty(rows, k // 2 if elem == E2M1 else k, dtype=torch.uint8, device=x.device)
     scales = torch.empty(rows, nb, dtype=torch.uint8, device=x.device)
-    sr, key, key2 = _keys(rounding, seed, x.device)
+    sr, key, key2, kp = _keys(rounding, seed, x.device)
     bp, warps = blocks_per_program or MX1D_LAUNCH[fmt][0], num_warps or MX1D_LAUNCH[fmt][1]
     if bp < 1 or bp & (bp - 1):
         raise ValueError(f"{name}: blocks_per_program must be a power of two, got {bp}")
     if rows and nb:
         _mx_kernel[(rows, triton.cdiv(nb, bp))](
             x, codes, scales, nb, x.stride(0), codes.stride(0), scales.stride(0), key, key2,
-            CEIL=scale == "ceil", SR=sr, BLOCKS=bp, ELEM=elem, KEYS_PTR=isinstance(key, torch.Tensor), num_warps=warps)
+            CEIL=scale == "ceil", SR=sr, BLOCKS=bp, ELEM=elem, KEYS_PTR=kp, num_warps=warps)
     return QuantizedTensor(fmt, codes, scales, None, BlockLayout(tuple(x.shape), (32,), 1), x.dtype)
 
 
@@ -345,28 +345,28 @@ def quantize_mxfp4_columns(x: torch.Tensor, *, scale: str = "floor", rounding: s
     M, K = x.shape
     cc = torch.empty(K, M // 2, dtype=torch.uint8, device=x.device)
     cs = torch.empty(K, M // 32, dtype=torch.uint8, device=x.device)
-    sr, key, key2 = _keys(rounding, seed, x.device)
+    sr, key, key2, kp = _keys(rounding, seed, x.device)
     if M and K:
         _mxfp4_cols_kernel[(M // 32, triton.cdiv(K, block_cols))](x, cc, cs, M, K, x.stride(0), cc.stride(0), cs.stride(0),
                                                                    key, key2, CEIL=scale == "ceil", SR=sr, BK=block_cols,
-                                                                   KEYS_PTR=isinstance(key, torch.Tensor), num_warps=num_warps)
+                                                                   KEYS_PTR=kp, num_warps=num_warps)
     return QuantizedTensor("mxfp4", cc, cs, None, BlockLayout((M, K), (32,), 0), x.dtype)
 
 
 def _keys(rounding: str, seed: int | torch.Tensor | None, device: torch.device | None = None):
-    """``(stochastic?, key, key2)`` for a launch: the host ints of ``seed`` (a fresh one if None), or - ``seed`` an
-    int64 tensor ``[key, key2]`` on ``device`` (:func:`fp4train.counter_rng.seed_keys_tensor`) - that tensor and 0:
-    the kernel then reads the keys from it (launch it with ``KEYS_PTR=isinstance(key, torch.Tensor)``)."""
+    """``(stochastic?, key, key2, keys_ptr)`` for a launch: the host ints of ``seed`` (a fresh one if None), or -
+    ``seed`` an int64 tensor ``[key, key2]`` on ``device`` (:func:`fp4train.counter_rng.seed_keys_tensor`) - that
+    tensor and 0, and ``keys_ptr`` True: launch the kernel with ``KEYS_PTR=keys_ptr``, and it reads the keys there."""
     sr = rounding == "stochastic"
     if isinstance(seed, torch.Tensor):
         if seed.shape != (2,) or seed.dtype != torch.int64 or (device is not None and seed.device != torch.device(device)):
             raise ValueError(f"a seed given as a tensor must be its int64 keys [key, key2] on the data's device {device} "
                              f"(counter_rng.seed_keys_tensor), got {seed.dtype} {tuple(seed.shape)} on {seed.device}")
-        return sr, (seed if sr else 0), 0
+        return sr, (seed if sr else 0), 0, sr
     if sr and seed is None:
         seed = counter_rng.fresh_seed()
     s = int(seed or 0)
-    return sr, (s * _GOLDEN) & _MASK32, ((s >> 32) ^ 0x85EBCA6B) & _MASK32
+    return sr, (s * _GOLDEN) & _MASK32, ((s >> 32) ^ 0x85EBCA6B) & _MASK32, False
 
 
 def quantize_mxfp4_dual(
@@ -388,14 +388,14 @@ def quantize_mxfp4_dual(
     rs = torch.empty(M, K // 32, dtype=torch.uint8, device=x.device)
     cc = torch.empty(K, M // 2, dtype=torch.uint8, device=x.device)
     cs = torch.empty(K, M // 32, dtype=torch.uint8, device=x.device)
-    sr_r, k_r, k2_r = _keys(rounding[0], seed[0], x.device)
-    sr_c, k_c, k2_c = _keys(rounding[1], seed[1], x.device)
+    sr_r, k_r, k2_r, kp_r = _keys(rounding[0], seed[0], x.device)
+    sr_c, k_c, k2_c, kp_c = _keys(rounding[1], seed[1], x.device)
     grid = (M // 32, triton.cdiv(K, 32 * blocks_per_program))
     if M and K:
         _mxfp4_dual_kernel[grid](x, rc, rs, cc, cs, M, K, x.stride(0), rc.stride(0), rs.stride(0), cc.stride(0), cs.stride(0),
                                  k_r, k2_r, k_c, k2_c, CEIL_R=scale[0] == "ceil", SR_R=sr_r, CEIL_C=scale[1] == "ceil",
-                                 SR_C=sr_c, NB=blocks_per_program, KEYS_PTR_R=isinstance(k_r, torch.Tensor),
-                                 KEYS_PTR_C=isinstance(k_c, torch.Tensor), num_warps=8)  # 4 warps: 148-255 registers (ptxas)
+                                 SR_C=sr_c, NB=blocks_per_program, KEYS_PTR_R=kp_r,
+                                 KEYS_PTR_C=kp_c, num_warps=8)  # 4 warps: 148-255 registers (ptxas)
     rows = QuantizedTensor("mxfp4", rc, rs, None, BlockLayout((M, K), (32,), 1), x.dtype)
     cols = QuantizedTensor("mxfp4", cc, cs, None, BlockLayout((M, K), (32,), 0), x.dtype)
     return rows, cols
@@ -500,7 +500,7 @@ def _quantize_tiles(fmt: str, x, scale, rounding, seed, launch=(None, None), pai
     elem = E2M1 if fmt == "mxfp4" else E4M3
     codes = torch.empty(rp, cp // 2 if elem == E2M1 else cp, dtype=torch.uint8, device=x.device)
     scales = torch.empty(rp // 32, cp // 32, dtype=torch.uint8, device=x.device)
-    sr, key, key2 = _keys(rounding, seed, x.device)
+    sr, key, key2, kp = _keys(rounding, seed, x.device)
     pairs_default, tc, warps = MXFP4_TILE_LAUNCH[rounding] if elem == E2M1 else (False, *MXFP8_TILE_LAUNCH)
     pairs = pairs_default if pairs is None else pairs
     tc, warps = launch[0] or tc, launch[1] or warps
@@ -510,11 +510,11 @@ def _quantize_tiles(fmt: str, x, scale, rounding, seed, launch=(None, None), pai
     if rp and cp and elem == E2M1 and pairs:
         bf16_pairs = x.dtype == torch.bfloat16 and C % 2 == 0 and x.data_ptr() % 4 == 0
         _mxfp4_tile_kernel[grid](x, codes, scales, R, C, cp // 32, x.stride(0), codes.stride(0), scales.stride(0), key, key2,
-                                 CEIL=scale == "ceil", SR=sr, TC=tc, BF16_PAIRS=bf16_pairs, KEYS_PTR=isinstance(key, torch.Tensor),
+                                 CEIL=scale == "ceil", SR=sr, TC=tc, BF16_PAIRS=bf16_pairs, KEYS_PTR=kp,
                                  num_warps=warps)
     elif rp and cp:
         _mx_tile_kernel[grid](x, codes, scales, R, C, cp // 32, x.stride(0), codes.stride(0), scales.stride(0), key, key2,
-                              CEIL=scale == "ceil", SR=sr, ELEM=elem, TC=tc, KEYS_PTR=isinstance(key, torch.Tensor), num_warps=warps)
+                              CEIL=scale == "ceil", SR=sr, ELEM=elem, TC=tc, KEYS_PTR=kp, num_warps=warps)
     return QuantizedTensor(fmt, codes, scales, None, layout, x.dtype)
 
 

@@ -156,8 +156,7 @@ def _mx_values_call(fmt, elem, x, axis, scale, rounding, seed) -> ScaledBF16:
     x = x.contiguous()
     M, K = x.shape
     y = torch.empty(M, K, dtype=torch.bfloat16, device=x.device)
-    sr, key, key2 = _keys(rounding, seed, x.device)
-    kp = isinstance(key, torch.Tensor)
+    sr, key, key2, kp = _keys(rounding, seed, x.device)
     ceil = scale == "ceil"
     if M and K:
         if axis is None:

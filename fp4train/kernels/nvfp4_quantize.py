@@ -104,11 +104,11 @@ def quantize_nvfp4(x: torch.Tensor, *, rounding: str = "nearest", seed: int | No
     s_enc = device_tensor_scale(x)
     codes = torch.empty(rows, k // 2, dtype=torch.uint8, device=x.device)
     scales = torch.empty(rows, nb, dtype=torch.uint8, device=x.device)
-    sr, key, key2 = _keys(rounding, seed, x.device)
+    sr, key, key2, kp = _keys(rounding, seed, x.device)
     if rows and nb:
         grid = (rows, triton.cdiv(nb, blocks_per_program))
         _nvfp4_kernel[grid](x, s_enc, codes, scales, nb, x.stride(0), codes.stride(0), scales.stride(0), key, key2,
-                            SR=sr, BLOCKS=blocks_per_program, KEYS_PTR=isinstance(key, torch.Tensor))
+                            SR=sr, BLOCKS=blocks_per_program, KEYS_PTR=kp)
     return QuantizedTensor("nvfp4", codes, scales, s_enc.reshape(()), BlockLayout(tuple(x.shape), (16,), 1), x.dtype)
 
 
@@ -142,9 +142,9 @@ def quantize_nvfp4_columns(x: torch.Tensor, *, rounding: str = "nearest", seed: 
     s_enc = device_tensor_scale(x)
     cc = torch.empty(K, M // 2, dtype=torch.uint8, device=x.device)
     cs = torch.empty(K, M // 16, dtype=torch.uint8, device=x.device)
-    sr, key, key2 = _keys(rounding, seed, x.device)
+    sr, key, key2, kp = _keys(rounding, seed, x.device)
     if M and K:
         _nvfp4_cols_kernel[(M // 16, triton.cdiv(K, block_cols))](x, s_enc, cc, cs, M, K, x.stride(0), cc.stride(0), cs.stride(0),
                                                                    key, key2, SR=sr, BK=block_cols,
-                                                                   KEYS_PTR=isinstance(key, torch.Tensor))
+                                                                   KEYS_PTR=kp)
     return QuantizedTensor("nvfp4", cc, cs, s_enc.reshape(()), BlockLayout((M, K), (16,), 0), x.dtype)

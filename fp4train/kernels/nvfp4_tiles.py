@@ -91,12 +91,12 @@ def _check(name: str, x: torch.Tensor, rounding: str) -> torch.Tensor:
 
 
 def _launch(x, s_enc, codes, scales, rows, n_tc, rounding, seed) -> None:
-    sr, key, key2 = _keys(rounding, seed, x.device)
+    sr, key, key2, kp = _keys(rounding, seed, x.device)
     if rows and n_tc:
         nb = TILES_PER_PROGRAM
         _nvfp4_tile_kernel[(triton.cdiv(rows, 16), triton.cdiv(n_tc, nb))](
             x, s_enc, codes, scales, x.shape[0], x.shape[1], n_tc, x.stride(0), codes.stride(0), scales.stride(0),
-            key, key2, SR=sr, NB=nb, KEYS_PTR=isinstance(key, torch.Tensor))
+            key, key2, SR=sr, NB=nb, KEYS_PTR=kp)
 
 
 def quantize_nvfp4_2d(x: torch.Tensor, *, rounding: str = "nearest", seed: int | None = None) -> QuantizedTensor:

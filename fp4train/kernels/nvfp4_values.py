@@ -73,8 +73,7 @@ def nvfp4_values(x: torch.Tensor, *, axis: int, rounding: str = "nearest", seed:
     M, K = x.shape
     s_enc = device_tensor_scale(x)
     y = torch.empty(M, K, dtype=torch.bfloat16, device=x.device)
-    sr, key, key2 = _keys(rounding, seed, x.device)
-    kp = isinstance(key, torch.Tensor)
+    sr, key, key2, kp = _keys(rounding, seed, x.device)
     if M and K:
         if axis % 2 == 1:
             rb, nb = 16, 8
