@@ -49,7 +49,7 @@ HELP = {
     "compile": "torch.compile the model",
     "compile_mode": "with --compile: default, or reduce-overhead (each step replayed as CUDA graphs: no per-kernel "
     "launch from the host, which bounds the quantized recipes' speed at small models; stochastic-rounding seeds are "
-    "then drawn on the device; layers with random Hadamard signs - nvfp4's - are left out of the graphs for now)",
+    "then drawn on the device, random Hadamard signs too)",
     "numerics": "how quantization runs, same bits in each: eager (reference ops), compiled (torch.compile'd "
     "reference), triton (fp4train's kernels where they exist); default: triton with the triton backend (the default "
     "on a GPU machine), eager elsewhere",

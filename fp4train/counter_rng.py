@@ -84,6 +84,15 @@ def random_signs(seed: int, n: int, device=None) -> torch.Tensor:
     return 1.0 - 2.0 * bit.to(torch.float32)
 
 
+def random_signs_keys(keys: torch.Tensor, n: int, device=None) -> torch.Tensor:
+    """:func:`random_signs` with the seed given as its two keys in an int64 tensor ``[key, key2]``
+    (:func:`seed_keys_tensor`, :func:`derived_keys_tensor`: a seed that lives on a device), the same signs:
+    what a CUDA graph captures for a random Hadamard transform, drawing new signs on every replay."""
+    idx = torch.arange(n, device=keys.device if device is None else device, dtype=torch.int64)
+    bit = _hash_keys(idx, keys[0], keys[1]) >> 31
+    return 1.0 - 2.0 * bit.to(torch.float32)
+
+
 def _lowbias32_int(x: int) -> int:
     """:func:`lowbias32` on one Python int (host-side seed mixing, no tensors)."""
     x ^= x >> 16

@@ -367,11 +367,12 @@ def test_backend_state_is_allocated_when_a_layer_arrives_on_a_device(monkeypatch
     assert backend.inexact is None
 
 
-def test_device_seeds_drive_the_graph_op_and_its_backward(monkeypatch):
+@pytest.mark.parametrize("recipe", ["tib2d", "nvfp4"])
+def test_device_seeds_drive_the_graph_op_and_its_backward(monkeypatch, recipe):
     """set_device_seeds: a seeded layer's op draws its seed from the device's stream (each call a new one, shape
     (1,) on X's device: no CPU tensor in the graph), its backward uses that seed - the gradients are those of
-    the eager Function given the same device seed - and a spec without seeds or with random Hadamard signs
-    keeps its host behaviour."""
+    the eager Function given the same device seed - and a spec without seeds keeps its host behaviour. nvfp4:
+    its wgrad's random Hadamard signs come from the device seed too (signs from the seed's keys)."""
     from fp4train import counter_rng
     from fp4train.linear import QuantizedLinearFunction
     from fp4train.linear import module as qmod
@@ -380,12 +381,12 @@ def test_device_seeds_drive_the_graph_op_and_its_backward(monkeypatch):
     monkeypatch.setattr(qmod, "DEVICE_SEEDS", True)
     monkeypatch.setattr(counter_rng, "_STREAMS", {})
     torch.manual_seed(0)
-    q = fp4train.convert(nn.Sequential(nn.Linear(128, 128)), "tib2d", backend="triton")[0]
+    q = fp4train.convert(nn.Sequential(nn.Linear(128, 128)), recipe, backend="triton")[0]
     stream = counter_rng._STREAMS[torch.device("cpu")]  # made when the layer was
     config = with_device_seeds(q._config)  # what the compiled call site passes under set_device_seeds
     assert _device_seeded(config) and not _device_seeded(q._config)
     assert seedable_on_device(q.spec) and not seedable_on_device(fp4train.recipes.get("mxfp4").linear)
-    assert not seedable_on_device(fp4train.recipes.get("nvfp4").linear)  # random Hadamard signs: host seeds
+    assert recipe != "nvfp4" or q.spec.wgrad.transform.random_signs
     x = torch.randn(128, 128)
     state = stream.state_dict()
 

@@ -172,3 +172,18 @@ def test_a_restarted_stream_does_not_depend_on_what_ran_before(monkeypatch):
     torch.manual_seed(11)
     again = counter_rng.restart_device_seed_stream("cpu")
     assert again is fresh and again.count is count and (again.base, [again.next().item() for _ in range(2)]) == first
+
+
+def test_random_signs_from_a_seeds_keys_equal_the_seeds_signs():
+    """A random Hadamard transform whose seed lives on a device takes the seed's keys (an int64 tensor): the same
+    signs, and so the same transform, as the int seed (what lets nvfp4's layers draw on the device in CUDA graphs)."""
+    from fp4train.transforms.hadamard import hadamard, signs
+
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))
+    for s in (0, 1, 12345, 2**40 + 3, 2**62 - 1):
+        keys = counter_rng.seed_keys_tensor(torch.tensor(s, dtype=torch.int64))
+        assert torch.equal(counter_rng.random_signs_keys(keys, 64), counter_rng.random_signs(s, 64))
+        assert torch.equal(signs(keys, 16), signs(s, 16))
+        assert torch.equal(hadamard(x, 16, seed=keys), hadamard(x, 16, seed=s))
+    derived = counter_rng.derived_keys_tensor(torch.tensor(77, dtype=torch.int64), 2, 2)
+    assert torch.equal(signs(derived, 16), signs(counter_rng.derive_seed(77, 2, 2), 16))

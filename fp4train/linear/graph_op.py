@@ -244,9 +244,9 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
 
 
 def seedable_on_device(spec: LinearSpec) -> bool:
-    """Can a call of ``spec`` draw its seed on the device? It must draw one, and not for random Hadamard signs
-    (those are made on the host from the seed)."""
-    return spec.needs_seed and not any(g.transform is not None and g.transform.random_signs for g in (spec.fprop, spec.dgrad, spec.wgrad))
+    """Can a call of ``spec`` draw its seed on the device? Whenever it draws one: stochastic-rounding keys and
+    random Hadamard signs are both derived from a device seed there (``sr_seed``, ``transform_seed``)."""
+    return spec.needs_seed
 
 
 @functools.lru_cache(maxsize=None)

@@ -141,8 +141,8 @@ def set_device_seeds(enabled: bool = True) -> None:
     (:class:`~fp4train.counter_rng.DeviceSeedStream`) instead of from torch's CPU generator, so that
     ``torch.compile(mode="reduce-overhead")`` can capture seeded layers (tib2d's, hadamard_mxfp4's) in CUDA
     graphs and each replay still draws fresh seeds. The draws have the same distribution as host seeds but
-    other bits, and eager calls keep host seeds. Layers with random Hadamard signs (NVFP4's RHT) keep host
-    seeds (their signs are made on the host). Set it before the model is converted or moved to its device:
+    other bits, and eager calls keep host seeds. Random Hadamard signs (NVFP4's RHT) come from the device seed
+    too. Set it before the model is converted or moved to its device:
     the streams are made then, outside any capture. A checkpoint saves the streams' state
     (:func:`~fp4train.counter_rng.device_seed_state`)."""
     global DEVICE_SEEDS

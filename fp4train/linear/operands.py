@@ -65,12 +65,22 @@ def sr_seed(q: QuantSpec, seed: int | torch.Tensor, gemm: int, operand: int) -> 
     return derive_seed(seed, gemm, operand)
 
 
-def _transform(x: torch.Tensor, transform: TransformSpec | None, *, axis: int, seed: int, gemm: int) -> torch.Tensor:
+def transform_seed(transform: TransformSpec, seed: int | torch.Tensor, gemm: int) -> int | torch.Tensor | None:
+    """The seed of a GEMM's random Hadamard signs, ``derive_seed(seed, gemm, OP_TRANSFORM)`` (None for a plain
+    transform); from a layer seed that lives on a device, its keys there (``derived_keys_tensor``, which
+    :func:`~fp4train.transforms.hadamard.signs` takes in place of the int)."""
+    if not transform.random_signs:
+        return None
+    if isinstance(seed, torch.Tensor):
+        return derived_keys_tensor(seed, gemm, OP_TRANSFORM)
+    return derive_seed(seed, gemm, OP_TRANSFORM)
+
+
+def _transform(x: torch.Tensor, transform: TransformSpec | None, *, axis: int, seed: int | torch.Tensor, gemm: int) -> torch.Tensor:
     """The GEMM's inner transform of ``x`` (signs from ``derive_seed(seed, gemm, OP_TRANSFORM)``), or ``x``."""
     if transform is None:
         return x
-    t_seed = derive_seed(seed, gemm, OP_TRANSFORM) if transform.random_signs else None
-    return hadamard(x, transform.block, axis=axis, seed=t_seed)
+    return hadamard(x, transform.block, axis=axis, seed=transform_seed(transform, seed, gemm))
 
 
 def prepare_now(
@@ -109,7 +119,7 @@ def prepare_now(
                        compute_dtype=compute_dtype)
     op_seed = sr_seed(q, seed, gemm, operand)
     if own is not None and transform is not None:  # the backend may fuse the transform into its quantization
-        t_seed = derive_seed(seed, gemm, OP_TRANSFORM) if transform.random_signs else None
+        t_seed = transform_seed(transform, seed, gemm)
         if (op := own(x, q, axis=axis, role=operand, seed=op_seed, transform=transform, transform_seed=t_seed)) is not None:
             return op
     # transformed once, outside any graph: a Triton kernel on GPUs (fp4train.transforms.hadamard.set_kernel)

@@ -29,7 +29,6 @@ from ..adahop.calibration import Calibration, PatternRecorder
 from ..timing import code_commit
 from ..convert import convert
 from ..data import PackedBatches, eval_batches, load_splits, load_tokenizer
-from ..linear import QuantizedLinear
 from ..linear.module import set_device_seeds
 from .checkpoint import Checkpoints
 from .config import TrainConfig
@@ -137,19 +136,9 @@ class Trainer:
 
     def _compiled(self):
         """The model under ``torch.compile`` with the config's mode. With ``reduce-overhead`` Inductor replays each
-        graph as CUDA graphs, and the layers draw their stochastic-rounding seeds on the device (set in __init__);
-        a layer with random Hadamard signs still draws its seed on the host and outputs it as a CPU tensor, which
-        keeps its graph out of them (Inductor logs "skipping cudagraphs"): still correct, not faster. Said once
-        here rather than left to the log."""
-        from ..linear.graph_op import seedable_on_device
-
+        graph as CUDA graphs, and the layers draw their stochastic-rounding seeds and random Hadamard signs on the
+        device (set in __init__), so that every seeded layer is captured and each replay draws fresh ones."""
         mode = self.cfg.compile_mode
-        if mode == "reduce-overhead":
-            seeded = sorted({m.recipe_name or "?" for m in self.model.modules()
-                             if isinstance(m, QuantizedLinear) and m.spec.needs_seed and not seedable_on_device(m.spec)})
-            if seeded:
-                self.log(f"fp4train: compile_mode reduce-overhead: the layers of {', '.join(seeded)} draw random Hadamard "
-                         "signs on the host, so their graphs run without CUDA graphs (correct, not faster)")
         return torch.compile(self.model, mode=None if mode == "default" else mode)
 
     def _step_begins(self) -> None:

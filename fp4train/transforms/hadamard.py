@@ -39,8 +39,11 @@ def hadamard_matrix(b: int, *, dtype=torch.float32, device=None) -> torch.Tensor
     return (h / math.sqrt(b)).to(dtype=dtype, device=device)
 
 
-def signs(seed: int, b: int, device=None) -> torch.Tensor:
-    """The RHT sign vector ``d`` (float32 +-1, length ``b``) for ``seed``; device-independent."""
+def signs(seed: int | torch.Tensor, b: int, device=None) -> torch.Tensor:
+    """The RHT sign vector ``d`` (float32 +-1, length ``b``) for ``seed``; device-independent. ``seed`` may also be
+    its keys as an int64 tensor ``[key, key2]`` (a seed that lives on a device: the same signs, made there)."""
+    if isinstance(seed, torch.Tensor):
+        return counter_rng.random_signs_keys(seed, b, device=device)
     return counter_rng.random_signs(seed, b, device=device)
 
 
@@ -48,7 +51,7 @@ def hadamard(
     x: torch.Tensor,
     block: int = 32,
     axis: int = -1,
-    seed: int | None = None,
+    seed: int | torch.Tensor | None = None,
     inverse: bool = False,
 ) -> torch.Tensor:
     """Normalized block Walsh-Hadamard transform of ``x`` along ``axis``.
@@ -58,7 +61,7 @@ def hadamard(
         block: transform size, a power of two in [2, 256] (16..256 are the useful ones).
         axis: the axis to transform (a GEMM's inner dimension).
         seed: ``None`` for the plain transform; an int for the randomized transform (RHT)
-            with seeded random signs.
+            with seeded random signs (or that seed's keys as an int64 tensor ``[key, key2]``, see :func:`signs`).
         inverse: apply the exact inverse (for RHT the signs are applied after ``H``).
     """
     if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
