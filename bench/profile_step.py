@@ -14,6 +14,10 @@ fp4train's own Triton kernels, Inductor's fused kernels, ATen elementwise, the o
 ms a step a recipe gains or loses::
 
     python bench/profile_step.py --explain bench/results/profile_step/1b-H200-triton-490b414.json
+
+``--copies N`` adds the N heaviest ATen copies (``aten::copy_``: dtype casts, ``contiguous``, clones), each
+charged to the fp4train line and ATen op that asked for it, with the shape copied - from a second profiled run
+with Python stacks, so that the first run's wall time stays comparable.
 """
 
 from __future__ import annotations
@@ -98,7 +102,42 @@ def explain(result: dict, ours: frozenset[str] | None = None) -> dict:
     return rows
 
 
-def profile(model_name, recipe_name, batch, seq, steps, warmup, compile_, calib_steps, top, device):
+COPY_OPS = ("aten::copy_",)  # every ATen copy (to, contiguous, clone, indexed assignment) ends in copy_
+
+
+def _frame_of(ev) -> tuple[str, str]:
+    """(the ATen op that asked for a copy, the innermost fp4train or bench frame above it) from a profiler
+    event's parents: Python frames are events named ``path(line): function`` when the stack is recorded."""
+    op, frame, p = "", "", ev.cpu_parent
+    while p is not None and not frame:
+        name = p.name
+        if not op and name.startswith("aten::") and name not in ("aten::clone", "aten::_to_copy", "aten::copy_"):
+            op = name
+        for root in ("fp4train/", "bench/"):
+            if root in name and "(" in name:
+                frame = root + name.split(root, 1)[1]
+        p = p.cpu_parent
+    return op or "aten::clone/_to_copy", frame or "(no fp4train frame)"
+
+
+def copies(events, steps: int, top: int, cuda: bool) -> list[dict]:
+    """The ATen copies of a profiled step, by where they come from: device ms per step (CPU ms off a GPU),
+    launches, the shapes copied and the ATen op and fp4train line that asked for them - heaviest first."""
+    acc = defaultdict(lambda: [0.0, 0])
+    for ev in events:
+        if ev.name in COPY_OPS:
+            op, frame = _frame_of(ev)
+            dst = ev.input_shapes[0] if ev.input_shapes else None  # copy_(dst, src): the shape written
+            shapes = "?" if dst is None else "x".join(str(d) for d in dst) if dst else "scalar"
+            ms = (ev.device_time_total if cuda else ev.self_cpu_time_total) / 1e3 / steps
+            a = acc[(frame, op, shapes)]
+            a[0] += ms
+            a[1] += 1
+    ranked = sorted(acc.items(), key=lambda kv: -kv[1][0])[:top]
+    return [{"frame": f, "op": o, "shape": sh, "ms_per_step": ms, "calls_per_step": n / steps} for (f, o, sh), (ms, n) in ranked]
+
+
+def profile(model_name, recipe_name, batch, seq, steps, warmup, compile_, calib_steps, top, device, copies_top=0):
     model, _, step, strategies = setup(model_name, recipe_name, batch, seq, device, calibration_steps=calib_steps)
     fwd = torch.compile(model) if compile_ else model
     for _ in range(warmup):
@@ -129,7 +168,15 @@ def profile(model_name, recipe_name, batch, seq, steps, warmup, compile_, calib_
     kern = {k: v for k, v in kern.items() if not is_annotation(k)}
     gpu_ms = sum(v[0] for v in kern.values())
     ranked = sorted(kern.items(), key=lambda kv: -kv[1][0])[:top]
+    copy_rows = None
+    if copies_top:  # a second profiled run with Python stacks (slower on the host: its wall time is not reported)
+        with torch.profiler.profile(activities=acts, record_shapes=True, with_stack=True) as prof2:
+            for _ in range(steps):
+                step(fwd)
+            sync(device)
+        copy_rows = copies(prof2.events(), steps, copies_top, cuda)
     return {
+        **({"copies": copy_rows} if copy_rows is not None else {}),
         "recipe": recipe_name, "tokens_per_s": batch * seq / wall, "wall_ms_per_step": wall * 1e3, "gpu_kernel_ms_per_step": gpu_ms,
         "kernels_per_step": sum(v[1] for v in kern.values()) / steps, "adahop_strategies": strategies,
         "kinds": by_kind({k: v[0] for k, v in kern.items()}, fp4train_kernels()) if cuda else None,
@@ -151,6 +198,9 @@ def main(argv=None):
     ap.add_argument("--numerics", default=None, choices=["eager", "compiled", "triton"],
                     help="how quantization runs (default: the backend's, as in train_speed - triton on a GPU; the "
                     "default was 'compiled' until 2026-12-01, which profiled Inductor's reference kernels instead)")
+    ap.add_argument("--copies", type=int, default=0, metavar="N",
+                    help="also list the N heaviest ATen copies by the fp4train line that asked for them (a second "
+                    "profiled run with Python stacks)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--explain", type=Path, help="print a committed result kind by kind against its BF16, and exit")
     args = ap.parse_args(argv)
@@ -172,12 +222,14 @@ def main(argv=None):
     recipes = ["bf16"] + [r for r in recipes if r != "bf16"]  # the baseline, measured first in the same run
     for r in recipes:
         res = profile(args.model, r, args.batch_size, args.seq_len, args.steps, args.warmup, args.compile,
-                      args.calibration_steps, args.top, device)
+                      args.calibration_steps, args.top, device, args.copies)
         rows.append(res)
         print(f"\n== {r}: wall {res['wall_ms_per_step']:.1f} ms/step, GPU kernels {res['gpu_kernel_ms_per_step']:.1f} ms/step, "
               f"{res['kernels_per_step']:.0f} launches/step", flush=True)
         for k in res["top"]:
             print(f"  {k['ms_per_step']:8.2f} ms {k['share']:6.1%} x{k['launches_per_step']:<5.0f} {k['kernel'][:100]}", flush=True)
+        for c in res.get("copies") or []:
+            print(f"  copy {c['ms_per_step']:8.2f} ms x{c['calls_per_step']:<5.0f} {c['shape']:>16} {c['op']:<18} {c['frame'][:90]}", flush=True)
         out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit(), "torch": torch.__version__,
                "model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len, "compile": args.compile,
                "numerics": fp4train.formats.numerics(), "results": rows}

@@ -467,6 +467,19 @@ def test_profile_step_sorts_kernels_by_kind_and_explains_a_profile_against_bf16(
     assert sum(v["ms"] for v in rows["bf16"].values()) == 13.0  # the annotation is not counted twice
 
 
+def test_profile_step_charges_copies_to_the_fp4train_line_that_asked_for_them():
+    """--copies: a second profiled run with Python stacks lists the heaviest ATen copies by (fp4train line, ATen
+    op, shape) - on the CPU by CPU time; what says where a recipe's ATen copies (8.9 ms a 1b tib2d step) come from."""
+    mod = _load("profile_step")
+    r = mod.profile("tiny", "mxfp4", 1, 32, 1, 1, False, 1, 5, torch.device("cpu"), 4)
+    rows = r["copies"]
+    assert 0 < len(rows) <= 4 and [c["ms_per_step"] for c in rows] == sorted((c["ms_per_step"] for c in rows), reverse=True)
+    assert all(c["frame"].startswith(("fp4train/", "bench/", "(no")) and c["op"].startswith("aten::") and c["calls_per_step"] >= 1
+               for c in rows)
+    assert any(c["frame"].startswith("fp4train/formats/") and ".py(" in c["frame"] for c in rows)  # file(line): function
+    assert "copies" not in mod.profile("tiny", "bf16", 1, 32, 1, 1, False, 1, 5, torch.device("cpu"))  # only when asked
+
+
 def test_readme_session_16_host_figures_are_the_committed_h200_results():
     """The README's session-16 paragraph: GPU time by kind, step times, host time per step, the run-to-run spread
     and the CUDA-graph run, each from a committed result file."""
