@@ -79,7 +79,7 @@ def merge_linear(runs: list[dict]) -> dict | None:
             row = rows.setdefault((r["model"], r["layer"], r.get("tokens")), {**r, "variants": {}})
             for name, v in r["variants"].items():
                 row["variants"][name] = {**v, "commit": run.get("commit"), "bf16_ms": r.get("bf16_ms")}
-    return {**runs[-1], "results": list(rows.values()), "commit": runs[-1].get("commit")}
+    return {**runs[-1], "results": list(rows.values())}
 
 
 def build(e2e: list[dict], gemm: dict | None, linear: dict | None, quantize: dict | None) -> dict:

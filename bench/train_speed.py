@@ -27,6 +27,7 @@ import torch
 
 import fp4train
 from fp4train import models
+from fp4train.linear.module import set_device_seeds
 from fp4train.timing import code_commit, median_time
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,8 +91,6 @@ def setup(model_name: str, recipe: str, batch: int, seq: int, device, backend: s
 
 def measure(model_name: str, recipe: str, batch: int, seq: int, steps: int, warmup: int, compile_: bool, device,
             backend: str | None = None, calibration_steps: int = 3, compile_mode: str | None = None) -> dict:
-    from fp4train.linear.module import set_device_seeds
-
     graphs = compile_mode == "reduce-overhead"  # Inductor's CUDA graphs (cudagraph trees)
     set_device_seeds(graphs)  # seeded layers draw on the device, so that their graphs are captured too (reset: measure_or_error)
     run = setup(model_name, recipe, batch, seq, device, backend, calibration_steps)
@@ -151,8 +150,6 @@ def measure_or_error(*args, **kw) -> dict:
                 # where it failed: the innermost frames (a CUDA-graph capture error names the op that broke it)
                 "traceback": traceback.format_exc().splitlines()[-24:]}
     finally:
-        from fp4train.linear.module import set_device_seeds
-
         set_device_seeds(False)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -79,15 +79,14 @@ def uniform(seed: int, shape: tuple[int, ...] | torch.Size, device=None) -> torc
 
 def random_signs(seed: int, n: int, device=None) -> torch.Tensor:
     """A float32 vector of ``n`` seeded +-1 signs (bit 31 of the hash)."""
-    idx = torch.arange(n, device=device, dtype=torch.int64)
-    bit = hash32(seed, idx) >> 31
-    return 1.0 - 2.0 * bit.to(torch.float32)
+    return random_signs_keys(torch.tensor(seed_keys(seed), dtype=torch.int64), n, device)
 
 
 def random_signs_keys(keys: torch.Tensor, n: int, device=None) -> torch.Tensor:
     """:func:`random_signs` with the seed given as its two keys in an int64 tensor ``[key, key2]``
     (:func:`seed_keys_tensor`, :func:`derived_keys_tensor`: a seed that lives on a device), the same signs:
-    what a CUDA graph captures for a random Hadamard transform, drawing new signs on every replay."""
+    what a CUDA graph captures for a random Hadamard transform, drawing new signs on every replay. Keys on the
+    CPU combine with a device's indices as two scalars (no host-to-device copy)."""
     idx = torch.arange(n, device=keys.device if device is None else device, dtype=torch.int64)
     bit = _hash_keys(idx, keys[0], keys[1]) >> 31
     return 1.0 - 2.0 * bit.to(torch.float32)
@@ -123,6 +122,16 @@ def derive_seed_tensor(seed: torch.Tensor, *salt: int | torch.Tensor) -> torch.T
         b = lowbias32(((s >> 32) + v) & _MASK32)
         s = ((a << 30) ^ b) & ((1 << 62) - 1)
     return s
+
+
+def check_keys(keys: torch.Tensor, device=None) -> torch.Tensor:
+    """``keys`` if it is a seed given as its keys - an int64 tensor ``[key, key2]`` (:func:`seed_keys_tensor`,
+    :func:`derived_keys_tensor`), on ``device`` if one is named - else a ValueError that says what it should be."""
+    if keys.shape != (2,) or keys.dtype != torch.int64 or (device is not None and keys.device != torch.device(device)):
+        where = f" on the data's device {device}" if device is not None else ""
+        raise ValueError(f"a seed given as a tensor must be its int64 keys [key, key2]{where} (counter_rng.seed_keys_tensor), "
+                         f"got {keys.dtype} {tuple(keys.shape)} on {keys.device}")
+    return keys
 
 
 def seed_keys_tensor(seed: torch.Tensor) -> torch.Tensor:

@@ -181,6 +181,8 @@ def test_random_signs_from_a_seeds_keys_equal_the_seeds_signs():
 
     x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))
     for s in (0, 1, 12345, 2**40 + 3, 2**62 - 1):
+        # the signs themselves: bit 31 of the element index's hash
+        assert torch.equal(counter_rng.random_signs(s, 64), 1.0 - 2.0 * (counter_rng.hash32(s, torch.arange(64)) >> 31).float())
         keys = counter_rng.seed_keys_tensor(torch.tensor(s, dtype=torch.int64))
         assert torch.equal(counter_rng.random_signs_keys(keys, 64), counter_rng.random_signs(s, 64))
         assert torch.equal(signs(keys, 16), signs(s, 16))

@@ -39,12 +39,9 @@ _RTNE_THRESHOLDS = (
 _GRIDS: dict[torch.device, torch.Tensor] = {}
 
 
-def _grid(device) -> torch.Tensor:
-    """The 16 code values as a float32 tensor on ``device``, made once per device: made on every call, the
-    host-to-device copy would be refused inside a CUDA-graph capture (the first call, a warm-up, makes it)."""
-    device = torch.device("cpu" if device is None else device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+def _grid(device: torch.device) -> torch.Tensor:
+    """The code values as a float32 tensor on ``device`` (a tensor's), made once per device: made on every call,
+    the host-to-device copy would be refused inside a CUDA-graph capture (the first call, a warm-up, makes it)."""
     if torch.compiler.is_compiling():  # traced: a constant of the graph (a traced tensor must not be cached)
         return torch.tensor(E2M1_GRID, dtype=torch.float32, device=device)
     grid = _GRIDS.get(device)

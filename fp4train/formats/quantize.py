@@ -106,10 +106,7 @@ def sr_keys(seed: int | torch.Tensor | None) -> torch.Tensor:
     so that no host-to-device copy is needed; a seed given as its keys already (an int64 ``[2]`` tensor,
     :func:`~fp4train.counter_rng.seed_keys_tensor`, e.g. on a device) is returned as it is."""
     if isinstance(seed, torch.Tensor):
-        if seed.shape != (2,) or seed.dtype != torch.int64:
-            raise ValueError(f"a seed given as a tensor must be its int64 keys [key, key2] (counter_rng.seed_keys_tensor), "
-                             f"got {seed.dtype} {tuple(seed.shape)}")
-        return seed
+        return counter_rng.check_keys(seed)
     if seed is None:
         seed = counter_rng.fresh_seed()
     return torch.tensor(counter_rng.seed_keys(seed), dtype=torch.int64)

@@ -26,9 +26,6 @@ from ..formats.layout import BlockLayout
 from ..formats.qtensor import QuantizedTensor
 from .e4m3 import e4m3_codes
 
-_GOLDEN = 0x9E3779B9
-_MASK32 = 0xFFFFFFFF
-
 
 @triton.jit
 def _lowbias32(x):
@@ -359,14 +356,10 @@ def _keys(rounding: str, seed: int | torch.Tensor | None, device: torch.device |
     tensor and 0, and ``keys_ptr`` True: launch the kernel with ``KEYS_PTR=keys_ptr``, and it reads the keys there."""
     sr = rounding == "stochastic"
     if isinstance(seed, torch.Tensor):
-        if seed.shape != (2,) or seed.dtype != torch.int64 or (device is not None and seed.device != torch.device(device)):
-            raise ValueError(f"a seed given as a tensor must be its int64 keys [key, key2] on the data's device {device} "
-                             f"(counter_rng.seed_keys_tensor), got {seed.dtype} {tuple(seed.shape)} on {seed.device}")
-        return sr, (seed if sr else 0), 0, sr
+        return sr, (counter_rng.check_keys(seed, device) if sr else 0), 0, sr
     if sr and seed is None:
         seed = counter_rng.fresh_seed()
-    s = int(seed or 0)
-    return sr, (s * _GOLDEN) & _MASK32, ((s >> 32) ^ 0x85EBCA6B) & _MASK32, False
+    return (sr, *counter_rng.seed_keys(int(seed or 0)), False)
 
 
 def quantize_mxfp4_dual(

@@ -243,12 +243,6 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     return [y.reshape(*x.shape[:-1], weight.shape[0]), _seed_output(spec, seed, x), *tensors]
 
 
-def seedable_on_device(spec: LinearSpec) -> bool:
-    """Can a call of ``spec`` draw its seed on the device? Whenever it draws one: stochastic-rounding keys and
-    random Hadamard signs are both derived from a device seed there (``sr_seed``, ``transform_seed``)."""
-    return spec.needs_seed
-
-
 @functools.lru_cache(maxsize=None)
 def with_device_seeds(config: str) -> str:
     """``config`` asking its calls to draw their seeds on the device (what the ops take under
@@ -261,8 +255,9 @@ def with_device_seeds(config: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _device_seeded(config: str) -> bool:
-    """Do the calls of ``config`` draw their seeds on the device (:func:`with_device_seeds`, and the spec can)?"""
-    return bool(json.loads(config).get("device_seeds")) and seedable_on_device(_parse(config)[0])
+    """Do the calls of ``config`` draw their seeds on the device (:func:`with_device_seeds`, and the spec draws
+    one)? Stochastic-rounding keys and random Hadamard signs both derive from a device seed (``operands``)."""
+    return bool(json.loads(config).get("device_seeds")) and _parse(config)[0].needs_seed
 
 
 def _draw_seed(config: str, spec: LinearSpec, x: torch.Tensor) -> int | torch.Tensor:

@@ -58,22 +58,19 @@ def sr_seed(q: QuantSpec, seed: int | torch.Tensor, gemm: int, operand: int) -> 
     nearest rounding (or no quantization). A layer seed that lives on a device (a 0-d int64 tensor from
     :class:`~fp4train.counter_rng.DeviceSeedStream`) is derived there, and the operand gets its keys
     (``derived_keys_tensor``: what the kernels and the reference take in place of the int)."""
-    if not (q.quantized and q.stochastic):
-        return None
-    if isinstance(seed, torch.Tensor):
-        return derived_keys_tensor(seed, gemm, operand)
-    return derive_seed(seed, gemm, operand)
+    return _derived(seed, gemm, operand) if q.quantized and q.stochastic else None
+
+
+def _derived(seed: int | torch.Tensor, gemm: int, salt: int) -> int | torch.Tensor:
+    """``derive_seed(seed, gemm, salt)``; from a layer seed that lives on a device, the derived seed's keys there."""
+    return derived_keys_tensor(seed, gemm, salt) if isinstance(seed, torch.Tensor) else derive_seed(seed, gemm, salt)
 
 
 def transform_seed(transform: TransformSpec, seed: int | torch.Tensor, gemm: int) -> int | torch.Tensor | None:
     """The seed of a GEMM's random Hadamard signs, ``derive_seed(seed, gemm, OP_TRANSFORM)`` (None for a plain
     transform); from a layer seed that lives on a device, its keys there (``derived_keys_tensor``, which
     :func:`~fp4train.transforms.hadamard.signs` takes in place of the int)."""
-    if not transform.random_signs:
-        return None
-    if isinstance(seed, torch.Tensor):
-        return derived_keys_tensor(seed, gemm, OP_TRANSFORM)
-    return derive_seed(seed, gemm, OP_TRANSFORM)
+    return _derived(seed, gemm, OP_TRANSFORM) if transform.random_signs else None
 
 
 def _transform(x: torch.Tensor, transform: TransformSpec | None, *, axis: int, seed: int | torch.Tensor, gemm: int) -> torch.Tensor:

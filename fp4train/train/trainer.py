@@ -85,9 +85,9 @@ class Trainer:
         random.seed(cfg.seed)
         # CUDA graphs (compile_mode reduce-overhead): compiled layers draw stochastic-rounding seeds on the device,
         # from a stream (re)started here, at a fixed point of the seeded CPU generator
-        graphs = cfg.compile and cfg.compile_mode == "reduce-overhead"
-        set_device_seeds(graphs)
-        if graphs:
+        self._graphs = cfg.compile and cfg.compile_mode == "reduce-overhead"
+        set_device_seeds(self._graphs)
+        if self._graphs:
             counter_rng.restart_device_seed_stream(self.device)
         from ..formats import set_numerics
 
@@ -145,7 +145,7 @@ class Trainer:
         """Before each compiled call under CUDA graphs: a new iteration (the previous replay's outputs may be
         overwritten; everything kept from it - the loss sum, the evaluation total - is copied out first; the
         gradients are used and freed within the step, which is why the config asks grad_accum 1)."""
-        if self.cfg.compile and self.cfg.compile_mode == "reduce-overhead":
+        if self._graphs:
             torch.compiler.cudagraph_mark_step_begin()
 
     # ---- state --------------------------------------------------------------------------------
