@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import os
 
 import pytest
 import torch
@@ -533,3 +534,49 @@ def test_host_overhead_explains_itself_and_measures_a_step(capsys, monkeypatch):
     assert r["recipe"] == "mxfp4" and r["wall_ms_per_step"] >= r["enqueue_ms_per_step"] > 0 and r["profiled_ms_per_step"] > 0
     assert len(r["top_cumtime"]) == 40 and any(f["function"].startswith("fp4train/") for f in r["top_cumtime"])
     assert all(f["calls_per_step"] > 0 and f["cumtime_ms"] >= f["tottime_ms"] for f in r["top_tottime"])
+
+
+def test_activation_budget_figures_in_the_log_are_the_probes():
+    """The memory target's arithmetic in docs/LOG.md (session 17) is what scripts/probes/activation_budget.py
+    computes from the model's shapes and the committed peaks; the committed JSON is its output."""
+    spec = importlib.util.spec_from_file_location("activation_budget", ROOT / "scripts/probes/activation_budget.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    b = mod.budget("1b", 8 * 2048)
+    committed = json.loads((ROOT / "bench/results/probes/activation_budget-1b.json").read_text())
+    assert all(committed[k] == pytest.approx(v) for k, v in b.items() if isinstance(v, float))
+    assert b["quantized_inputs_bf16_gib"] == pytest.approx(6.0)  # 16 layers x 384 MiB
+    log = (ROOT / "docs/LOG.md").read_text()
+    assert (f"inputs at zero bytes, BF16's {committed['bf16_peak_gib']:.1f} GiB peak would fall to {committed['floor_gib']:.1f} GiB, "
+            f"which is {committed['floor_ratio']:.2f}×") in log.replace("\n", " ")
+    assert (f"the same inputs take {b['quantized_inputs_mxfp4_gib']:.1f} GiB, and the count predicts "
+            f"{committed['mxfp4_predicted_gib']:.1f} GiB for mxfp4. Its measured peak is {committed['mxfp4_measured_gib']:.1f} GiB") in log.replace("\n", " ")
+    assert f"makes for BF16's backward: {b['bf16_weight_copies_gib']:.1f} GiB" in log.replace("\n", " ")
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="counts launches in Triton's interpreter (CPU)")
+def test_seed_ops_probe_counts_what_the_docs_say():
+    """scripts/probes/seed_ops.py: the ops a seeded layer call spends on device seeds, by the reference's int64 ops
+    and by the seed kernels - the committed JSON is its output, and the README/LOG figures are its numbers."""
+    spec = importlib.util.spec_from_file_location("seed_ops", ROOT / "scripts/probes/seed_ops.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    committed = {(r["recipe"], r["path"]): r for r in json.loads((ROOT / "bench/results/probes/seed_ops.json").read_text())["results"]}
+    ref, ker = mod.seed_ops_per_call("tib2d", False), mod.seed_ops_per_call("tib2d", True)
+    assert committed[("tib2d", ref["path"])] == ref and committed[("tib2d", ker["path"])] == ker
+    assert ker["ops"] == 2 * ker["derivations"]  # a launch and its output tensor per derivation
+    readme, log = (ROOT / "README.md").read_text(), (ROOT / "docs/LOG.md").read_text().replace("\n", " ")
+    assert f"device took {ref['ops']} tensor ops per layer call" in readme and f"{ker['ops']} ops a call)" in readme
+    nv = committed[("nvfp4", ref["path"])]
+    assert f"that is {ref['ops']} tensor ops in {ref['derivations']} derivations per call (nvfp4: {nv['ops']} in {nv['derivations']})" in log
+
+
+def test_triton36_sm90_compile_record_covers_the_seed_kernels():
+    """The committed aot_check result (Triton 3.6, the device's) that docs/LOG.md cites for session 17: every launch
+    compiled, the seed kernels among them at the registers the LOG gives."""
+    d = json.loads((ROOT / "bench/results/kernels-sm90-ptxas-triton36-0b52ec4.json").read_text())
+    assert d["triton"] == "3.6.0" and all("error" not in r for r in d["results"])
+    regs = [r["registers"] for r in d["results"] if r["kernel"].startswith("seeds.")]
+    log = (ROOT / "docs/LOG.md").read_text().replace("\n", " ")
+    assert len(regs) == 4 and f"the 4 launches compile at {min(regs)}–{max(regs)} registers" in log
+    assert f"all {len(d['results'])} launches at 0b52ec4's kernels compile for sm90" in log
