@@ -73,13 +73,15 @@ def merge_linear(runs: list[dict]) -> dict | None:
     of its own run, and says which run (``commit``, ``bf16_ms``)."""
     if not runs:
         return None
+    if len({run["gpu"] for run in runs}) > 1:
+        raise SystemExit(f"bench/summary.py: linear runs from different GPUs {sorted({run['gpu'] for run in runs})}")
     rows: dict = {}
     for run in runs:
         for r in run["results"]:
             row = rows.setdefault((r["model"], r["layer"], r.get("tokens")), {**r, "variants": {}})
             for name, v in r["variants"].items():
                 row["variants"][name] = {**v, "commit": run.get("commit"), "bf16_ms": r.get("bf16_ms")}
-    return {**runs[-1], "results": list(rows.values())}
+    return {**runs[-1], "results": list(rows.values()), "commits": [run.get("commit") for run in runs]}
 
 
 def build(e2e: list[dict], gemm: dict | None, linear: dict | None, quantize: dict | None) -> dict:
@@ -90,7 +92,7 @@ def build(e2e: list[dict], gemm: dict | None, linear: dict | None, quantize: dic
     gpus = {d["gpu"] for d in sources}
     if len(gpus) > 1:
         raise SystemExit(f"bench/summary.py: results from different GPUs {sorted(gpus)}; summarize one GPU at a time")
-    commits = sorted({d.get("commit") or "unknown" for d in sources})
+    commits = sorted({c or "unknown" for d in sources for c in d.get("commits", [d.get("commit")])})  # merged runs: all
     out = {"gpu": first["gpu"], "date": max(d["date"] for d in sources), "commit": commits[0] if len(commits) == 1 else commits,
            "e2e": e2e_table(e2e), "gemm": gemm["results"] if gemm else None, "linear": linear["results"] if linear else None,
            "quantize": quantize["results"] if quantize else None, "targets": []}

@@ -149,9 +149,11 @@ def test_summary_merges_linear_runs_later_variants_winning():
     m = mod.merge_linear([old, new])
     by = {r["layer"]: r["variants"] for r in m["results"]}
     assert by["qkv"]["a"] == {"speedup_vs_bf16": 1.4, "saved_bytes": 100, "commit": "new", "bf16_ms": 2.2}
-    assert by["qkv"]["b"]["commit"] == "old" and by["up"]["a"]["commit"] == "old" and m["commit"] == "new"
+    assert by["qkv"]["b"]["commit"] == "old" and by["up"]["a"]["commit"] == "old" and m["commits"] == ["old", "new"]
     assert mod.merge_linear([]) is None
-    t = {x["target"]: x for x in mod.build([], None, m, None)["targets"]}
+    built = mod.build([], None, m, None)
+    assert built["commit"] == ["new", "old"]  # every run the summary draws on
+    t = {x["target"]: x for x in built["targets"]}
     assert t["linear fwd+bwd at the Llama-3-8B shapes, a: speedup vs BF16 (geometric mean)"]["measured"] == pytest.approx((1.4 * 1.1) ** 0.5)
 
 
