@@ -658,24 +658,33 @@ def test_fold_kernel_along_dim_0_reads_x_in_place_as_its_transpose(had, dtype, g
         quantize_mxfp4_fp8(torch.randn(96, 128, device=DEV), axis=0, group_rows=1)
 
 
-@pytest.mark.parametrize("fmt,rounding", [("mxfp4", "nearest"), ("mxfp4", "stochastic"), ("nvfp4", "nearest"), ("nvfp4", "stochastic")])
+@pytest.mark.parametrize("fmt,rounding", [("mxfp4", "nearest"), ("mxfp4", "stochastic"), ("mxfp8", "nearest"), ("mxfp8", "stochastic"),
+                                          ("nvfp4", "nearest"), ("nvfp4", "stochastic")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_column_kernels_quantize_along_dim_0_without_a_transposed_copy(fmt, rounding, dtype):
-    from fp4train.kernels.mx_quantize import quantize_mxfp4_columns
+    from fp4train.kernels.mx_quantize import quantize_mxfp4_columns, quantize_mxfp8_columns
     from fp4train.kernels.nvfp4_quantize import quantize_nvfp4_columns
 
     x = _special(64, 100, 12).to(dtype)  # K not a multiple of the program's 64 columns: a partial last program
     ref = fp4train.quantize(x, fmt, axis=0, rounding=rounding, seed=2**36 + 1)
     kw = dict(rounding=rounding, seed=2**36 + 1)
-    got = quantize_mxfp4_columns(x.to(DEV), scale="floor", **kw) if fmt == "mxfp4" else quantize_nvfp4_columns(x.to(DEV), **kw)
+    mx = {"mxfp4": quantize_mxfp4_columns, "mxfp8": quantize_mxfp8_columns}.get(fmt)
+    got = mx(x.to(DEV), scale="floor", **kw) if mx else quantize_nvfp4_columns(x.to(DEV), **kw)
     assert got.layout == ref.layout and torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
     if fmt == "nvfp4":
         assert torch.equal(got.tensor_scale.cpu(), ref.tensor_scale)
     torch.testing.assert_close(got.dequantize().cpu(), ref.dequantize(), rtol=0, atol=0, equal_nan=True)
-    if fmt == "mxfp4":  # launch tuning (bench/fold_sweep.py): the same bits
+    if mx:  # launch tuning (bench/fold_sweep.py): the same bits; and quantize() dispatches here, ceil scales too
         for bk, nw in ((32, 2), (128, 8)):
-            t = quantize_mxfp4_columns(x.to(DEV), scale="floor", block_cols=bk, num_warps=nw, **kw)
+            t = mx(x.to(DEV), scale="floor", block_cols=bk, num_warps=nw, **kw)
             assert torch.equal(t.codes.cpu(), ref.codes) and torch.equal(t.scales.cpu(), ref.scales)
+        ref_c = fp4train.quantize(x, fmt, axis=0, scale="ceil", rounding=rounding, seed=2**36 + 1)
+        t = mx(x.to(DEV), scale="ceil", **kw)
+        assert torch.equal(t.codes.cpu(), ref_c.codes) and torch.equal(t.scales.cpu(), ref_c.scales)
+        with pytest.raises(ValueError, match="block_cols must be a power of two"):
+            mx(x.to(DEV), block_cols=48)
+        with pytest.raises(ValueError, match="dim 0 to be a multiple of 32"):
+            mx(x[:40].to(DEV))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -770,7 +779,7 @@ def _device_keys_cases():
     from fp4train.kernels import (mxfp4_values, mxfp8_values, nvfp4_tile_values, nvfp4_values, quantize_mxfp4, quantize_mxfp4_2d,
                                   quantize_mxfp4_dual, quantize_mxfp4_fp8, quantize_mxfp8, quantize_mxfp8_2d, quantize_nvfp4,
                                   quantize_nvfp4_2d)
-    from fp4train.kernels.mx_quantize import quantize_mxfp4_columns
+    from fp4train.kernels.mx_quantize import quantize_mxfp4_columns, quantize_mxfp8_columns
     from fp4train.kernels.nvfp4_quantize import quantize_nvfp4_columns
 
     sr = dict(rounding="stochastic")
@@ -779,6 +788,7 @@ def _device_keys_cases():
         ("mxfp4", lambda x, s: q(quantize_mxfp4(x, seed=s, **sr))),
         ("mxfp8", lambda x, s: q(quantize_mxfp8(x, seed=s, **sr))),
         ("mxfp4 columns", lambda x, s: q(quantize_mxfp4_columns(x, seed=s, **sr))),
+        ("mxfp8 columns", lambda x, s: q(quantize_mxfp8_columns(x, seed=s, **sr))),
         ("mxfp4 dual", lambda x, s: tuple(t for half in quantize_mxfp4_dual(x, rounding=("stochastic",) * 2, seed=(s, s))
                                           for t in q(half))),
         ("mxfp4 32x32 even/odd", lambda x, s: q(quantize_mxfp4_2d(x, seed=s, pairs=True, **sr))),
@@ -795,7 +805,7 @@ def _device_keys_cases():
     ]
 
 
-@pytest.mark.parametrize("case", range(15))
+@pytest.mark.parametrize("case", range(16))
 def test_stochastic_kernels_take_the_seed_from_the_device(case):
     """A seed that lives on the device - its keys as an int64 tensor there (counter_rng.seed_keys_tensor), what a
     CUDA graph can capture and replay with fresh values - gives every stochastic-rounding kernel the same bits as

@@ -173,9 +173,9 @@ def _kernel_quantize(x, fmt, block, axis, scale, rounding, seed, four_over_six):
     MXFP4/MXFP8 in 1x32 blocks or 32x32 tiles, NVFP4 (no 4/6) in 1x16 blocks or 16x16 tiles, FP8
     rowwise with nearest rounding.
 
-    1D blocks along dim 1 run the row kernels; along dim 0, MXFP4 and NVFP4 have column kernels
-    that read the row-major tensor as it is, and MXFP8 runs its row kernel on ``x.T`` (the same
-    canonical layout and stochastic-rounding indices ``k * M + m``).
+    1D blocks along dim 1 run the row kernels; along dim 0 the column kernels, which read the
+    row-major tensor as it is (no transposed copy) and write the reference's canonical layout
+    (``x.T``'s codes) with its stochastic-rounding indices ``k * M + m``.
     """
     if x.ndim != 2 or four_over_six or x.dtype not in (torch.float32, torch.bfloat16, torch.float16) or 0 in x.shape:
         return None
@@ -198,8 +198,9 @@ def _kernel_quantize(x, fmt, block, axis, scale, rounding, seed, four_over_six):
     kw = dict(rounding=rounding, seed=seed)
     if fmt != "nvfp4":
         kw["scale"] = scale
-    if axis == 0 and fmt != "mxfp8":
-        columns = kernels.mx_quantize.quantize_mxfp4_columns if fmt == "mxfp4" else kernels.nvfp4_quantize.quantize_nvfp4_columns
+    if axis == 0:  # along dim 0 from the row-major layout, without a transposed copy
+        columns = {"mxfp4": kernels.mx_quantize.quantize_mxfp4_columns, "mxfp8": kernels.mx_quantize.quantize_mxfp8_columns,
+                   "nvfp4": kernels.nvfp4_quantize.quantize_nvfp4_columns}[fmt]
         return columns(x.detach(), **kw)
     rows = {"mxfp4": kernels.quantize_mxfp4, "mxfp8": kernels.quantize_mxfp8, "nvfp4": kernels.quantize_nvfp4}[fmt]
     q = rows(x.detach() if axis == 1 else x.detach().t(), **kw)

@@ -294,29 +294,34 @@ def _mxfp4_dual_kernel(
 
 @triton.jit
 def _store_columns(x, af, bad, m, kk, kmask, pm, M, key_c, key2_c, cc_ptr, cs_ptr, stride_cc, stride_cs,
-                   CEIL_C: tl.constexpr, SR_C: tl.constexpr, BK: tl.constexpr):
-    """MXFP4 of a [32, BK] tile of X (rows ``m``, columns ``kk``; ``af`` = finite |x|, ``bad`` = NaN/Inf)
-    along M: 32x1 blocks down each column, stored packed as X^T [K, M/2] with E8M0 scales [K, M/32]."""
+                   CEIL_C: tl.constexpr, SR_C: tl.constexpr, BK: tl.constexpr, ELEM: tl.constexpr = 0):
+    """MX quantization of a [32, BK] tile of X (rows ``m``, columns ``kk``; ``af`` = finite |x|, ``bad`` = NaN/Inf)
+    along M: 32x1 blocks down each column, stored as X^T with E8M0 scales [K, M/32] - MXFP4 (``ELEM`` 0) codes
+    packed two per byte [K, M/2], MXFP8 (1) E4M3 codes a byte each [K, M]."""
     amax_c = tl.max(af, axis=0)
     nan_c = tl.max(bad, axis=0) > 0
-    e_c = _scale_exponent(amax_c, CEIL_C)
+    e_c = _mx_exponent(amax_c, CEIL_C, ELEM)
     inv_c = ((127 - e_c) << 23).to(tl.float32, bitcast=True)
     v_c = tl.trans(x * inv_c[None, :])  # [BK, 32]
     u_c = v_c
     if SR_C:
         u_c = _uniforms(kk[:, None] * M + m[None, :], key_c, key2_c)  # blocked index of axis=0: k*M + m
-    code_c = _e2m1_codes(v_c, u_c, SR_C)
-    code_c = tl.where(nan_c[:, None], 0, code_c)
-    lo_c, hi_c = tl.split(tl.reshape(code_c, [BK, 16, 2]))
-    pm_c = pm * 16 + tl.arange(0, 16)
-    tl.store(cc_ptr + kk[:, None] * stride_cc + pm_c[None, :], (lo_c | (hi_c << 4)).to(tl.uint8), mask=kmask[:, None])
+    if ELEM == 0:
+        code_c = tl.where(nan_c[:, None], 0, _e2m1_codes(v_c, u_c, SR_C))
+        lo_c, hi_c = tl.split(tl.reshape(code_c, [BK, 16, 2]))
+        pm_c = pm * 16 + tl.arange(0, 16)
+        tl.store(cc_ptr + kk[:, None] * stride_cc + pm_c[None, :], (lo_c | (hi_c << 4)).to(tl.uint8), mask=kmask[:, None])
+    else:
+        code_c = tl.where(nan_c[:, None], 0, e4m3_codes(v_c, u_c, SR_C))
+        tl.store(cc_ptr + kk[:, None] * stride_cc + m[None, :], code_c.to(tl.uint8), mask=kmask[:, None])
     tl.store(cs_ptr + kk * stride_cs + pm, tl.where(nan_c, 255, e_c + 127).to(tl.uint8), mask=kmask)
 
 
 @triton.jit(do_not_specialize=["key", "key2"])
-def _mxfp4_cols_kernel(x_ptr, cc_ptr, cs_ptr, M, K, stride_x, stride_cc, stride_cs, key, key2,
-                       CEIL: tl.constexpr, SR: tl.constexpr, BK: tl.constexpr, KEYS_PTR: tl.constexpr = False):
-    """A [32, BK] tile of X -> MXFP4 along M (32x1 blocks down the columns), stored as X^T packed."""
+def _mx_cols_kernel(x_ptr, cc_ptr, cs_ptr, M, K, stride_x, stride_cc, stride_cs, key, key2,
+                    CEIL: tl.constexpr, SR: tl.constexpr, BK: tl.constexpr, ELEM: tl.constexpr = 0,
+                    KEYS_PTR: tl.constexpr = False):
+    """A [32, BK] tile of X -> MXFP4 / MXFP8 (``ELEM``) along M (32x1 blocks down the columns), stored as X^T."""
     key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     pm = tl.program_id(0)
     m = pm * 32 + tl.arange(0, 32)
@@ -326,28 +331,49 @@ def _mxfp4_cols_kernel(x_ptr, cc_ptr, cs_ptr, M, K, stride_x, stride_cc, stride_
     a = tl.abs(x)
     finite = a < float("inf")
     _store_columns(x, tl.where(finite, a, 0.0), tl.where(finite, 0, 1), m, kk, kmask, pm, M, key, key2,
-                   cc_ptr, cs_ptr, stride_cc, stride_cs, CEIL, SR, BK)
+                   cc_ptr, cs_ptr, stride_cc, stride_cs, CEIL, SR, BK, ELEM)
 
 
-def quantize_mxfp4_columns(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None,
-                           block_cols: int = 128, num_warps: int = 2) -> QuantizedTensor:
-    """MXFP4 along dim 0 of a 2D tensor (``quantize(x, "mxfp4", axis=0, ...)`` bit for bit; dim 0 a
-    multiple of 32) straight from ``x``'s row-major layout - no transposed copy of ``x``.
-    ``block_cols`` (a power of two) and ``num_warps``: launch tuning, the same bits; the defaults are the
-    fastest of bench/fold_sweep.py on the H200 (0.254 ms on 16384 x 8192 BF16; 64 columns and 4 warps took
-    0.468 ms; bench/results/fold_sweep-NVIDIA_H200-8c3b88e.json)."""
-    x = _check("quantize_mxfp4_columns", x, scale, rounding)
+# (columns per program, warps) of the along-M kernel by format. MXFP4: the fastest of bench/fold_sweep.py on the H200
+# (0.254 ms on 16384 x 8192 BF16; 64 columns and 4 warps took 0.468 ms; bench/results/fold_sweep-NVIDIA_H200-8c3b88e.json).
+# MXFP8: the same launch, not swept (it writes twice the code bytes).
+MX_COLUMNS_LAUNCH = {"mxfp4": (128, 2), "mxfp8": (128, 2)}
+
+
+def _quantize_columns(fmt: str, x, scale, rounding, seed, block_cols, num_warps) -> QuantizedTensor:
+    name = f"quantize_{fmt}_columns"
+    x = _check(name, x, scale, rounding)
     if x.shape[0] % 32:
-        raise ValueError(f"quantize_mxfp4_columns needs dim 0 to be a multiple of 32, got {tuple(x.shape)}")
+        raise ValueError(f"{name} needs dim 0 to be a multiple of 32, got {tuple(x.shape)}")
+    bk, warps = block_cols or MX_COLUMNS_LAUNCH[fmt][0], num_warps or MX_COLUMNS_LAUNCH[fmt][1]
+    if bk < 1 or bk & (bk - 1):
+        raise ValueError(f"{name}: block_cols must be a power of two, got {bk}")
     M, K = x.shape
-    cc = torch.empty(K, M // 2, dtype=torch.uint8, device=x.device)
+    elem = E2M1 if fmt == "mxfp4" else E4M3
+    cc = torch.empty(K, M // 2 if elem == E2M1 else M, dtype=torch.uint8, device=x.device)
     cs = torch.empty(K, M // 32, dtype=torch.uint8, device=x.device)
     sr, key, key2, kp = _keys(rounding, seed, x.device)
     if M and K:
-        _mxfp4_cols_kernel[(M // 32, triton.cdiv(K, block_cols))](x, cc, cs, M, K, x.stride(0), cc.stride(0), cs.stride(0),
-                                                                   key, key2, CEIL=scale == "ceil", SR=sr, BK=block_cols,
-                                                                   KEYS_PTR=kp, num_warps=num_warps)
-    return QuantizedTensor("mxfp4", cc, cs, None, BlockLayout((M, K), (32,), 0), x.dtype)
+        _mx_cols_kernel[(M // 32, triton.cdiv(K, bk))](x, cc, cs, M, K, x.stride(0), cc.stride(0), cs.stride(0), key, key2,
+                                                       CEIL=scale == "ceil", SR=sr, BK=bk, ELEM=elem, KEYS_PTR=kp,
+                                                       num_warps=warps)
+    return QuantizedTensor(fmt, cc, cs, None, BlockLayout((M, K), (32,), 0), x.dtype)
+
+
+def quantize_mxfp4_columns(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None,
+                           block_cols: int | None = None, num_warps: int | None = None) -> QuantizedTensor:
+    """MXFP4 along dim 0 of a 2D tensor (``quantize(x, "mxfp4", axis=0, ...)`` bit for bit; dim 0 a
+    multiple of 32) straight from ``x``'s row-major layout - no transposed copy of ``x``.
+    ``block_cols`` (a power of two) and ``num_warps``: launch tuning (:data:`MX_COLUMNS_LAUNCH`), the same bits."""
+    return _quantize_columns("mxfp4", x, scale, rounding, seed, block_cols, num_warps)
+
+
+def quantize_mxfp8_columns(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None,
+                           block_cols: int | None = None, num_warps: int | None = None) -> QuantizedTensor:
+    """MXFP8 along dim 0, as :func:`quantize_mxfp4_columns` (E4M3 codes a byte each, stored as X^T ``[K, M]``).
+    tib2d's q/k projections save X this way for wgrad: the transposed BF16 copy it replaces cost 7.6 ms of a 1b
+    step on the H200 (bench/results/profile_step/1b-H200-copies-5703df7.json)."""
+    return _quantize_columns("mxfp8", x, scale, rounding, seed, block_cols, num_warps)
 
 
 def _keys(rounding: str, seed: int | torch.Tensor | None, device: torch.device | None = None):
