@@ -35,17 +35,12 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("quantize_speed needs a CUDA GPU")
-    from fp4train.kernels.mx_fold import fold_tiles_mxfp4, quantize_mxfp4_fp8_and_columns, quantize_mxfp4_tiles_fp8_pair
-    from fp4train.kernels.mx_quantize import quantize_mxfp4_columns, quantize_mxfp8_columns
+    from fp4train.kernels.mx_fold import quantize_mxfp4_fp8_and_columns
+    from fp4train.kernels.mx_quantize import quantize_mxfp4_columns
     from fp4train.kernels.nvfp4_quantize import quantize_nvfp4_columns
     from fp4train.kernels import (block_hadamard, fp8_rowwise_values, mxfp4_values, mxfp8_values, nvfp4_values,
-                                  quantize_mxfp4, quantize_mxfp4_2d, quantize_mxfp4_dual, quantize_mxfp4_fp8, quantize_mxfp8,
-                                  quantize_mxfp8_2d, quantize_nvfp4)
-
-    def tiles_then_folds():  # tib2d's dY before quantize_mxfp4_tiles_fp8_pair: packed tiles, then a fold per GEMM
-        q = quantize_mxfp4_2d(x, scale="ceil", rounding="stochastic", seed=1)
-        return (fold_tiles_mxfp4(q.codes, q.scales, transposed=False, group_rows=1),
-                fold_tiles_mxfp4(q.codes, q.scales, transposed=True, group_rows=128, scale_per_row=True))
+                                  quantize_mxfp4, quantize_mxfp4_dual, quantize_mxfp4_fp8, quantize_mxfp8, quantize_mxfp8_2d,
+                                  quantize_nvfp4)
 
     x = torch.randn(args.rows, args.cols, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
@@ -53,9 +48,7 @@ def main(argv=None):
     moved = {"copy": 2 * 2 * n, "mxfp4": 2 * n + n // 2 + n // 32, "nvfp4": 2 * n + n // 2 + n // 16,
              "mxfp4 both layouts": 2 * n + 2 * (n // 2 + n // 32), "mxfp8": 2 * n + n + n // 32,
              "values": 2 * n + 2 * n, "fold": 2 * n + n + n // 32,
-             "fold + columns": 2 * n + n + n // 32 + n // 2 + n // 32,
-             # the input read and both folded operands written (E4M3 codes + an FP32 scale per row and 128 columns)
-             "two folds": 2 * n + 2 * (n + n // 32)}
+             "fold + columns": 2 * n + n + n // 32 + n // 2 + n // 32}
     results = {}
     t = median_time(lambda: y.copy_(x), args.repeats)
     results["copy"] = {"ms": t * 1e3, "GBps": moved["copy"] / t / 1e9}
@@ -71,8 +64,6 @@ def main(argv=None):
         "triton mxfp8 nearest": ("mxfp8", lambda: quantize_mxfp8(x)),
         "triton mxfp8 stochastic": ("mxfp8", lambda: quantize_mxfp8(x, rounding="stochastic", seed=1)),
         "triton mxfp8 32x32": ("mxfp8", lambda: quantize_mxfp8_2d(x)),
-        "triton mxfp8 along dim 0": ("mxfp8", lambda: quantize_mxfp8_columns(x)),
-        "triton mxfp4 32x32 stochastic": ("mxfp4", lambda: quantize_mxfp4_2d(x, scale="ceil", rounding="stochastic", seed=1)),
         # fake quantization straight to BF16 values (what --numerics triton feeds the BF16 GEMM)
         "triton mxfp4 values axis 1": ("values", lambda: mxfp4_values(x, axis=1)),
         "triton mxfp4 values axis 0": ("values", lambda: mxfp4_values(x, axis=0)),
@@ -90,10 +81,6 @@ def main(argv=None):
         "triton hadamard 32 + mxfp4 -> fp8 1x128 (fused)": ("fold", lambda: quantize_mxfp4_fp8(x, group_rows=1, hadamard_block=32)),
         # the layer's X: fprop's folded operand and wgrad's packed X from one read
         "triton X -> fp8 1x128 + mxfp4 along M": ("fold + columns", lambda: quantize_mxfp4_fp8_and_columns(x)),
-        # tib2d's dY for dgrad (1x128 groups) and wgrad (transposed, 128x128 groups): one pass, or packed tiles folded twice
-        "triton dY 32x32 SR -> both folds (one pass)": ("two folds", lambda: quantize_mxfp4_tiles_fp8_pair(
-            x, scale="ceil", rounding="stochastic", seed=1)),
-        "triton dY 32x32 SR -> packed -> two folds": ("two folds", tiles_then_folds),
     }.items():
         t = median_time(fn, args.repeats)
         gbps = moved[kind] / t / 1e9

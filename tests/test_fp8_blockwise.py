@@ -38,29 +38,6 @@ def test_fp8_blockwise_layer_matches_emulated(recipe, backend, layer_run, spec_o
     assert int(get(backend).inexact if get(backend).inexact is not None else 0) == 0
 
 
-def test_tib2d_backward_folds_dy_for_both_gemms_in_one_pass(monkeypatch, layer_run, spec_of):
-    """tib2d's dY (32x32 tiles, SR) reaches dgrad and wgrad through one quantize-and-fold-twice kernel, not a packed
-    quantization folded twice; the layer still equals the emulated one (CPU: bit for bit) and, with the pair refused,
-    the packed path (GPU too: the same FP8 operands)."""
-    from fp4train.kernels import mx_fold
-
-    calls = []
-    real = mx_fold.quantize_mxfp4_tiles_fp8_pair
-    monkeypatch.setattr(mx_fold, "quantize_mxfp4_tiles_fp8_pair", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
-    torch.manual_seed(0)
-    lin = nn.Linear(256, 128).to(DEV)
-    x, dy = torch.randn(128, 256, device=DEV), torch.randn(128, 128, device=DEV)
-    fused = layer_run(lin, spec_of("tib2d"), x, dy, backend="fp8_blockwise")
-    assert calls == [(128, 128)]
-    monkeypatch.setattr(fp8_blockwise.Fp8BlockwiseBackend, "operand_tiles_pair", lambda self, *a, **k: None)
-    packed = layer_run(lin, spec_of("tib2d"), x, dy, backend="fp8_blockwise")
-    assert calls == [(128, 128)] and all(torch.equal(a, b) for a, b in zip(fused, packed))
-    be = get("fp8_blockwise")
-    q = spec_of("tib2d").dgrad.a
-    assert fp8_blockwise.Fp8BlockwiseBackend.operand_tiles_pair(be, dy[:, :96], q, seed=1) is None  # not whole groups
-    assert fp8_blockwise.Fp8BlockwiseBackend.operand_tiles_pair(be, dy, spec_of("mxfp4").dgrad.a, seed=1) is None  # 1x32
-
-
 def test_folded_operand_orientation():
     be = get("fp8_blockwise")
     q = fp4train.recipes.QuantSpec("mxfp4")

@@ -15,8 +15,7 @@ dimension is a multiple of 128, quantize and fold in one Triton pass
 reference. Where fprop and wgrad both take X as 1x32 MXFP4, one pass makes both (:meth:`operand_pair`).
 The X that forward saved for wgrad stays packed MXFP4 (4.25 bits per element) and is folded
 in backward from its codes (:meth:`fold_saved`, one pass). 32x32-tile operands (tib2d's W and dY)
-are quantized once, kept packed and folded for each GEMM that uses them (:meth:`fold_tiles`); dY, which
-backward uses at once, is folded for both of its GEMMs in the quantizing pass (:meth:`operand_tiles_pair`).
+are quantized once, kept packed and folded for each GEMM that uses them (:meth:`fold_tiles`).
 FP8 rowwise operands (the ``fp8_rowwise`` baseline) are quantized by one Triton kernel into E4M3
 codes stored with the inner dimension last and multiplied by a rowwise-scaled FP8 GEMM
 (:func:`rowwise_fp8_mm`). Everything else - and any GEMM without two such operands, and every CPU
@@ -275,24 +274,6 @@ class Fp8BlockwiseBackend:
             x.detach(), scale=tuple(k.get("scale", "floor") for k in kws), rounding=tuple(k.get("rounding", "nearest") for k in kws),
             seed=seeds, counter=self._counter(x.device))
         return FoldedOperand(folded), cols
-
-    def operand_tiles_pair(self, x: torch.Tensor, q, *, seed: int | torch.Tensor | None):
-        """A 32x32-tile MXFP4 operand that two GEMMs take as their A operand along either axis (tib2d's dY: dgrad
-        along N, wgrad along M) - ``(A along dim 1, A along dim 0 viewed transposed)``, both folded from one read and
-        one quantization (:func:`~fp4train.kernels.mx_fold.quantize_mxfp4_tiles_fp8_pair`): the operands that
-        :meth:`fold_tiles` makes from :meth:`operand`'s packed tiles, bit for bit, without writing the packed codes.
-        None unless ``q`` is such tiles (no 4/6) and both dims of ``x`` are multiples of 128."""
-        if (x.ndim != 2 or not kernels_usable_on(x) or q.format != "mxfp4" or not q.is_2d or q.four_over_six
-                or tuple(q.quantize_kwargs()["block"]) != (32, 32) or x.shape[0] % 128 or x.shape[1] % 128
-                or x.dtype not in (torch.float32, torch.bfloat16, torch.float16)):
-            return None
-        from ..kernels.mx_fold import quantize_mxfp4_tiles_fp8_pair
-
-        kw = q.quantize_kwargs()
-        along_1, along_0 = quantize_mxfp4_tiles_fp8_pair(x.detach(), scale=kw.get("scale", "floor"),
-                                                         rounding=kw.get("rounding", "nearest"), seed=seed,
-                                                         counter=self._counter(x.device))
-        return FoldedOperand(along_1), FoldedOperand(along_0, transposed=True)
 
     def fold_saved(self, q: QuantizedTensor) -> FoldedOperand | None:
         """A packed MXFP4 operand (the X that forward saved for wgrad) folded as a B operand, in one

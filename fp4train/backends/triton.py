@@ -6,11 +6,10 @@ inside the GEMMs):
 * operands are quantized by fp4train's Triton kernels - the layer's numerics become
   ``"triton"`` (:func:`fp4train.formats.set_numerics`) when :func:`fp4train.convert` selects
   this backend on a machine with a GPU and the numerics are still the default ``"eager"``;
-* MXFP4 GEMMs (1x32 blocks or 32x32 tiles, inner dimension a multiple of 128) run on FP8 tensor
-  cores with 1x128 / 128x128 group scales, and FP8 rowwise GEMMs as rowwise-scaled FP8 GEMMs, as
-  the ``fp8_blockwise`` backend does;
-* everything else (NVFP4, MXFP8, odd shapes) runs on BF16 tensor cores through the emulated
-  GEMM's exact BF16 split.
+* MXFP4 GEMMs (1x32 blocks, inner dimension a multiple of 128) run on FP8 tensor cores with
+  1x128 / 128x128 group scales, as the ``fp8_blockwise`` backend does;
+* everything else (NVFP4, FP8 rowwise, MXFP8, 32x32 tiles, odd shapes) runs on BF16 tensor cores
+  through the emulated GEMM's exact BF16 split.
 
 On a CPU it is the ``emulated`` backend (every operand goes the reference way).
 """

@@ -236,14 +236,8 @@ def _fold_bytes_near(code, d):
     is then a normal E4M3 number (or zero), exact, and its code is integer arithmetic on the E2M1 code -
     exponent field (mag >> 1) + 12 - d, mantissa bit 2 = E2M1's mantissa bit (0.5 = mag 1 is 2**-1 x 1.0).
     Equal to :func:`_fold_bytes_any` there (checked for every mag and d <= 11), at a fraction of its work."""
-    return _near_e4m3(code, d[:, :, None])
-
-
-@triton.jit
-def _near_e4m3(code, d):
-    """:func:`_fold_bytes_near` element by element, ``d`` broadcast to ``code``'s shape already."""
     mag = code & 7
-    e = (mag >> 1) + 12 - d
+    e = (mag >> 1) + 12 - d[:, :, None]
     m = (mag & 1) & (mag > 1).to(tl.int32)
     return tl.where(mag == 0, 0, (e << 3) | (m << 2)) | ((code & 8) << 4)  # E2M1 sign bit 3 -> E4M3 sign bit 7
 
@@ -253,27 +247,20 @@ def _fold_bytes_any(code, d, rmask, count_ptr, RB: tl.constexpr):
     """E4M3 bytes of E2M1 codes [RB, NB, 32] shifted down by any ``d`` [RB, NB] >= 0 (E4M3 subnormals and
     underflow included, rounded to nearest even as the reference's cast), the inexact ones of rows
     ``rmask`` counted."""
-    byte, inexact = _any_e4m3(code, d[:, :, None])
-    n_inexact = tl.sum(tl.sum(tl.sum((inexact & rmask[:, None, None]).to(tl.int32), axis=2), axis=1), axis=0)
-    if n_inexact > 0:  # rare: no atomic from every program onto one address (they serialize)
-        tl.atomic_add(count_ptr, n_inexact)
-    return byte
-
-
-@triton.jit
-def _any_e4m3(code, d):
-    """:func:`_fold_bytes_any` element by element (``d`` broadcast to ``code``'s shape already): the E4M3
-    bytes and which elements are inexact (nonzero E2M1 values that the shift takes off E4M3's grid)."""
     mag = code & 7
     q2 = tl.where(mag < 2, mag, (2 + (mag & 1)) << tl.maximum((mag >> 1) - 1, 0))  # 2*|q| as an integer: 0,1,2,3,4,6,8,12
-    k = 5 - d  # f = |q| * 2**(6 - d) = q2 * 2**k
+    k = 5 - d[:, :, None]  # f = |q| * 2**(6 - d) = q2 * 2**k
     f = q2.to(tl.float32) * _pow2(tl.maximum(k, -149))
     f = tl.where(k < -149, 0.0, f)  # far below E4M3's range: rounds to zero either way
     ecode, _ = e4m3_rtne(tl.minimum(f, 448.0))
     # exact iff q2 * 2**k is a multiple of 2**-9 (E4M3's subnormal step; <= 384 always)
     sh = tl.maximum(-9 - k, 0)
     exact = (k >= -9) | (((q2 >> tl.minimum(sh, 30)) << tl.minimum(sh, 30)) == q2) & (sh < 30)
-    return ecode | ((code & 8) << 4), (q2 != 0) & ~exact
+    inexact = (q2 != 0) & ~exact & rmask[:, None, None]
+    n_inexact = tl.sum(tl.sum(tl.sum(inexact.to(tl.int32), axis=2), axis=1), axis=0)
+    if n_inexact > 0:  # rare: no atomic from every program onto one address (they serialize)
+        tl.atomic_add(count_ptr, n_inexact)
+    return ecode | ((code & 8) << 4)
 
 
 @triton.jit
@@ -414,127 +401,6 @@ def _packed_fold_t_kernel(pc_ptr, ps_ptr, codes_ptr, scales_ptr, count_ptr, spw,
                 rb = tl.program_id(0) * 128 + b * 32 + tl.arange(0, 32)
                 tl.store(codes_ptr + rb[:, None] * sc + kc[None, :], tl.trans(tl.reshape(byte, [16, 32]).to(tl.uint8)))
     _store_group_scale(g, nan_g, r, r >= 0, scales_ptr, ss, 128, 128, SCALE_PER_ROW)
-
-
-@triton.jit
-def _pair_tile_codes(x, e, bad, a, i, b, j, n_tc, key, key2, SR: tl.constexpr):
-    """E2M1 codes of x's elements (tile row ``a``, row ``i``, tile column ``b``, column ``j`` of this program's piece,
-    broadcastable index tensors) with their tiles' exponents ``e`` and NaN flags ``bad`` (broadcast to x's shape
-    already): :func:`~fp4train.kernels.mx_quantize._mxfp4_tile_kernel`'s codes and stochastic draws."""
-    v = x * ((127 - e) << 23).to(tl.float32, bitcast=True)
-    u = v
-    if SR:
-        tile = (tl.program_id(0) * 4 + a) * n_tc + tl.program_id(1) * 4 + b
-        u = _uniforms(tile * 1024 + i * 32 + j, key, key2)
-    return tl.where(bad, 0, _e2m1_codes(v, u, SR))
-
-
-@triton.jit
-def _pair_fold_general(x_ptr, out_ptr, count_ptr, e, bad, d, n_tc, stride_x, s_out, key, key2,
-                       SR: tl.constexpr, TRANSPOSED: tl.constexpr):
-    """The per-element fold (:func:`_any_e4m3`, the inexact count) of this program's piece with tile shifts ``d``
-    [4, 4], one tile row at a time, re-read from x and re-quantized (a loop: its temporaries do not set the
-    kernel's register count, which the usual path's occupancy pays for). Stored along the stored rows, or
-    (``TRANSPOSED``) transposed."""
-    i = tl.arange(0, 32)[:, None, None]
-    b = tl.arange(0, 4)[None, :, None]
-    j = tl.arange(0, 32)[None, None, :]
-    c = tl.program_id(1) * 128 + b * 32 + j
-    sel = tl.arange(0, 4)[:, None]
-    for a in range(4):
-        r = tl.program_id(0) * 128 + a * 32 + i
-        xa = tl.load(x_ptr + r * stride_x + c).to(tl.float32)  # [32, 4, 32]
-        ea = tl.sum(tl.where(sel == a, e, 0), axis=0)[None, :, None]  # tile row a's exponents, [1, 4, 1]
-        bada = tl.sum(tl.where(sel == a, bad.to(tl.int32), 0), axis=0)[None, :, None] > 0
-        da = tl.sum(tl.where(sel == a, d, 0), axis=0)[None, :, None]
-        code = _pair_tile_codes(xa, ea, bada, a, i, b, j, n_tc, key, key2, SR)
-        byte, inexact = _any_e4m3(code, da)
-        n = tl.sum(tl.reshape(inexact.to(tl.int32), [4096]), axis=0)
-        if n > 0:
-            tl.atomic_add(count_ptr, n)
-        byte = tl.reshape(byte, [32, 128]).to(tl.uint8)
-        rr = tl.program_id(0) * 128 + a * 32 + tl.arange(0, 32)
-        cc = tl.program_id(1) * 128 + tl.arange(0, 128)
-        if TRANSPOSED:
-            tl.store(out_ptr + cc[:, None] * s_out + rr[None, :], tl.trans(byte))
-        else:
-            tl.store(out_ptr + rr[:, None] * s_out + cc[None, :], byte)
-
-
-@triton.jit(do_not_specialize=["key", "key2"])
-def _tiles_fold_pair_kernel(x_ptr, ca_ptr, sa_ptr, ct_ptr, st_ptr, count_ptr, n_tc, stride_x, s_ca, s_sa, s_ct, s_st, key, key2,
-                            CEIL: tl.constexpr, SR: tl.constexpr, KEYS_PTR: tl.constexpr = False):
-    """A [128, 128] piece of x (rows ``program_id(0) * 128 ..``, columns ``program_id(1) * 128 ..``): 4 x 4 tiles of
-    32x32, quantized to MXFP4 as :func:`~fp4train.kernels.mx_quantize._mxfp4_tile_kernel` does (same scales, codes and
-    uniforms: element (i, j) of tile (tr, tc) draws at ``(tr * n_tc + tc) * 1024 + i * 32 + j``), then folded twice
-    without storing the codes: as the operand with the stored columns as inner dim, 1x128 groups (a row's group
-    maximum over its four tiles; ``ca``/``sa``), and as the transposed operand with 128x128 groups and the group's
-    scale on each of its rows (the maximum over all 16 tiles; ``ct``/``st``, stored transposed). Each fold takes the
-    four-at-a-time rule where every live tile is within 11 binades of its group's top, else the per-element rule
-    with the inexact count (:func:`_pair_fold_general`) - the same bytes either way (:func:`_fold_bytes_near`)."""
-    key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
-    a = tl.arange(0, 4)[:, None, None, None]  # tile row within the piece
-    i = tl.arange(0, 32)[None, :, None, None]  # row within the tile
-    b = tl.arange(0, 4)[None, None, :, None]  # tile column
-    j = tl.arange(0, 32)[None, None, None, :]  # column within the tile
-    r = tl.program_id(0) * 128 + a * 32 + i
-    c = tl.program_id(1) * 128 + b * 32 + j
-    x = tl.load(x_ptr + r * stride_x + c).to(tl.float32)  # [4, 32, 4, 32]
-    mb = tl.max(tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=3), axis=1)  # [4, 4]: max |x| bits per tile
-    bad = mb >= 0x7F800000  # a NaN or Inf in the tile
-    e = _scale_exponent(mb.to(tl.float32, bitcast=True), CEIL)
-    eb = tl.where(bad, 128, e)  # the exponent the fold reads (a NaN tile's 0xFF scale: 128)
-    code = _pair_tile_codes(x, e[:, None, :, None], bad[:, None, :, None], a, i, b, j, n_tc, key, key2, SR)
-    live = tl.max(tl.max(code & 7, axis=3), axis=1) > 0  # [4, 4]: tiles with a nonzero element
-    # ---- 1x128 groups along the stored rows: a row's group is its four tiles ----
-    g1 = tl.max(eb, axis=1)  # [4]
-    d1 = g1[:, None] - eb
-    if tl.max(tl.reshape(tl.where(live, d1, 0), [16]), axis=0) <= 11:
-        tl.store(ca_ptr + r * s_ca + c, _near_e4m3(code, d1[:, None, :, None]).to(tl.uint8))
-    else:
-        _pair_fold_general(x_ptr, ca_ptr, count_ptr, e, bad, d1, n_tc, stride_x, s_ca, key, key2, SR, False)
-    nan1 = tl.max(bad.to(tl.int32), axis=1) > 0  # [4]
-    s1 = tl.where(nan1, float("nan"), _pow2(tl.minimum(tl.maximum(g1 - 6, -149), 127)))
-    r2 = tl.program_id(0) * 128 + tl.arange(0, 4)[:, None] * 32 + tl.arange(0, 32)[None, :]  # [4, 32]
-    tl.store(sa_ptr + r2 * s_sa + tl.program_id(1), tl.zeros([4, 32], tl.float32) + s1[:, None])
-    # ---- 128x128 groups of the transposed operand: one group, all 16 tiles ----
-    g2 = tl.max(tl.reshape(eb, [16]), axis=0)
-    d2 = g2 - eb
-    rt = tl.program_id(0) * 128 + tl.arange(0, 128)  # the piece's stored rows = the transposed operand's columns
-    ct = tl.program_id(1) * 128 + tl.arange(0, 128)  # its stored columns = the transposed operand's rows
-    if tl.max(tl.reshape(tl.where(live, d2, 0), [16]), axis=0) <= 11:
-        byte2 = tl.reshape(_near_e4m3(code, d2[:, None, :, None]), [128, 128]).to(tl.uint8)
-        tl.store(ct_ptr + ct[:, None] * s_ct + rt[None, :], tl.trans(byte2))
-    else:
-        _pair_fold_general(x_ptr, ct_ptr, count_ptr, e, bad, d2, n_tc, stride_x, s_ct, key, key2, SR, True)
-    nan2 = tl.max(tl.reshape(bad.to(tl.int32), [16]), axis=0) > 0
-    s2 = tl.where(nan2, float("nan"), _pow2(tl.minimum(tl.maximum(g2 - 6, -149), 127)))
-    tl.store(st_ptr + ct * s_st + tl.program_id(0), tl.zeros([128], tl.float32) + s2)
-
-
-def quantize_mxfp4_tiles_fp8_pair(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None,
-                                  counter: torch.Tensor | None = None, num_warps: int = 16) -> tuple[FoldedFP8, FoldedFP8]:
-    """MXFP4 with 32x32 tiles of ``x`` [R, C] (both multiples of 128) folded for both GEMMs that use one tiling
-    (tib2d's dY: dgrad along C, wgrad along R), from one read and without writing the packed codes:
-    ``(fold_tiles_mxfp4(q, transposed=False, group_rows=1), fold_tiles_mxfp4(q, transposed=True, group_rows=128,
-    scale_per_row=True))`` of ``q = quantize_mxfp4_2d(x, scale=, rounding=, seed=)``, bit for bit, inexact count
-    included (added to ``counter``, one made if None). ``num_warps``: launch tuning, the same bits."""
-    if x.ndim != 2 or x.shape[0] % 128 or x.shape[1] % 128 or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ValueError(f"quantize_mxfp4_tiles_fp8_pair takes a 2D float tensor with both dims multiples of 128, "
-                         f"got {x.dtype} {tuple(x.shape)}")
-    if scale not in ("floor", "ceil") or rounding not in ("nearest", "stochastic"):
-        raise ValueError(f"bad scale {scale!r} or rounding {rounding!r}")
-    x = x.contiguous()
-    R, C = x.shape
-    ca, sa = empty_folded(R, C, 1, device=x.device)
-    ct, st = empty_folded(C, R, 128, device=x.device, scale_per_row=True)
-    counter = torch.zeros((), dtype=torch.int32, device=x.device) if counter is None else counter
-    sr, key, key2, kp = _keys(rounding, seed, x.device)
-    if R and C:
-        _tiles_fold_pair_kernel[(R // 128, C // 128)](x, ca, sa, ct, st, counter, C // 32, x.stride(0), ca.stride(0), sa.stride(0),
-                                                      ct.stride(0), st.stride(0), key, key2, CEIL=scale == "ceil", SR=sr,
-                                                      KEYS_PTR=kp, num_warps=num_warps)
-    return FoldedFP8(ca, sa, 1, counter), FoldedFP8(ct, st, 1, counter)
 
 
 def fold_tiles_mxfp4(codes: torch.Tensor, tile_scales: torch.Tensor, *, transposed: bool, group_rows: int,

@@ -143,11 +143,6 @@ def backward(dy2, weight, x_op, w_q, spec: LinearSpec, backend, seed: int, cdt: 
         both = pair(dy2, g2.a, g3.a, seeds=(sr_seed(g2.a, seed, DGRAD, OP_A), sr_seed(g3.a, seed, WGRAD, OP_A)), b_role=OP_A)
         if both is not None:
             dy_dgrad, dy_wgrad = both
-    if share_dy and needs[0] and needs[1] and (tiles_pair := getattr(backend, "operand_tiles_pair", None)) is not None:
-        # one 2D tiling of dY for both GEMMs, folded for each in the quantizing pass, where the backend can
-        both = tiles_pair(dy2, g2.a, seed=sr_seed(g2.a, seed, DGRAD, OP_A))
-        if both is not None:
-            dy_dgrad, dy_wgrad = both
     if dy_dgrad is None and ((needs[0] and g2.outliers is None) or share_dy):
         dy_dgrad = prepare_now(dy2, g2.a, axis=1, transform=g2.transform, seed=seed, gemm=DGRAD, operand=OP_A, compute_dtype=cdt, backend=backend)
     if needs[0] and g2.outliers is not None:
@@ -163,7 +158,7 @@ def backward(dy2, weight, x_op, w_q, spec: LinearSpec, backend, seed: int, cdt: 
                                 compute_dtype=cdt, backend=backend, out_dtype=weight.dtype)
     elif needs[1]:
         # GEMM 3, wgrad: dW[N,K] = dY^T[N,M] @ (X^T)[K,M]^T, both along M
-        if share_dy and dy_wgrad is None:
+        if share_dy:
             dy_wgrad = dy_dgrad
         elif dy_wgrad is None:
             dym = pad_rows(dy2, g3.transform.block) if g3.transform is not None else dy2
