@@ -36,11 +36,11 @@ def main(argv=None):
     if not torch.cuda.is_available():
         raise SystemExit("quantize_speed needs a CUDA GPU")
     from fp4train.kernels.mx_fold import quantize_mxfp4_fp8_and_columns
-    from fp4train.kernels.mx_quantize import quantize_mxfp4_columns
+    from fp4train.kernels.mx_quantize import quantize_mxfp4_columns, quantize_mxfp8_columns
     from fp4train.kernels.nvfp4_quantize import quantize_nvfp4_columns
     from fp4train.kernels import (block_hadamard, fp8_rowwise_values, mxfp4_values, mxfp8_values, nvfp4_values,
-                                  quantize_mxfp4, quantize_mxfp4_dual, quantize_mxfp4_fp8, quantize_mxfp8, quantize_mxfp8_2d,
-                                  quantize_nvfp4)
+                                  quantize_mxfp4, quantize_mxfp4_2d, quantize_mxfp4_dual, quantize_mxfp4_fp8, quantize_mxfp8,
+                                  quantize_mxfp8_2d, quantize_nvfp4)
 
     x = torch.randn(args.rows, args.cols, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
@@ -64,6 +64,8 @@ def main(argv=None):
         "triton mxfp8 nearest": ("mxfp8", lambda: quantize_mxfp8(x)),
         "triton mxfp8 stochastic": ("mxfp8", lambda: quantize_mxfp8(x, rounding="stochastic", seed=1)),
         "triton mxfp8 32x32": ("mxfp8", lambda: quantize_mxfp8_2d(x)),
+        "triton mxfp8 along dim 0": ("mxfp8", lambda: quantize_mxfp8_columns(x)),
+        "triton mxfp4 32x32 stochastic": ("mxfp4", lambda: quantize_mxfp4_2d(x, scale="ceil", rounding="stochastic", seed=1)),
         # fake quantization straight to BF16 values (what --numerics triton feeds the BF16 GEMM)
         "triton mxfp4 values axis 1": ("values", lambda: mxfp4_values(x, axis=1)),
         "triton mxfp4 values axis 0": ("values", lambda: mxfp4_values(x, axis=0)),

@@ -94,6 +94,7 @@ def _kernel_calls() -> None:
                     kernels.quantize_mxfp4_2d(x, scale=scale, rounding=rounding, seed=seed, pairs=pairs)
                 kernels.quantize_mxfp8_2d(x, scale=scale, rounding=rounding, seed=seed)
                 mx_quantize.quantize_mxfp4_columns(x, scale=scale, rounding=rounding, seed=seed)
+                mx_quantize.quantize_mxfp8_columns(x, scale=scale, rounding=rounding, seed=seed)
                 for axis in (1, 0, None):
                     kernels.mxfp4_values(x, axis=axis, scale=scale, rounding=rounding, seed=seed)
             kernels.mxfp8_values(x, axis=1, rounding=rounding, seed=seed)
@@ -125,6 +126,7 @@ def _kernel_calls() -> None:
         kernels.quantize_mxfp4_2d(xb, scale="ceil", pairs=pairs, **sr)
     kernels.quantize_mxfp8_2d(xb, **sr)
     mx_quantize.quantize_mxfp4_columns(xb, **sr)
+    mx_quantize.quantize_mxfp8_columns(xb, **sr)
     for axis in (1, 0, None):
         kernels.mxfp4_values(xb, axis=axis, **sr)
     kernels.mxfp8_values(xb, axis=1, **sr)
