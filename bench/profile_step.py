@@ -43,10 +43,16 @@ ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("gemm bf16", "gemm fp8", "attention", "fp4train triton", "inductor", "aten elementwise", "optimizer", "other")
 
 
+#: kernels of earlier commits under names the code no longer has, so that committed profiles keep their reading
+#: (``_mxfp4_cols_kernel`` became ``_mx_cols_kernel`` when it took MXFP8 too, after 5703df7)
+FORMER_KERNELS = frozenset({"_mxfp4_cols_kernel"})
+
+
 def fp4train_kernels() -> frozenset[str]:
-    """The names of fp4train's ``@triton.jit`` kernels (a profile lists a Triton kernel by its name)."""
+    """The names of fp4train's ``@triton.jit`` kernels (a profile lists a Triton kernel by its name), and
+    :data:`FORMER_KERNELS`."""
     jit = re.compile(r"@triton\.jit[^\n]*\n(?:@[^\n]*\n)*def (\w+)\(")
-    return frozenset(m for f in (ROOT / "fp4train/kernels").glob("*.py") for m in jit.findall(f.read_text()))
+    return FORMER_KERNELS | frozenset(m for f in (ROOT / "fp4train/kernels").glob("*.py") for m in jit.findall(f.read_text()))
 
 
 def kernel_kind(name: str, ours: frozenset[str]) -> str:

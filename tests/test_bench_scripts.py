@@ -294,16 +294,34 @@ def test_readme_fast_path_numbers_are_the_committed_h200_results():
              for m in ("1b", "3b")}
     assert (f"({first['1b']['tib2d']['speedup_vs_bf16']:.2f}× at 1b, {first['3b']['tib2d']['speedup_vs_bf16']:.2f}× at 3b; "
             f"`…-reduce-overhead-384cb50.json`)") in readme
-    assert f"took it to {t1g['speedup_vs_bf16']:.2f}× at 1b and {t3g['speedup_vs_bf16']:.2f}× at 3b" in readme
+    seeds = {m: {r["recipe"]: r for r in json.loads((res / f"e2e-h200/train_speed-{m}-reduce-overhead-{c}.json").read_text())["results"]}
+             for m, c in (("1b", "c601335"), ("3b", "21ffa9f"))}
+    s1, s3 = seeds["1b"]["tib2d"]["speedup_vs_bf16"], seeds["3b"]["tib2d"]["speedup_vs_bf16"]
+    assert f"took it to {s1:.2f}× at 1b and {s3:.2f}× at 3b" in readme
+    # session 18: the MXFP8 column kernel (no transposed copy of X for q/k) - the copy's share of the profile, the new run
+    cp = {r["recipe"]: r for r in json.loads((res / "profile_step/1b-H200-copies-5703df7.json").read_text())["results"]}["tib2d"]
+    aten = sum(k["ms_per_step"] for k in cp["top"] if "direct_copy_kernel" in k["kernel"])
+    top_copy = cp["copies"][0]
+    assert top_copy["shape"] == "2048x16384" and top_copy["calls_per_step"] == 32
+    assert f"{top_copy['ms_per_step']:.2f} of their {aten:.2f} ms a 1b step" in readme
+    assert t1g["commit"] == t3g["commit"] == "b01c291"
+    assert (f"tib2d went from {s1:.2f}× to\n  {t1g['speedup_vs_bf16']:.2f}× at 1b and from {s3:.2f}× to "
+            f"{t3g['speedup_vs_bf16']:.2f}× at 3b (b01c291)") in readme
+    qp = json.loads((res / "quantize_speed-NVIDIA_H200-e19dc98.json").read_text())["results"]
+    assert f"({qp['triton mxfp8 along dim 0']['ms']:.3f} ms on 16384 × 8192 BF16" in readme
+    one, two = qp["triton dY 32x32 SR -> both folds (one pass)"]["ms"], qp["triton dY 32x32 SR -> packed -> two folds"]["ms"]
+    assert one > two and f"({one:.3f}\n  against {two:.3f} ms)" in readme
     assert f"AdaHOP then ran at {a1g['speedup_vs_bf16']:.2f}× at 1b" in readme
     # the summary's e2e table is what bench/summary.py makes of the committed runs (a later run's entry wins)
     e2e_dir = res / "e2e-h200"
     runs = [e2e_dir / f"train_speed-1b-{c}.json" for c in ("a35b562-gpu0", "a35b562-gpu1", "d8fb690", "57bd0e9", "7a9e335",
                                                              "680cd3e", "680cd3e-b", "680aa49", "3e2df64",
                                                              "reduce-overhead-38bdbed", "reduce-overhead-384cb50",
-                                                             "reduce-overhead-c601335", "reduce-overhead-21ffa9f")]
+                                                             "reduce-overhead-c601335", "reduce-overhead-21ffa9f",
+                                                             "reduce-overhead-b01c291")]
     runs += [res / "train_speed-3b-NVIDIA_H200.json"] + [e2e_dir / f"train_speed-3b-{c}.json" for c in (
-        "d8fb690", "57bd0e9", "7a9e335", "262876e", "0e1397a", "reduce-overhead-384cb50", "reduce-overhead-21ffa9f")]
+        "d8fb690", "57bd0e9", "7a9e335", "262876e", "0e1397a", "reduce-overhead-384cb50", "reduce-overhead-21ffa9f",
+        "reduce-overhead-b01c291")]
     assert _load("summary").e2e_table([json.loads(p.read_text()) for p in runs]) == e2e
     assert all(json.loads(p.read_text()).get("quantized_linears") == "in graph" for p in runs if "e2e-h200" in str(p))
     old = {m: {r["recipe"]: r for r in json.loads((e2e_dir / f"train_speed-{m}.json").read_text())["results"]}
