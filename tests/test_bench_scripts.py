@@ -600,3 +600,39 @@ def test_triton36_sm90_compile_record_covers_the_seed_kernels():
     log = (ROOT / "docs/LOG.md").read_text().replace("\n", " ")
     assert len(regs) == 4 and f"the 4 launches compile at {min(regs)}–{max(regs)} registers" in log
     assert f"all {len(d['results'])} launches at 0b52ec4's kernels compile for sm90" in log
+
+
+def test_session_18_figures_in_the_log_are_the_committed_runs():
+    """docs/LOG.md, session 18: the copy that profile --copies found, the MXFP8 column kernel's speed and compile, the
+    fused dY kernel that lost to the packed path, and tib2d in CUDA graphs before and after - from the committed files."""
+    res = ROOT / "bench/results"
+    log = (ROOT / "docs/LOG.md").read_text().replace("\n", " ")
+    cp = {r["recipe"]: r for r in json.loads((res / "profile_step/1b-H200-copies-5703df7.json").read_text())["results"]}["tib2d"]
+    aten = sum(k["ms_per_step"] for k in cp["top"] if "direct_copy_kernel" in k["kernel"])
+    big = cp["copies"][0]
+    assert (f"of the {aten:.2f} ms a step of ATen `direct_copy_kernel`, {big['ms_per_step']:.2f} ms were {big['calls_per_step']:.0f} "
+            f"`aten::contiguous` calls on a 2048 × 16384 tensor a step") in log
+    q = json.loads((res / "quantize_speed-NVIDIA_H200-e19dc98.json").read_text())["results"]
+    col, row = q["triton mxfp8 along dim 0"], q["triton mxfp8 nearest"]
+    assert (f"it takes {col['ms']:.3f} ms on 16384 × 8192 BF16 ({col['fraction_of_copy'] * 100:.0f}% of copy; the MXFP8 row "
+            f"kernel {row['ms']:.3f} ms), in place of a {big['ms_per_step'] / big['calls_per_step']:.3f} ms copy") in log
+    one, two = q["triton dY 32x32 SR -> both folds (one pass)"]["ms"], q["triton dY 32x32 SR -> packed -> two folds"]["ms"]
+    sr = q["triton mxfp4 32x32 stochastic"]["ms"]
+    assert one > two and f"**{one:.3f} ms against {two:.3f} ms** for tile kernel + two folds" in log
+    assert f"the SR tile kernel alone {sr:.3f} ms" in log
+    aot = json.loads((res / "kernels-sm90-ptxas-triton36-columns-302efd2.json").read_text())
+    regs = [r["registers"] for r in aot["results"] if r["constexprs"]["ELEM"] == 1]
+    assert aot["triton"] == "3.6.0" and all(r["spill_store_bytes"] == 0 and r["num_warps"] == 2 for r in aot["results"])
+    assert f"{min(regs)}–{max(regs)} registers at 2 warps, no spills" in log
+    runs = {(m, c): {r["recipe"]: r for r in json.loads((res / f"e2e-h200/train_speed-{m}-reduce-overhead-{c}.json").read_text())["results"]}
+            for m, c in (("1b", "b01c291"), ("3b", "b01c291"), ("1b", "c601335"), ("3b", "21ffa9f"))}
+    n1, n3 = runs[("1b", "b01c291")], runs[("3b", "b01c291")]
+    assert all(r["cudagraph_skips"] == 0 for r in (*n1.values(), *n3.values()))
+    assert (f"**tib2d {n1['tib2d']['speedup_vs_bf16']:.2f}× at 1b** ({n1['tib2d']['step_ms']:.1f} ms against BF16's "
+            f"{n1['bf16']['step_ms']:.1f}; {runs[('1b', 'c601335')]['tib2d']['speedup_vs_bf16']:.2f}× at c601335) and "
+            f"**{n3['tib2d']['speedup_vs_bf16']:.2f}× at 3b** ({n3['tib2d']['step_ms']:.1f} against {n3['bf16']['step_ms']:.1f}; "
+            f"{runs[('3b', '21ffa9f')]['tib2d']['speedup_vs_bf16']:.2f}× at 21ffa9f)") in log
+    top = {k["kernel"]: k["ms_per_step"] for k in cp["top"]}
+    assert (f"the SR tile kernel {top['_mxfp4_tile_kernel']:.1f} ms, the packed folds "
+            f"{top['_packed_fold_t_kernel'] + top['_packed_fold_kernel']:.1f} ms (`_packed_fold_t_kernel` "
+            f"{top['_packed_fold_t_kernel']:.1f}, `_packed_fold_kernel` {top['_packed_fold_kernel']:.1f})") in log
