@@ -9,11 +9,12 @@ baseline of the same run; then the columns kernel (MXFP4 along dim 0, packed: X'
 (columns per program, warps); then the 1D MX kernel (``mx1d``: packed MXFP4 / MXFP8 codes along the last
 dim, the standalone quantization) by (blocks per program, warps); then tib2d's 32x32-tile kernel (stochastic rounding for dY, nearest for W;
 the even/odd-column kernel and the general one, ``pairs``) by (tiles per program, warps) and its tile fold (either orientation)
-by (rows per program, warps). The bits do not depend on
+by (rows per program, warps); ``hadamard`` (asked for by name) the fold with a fused 32-point Hadamard transform
+(AdaHOP's IHT, hadamard_mxfp4) by (rows per program, warps). The bits do not depend on
 these parameters (tests/test_kernels.py).
 Writes ``bench/results/fold_sweep-<gpu>.json``.
 
-    python bench/fold_sweep.py [--rows 16384 --cols 8192 --repeats 10 --kernels fold,columns,mx1d,tiles,tile_fold]
+    python bench/fold_sweep.py [--rows 16384 --cols 8192 --repeats 10 --kernels fold,columns,mx1d,tiles,tile_fold,hadamard]
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def main(argv=None):
     ap.add_argument("--rows", type=int, default=16384)
     ap.add_argument("--cols", type=int, default=8192)
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--kernels", default="fold,columns,mx1d,tiles,tile_fold", help="which sweeps to run (comma list)")
+    ap.add_argument("--kernels", default="fold,columns,mx1d,tiles,tile_fold", help="which sweeps to run (comma list; also: hadamard, the fold with a fused 32-point transform)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -89,6 +90,13 @@ def main(argv=None):
                     time_launch(f"fold axis {axis}, {gr}x128", moved, {"rows_per_program": rb, "num_warps": nw},
                                 partial(quantize_mxfp4_fp8, x, axis=axis, group_rows=gr, rows_per_program=rb, num_warps=nw,
                                         counter=counter))
+    # the fold with a fused 32-point Hadamard transform (AdaHOP's IHT, hadamard_mxfp4): FOLD_LAUNCH_HADAMARD
+    for gr in ((1, 128) if "hadamard" in which else ()):
+        for rb in ((8, 16, 32, 64) if gr == 1 else (128,)):
+            for nw in (4, 8, 16, 32):
+                time_launch(f"hadamard 32 fold, {gr}x128", moved, {"rows_per_program": rb, "num_warps": nw},
+                            partial(quantize_mxfp4_fp8, x, group_rows=gr, hadamard_block=32, rows_per_program=rb, num_warps=nw,
+                                    counter=counter))
     from fp4train.kernels.mx_quantize import quantize_mxfp4_columns
 
     moved_cols = 2 * n + n // 2 + n // 32  # BF16 in, packed E2M1 and E8M0 scales out

@@ -174,7 +174,11 @@ def _sass_counts(cubin: bytes, nvdisasm: str, launch: dict) -> dict:
     r = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True)
     os.unlink(f.name)
     ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", r.stdout)
-    out: dict = {"sass_instructions": len(ops) or None}
+    out: dict = {"sass_instructions": len(ops) or None,
+                 # data movement between threads: shared-memory loads/stores and barriers (layout conversions,
+                 # reductions across warps), warp shuffles
+                 "shared_memory_instructions": sum(op.startswith(("LDS", "STS", "BAR", "LDSM", "STSM")) for op in ops),
+                 "shuffles": sum(op.startswith("SHFL") for op in ops)}
     elements = _PROGRAM_ELEMENTS.get(launch["kernel"])
     if ops and elements:
         out["warp_instructions_per_element"] = launch["num_warps"] * len(ops) / elements(launch["constexprs"])
@@ -260,8 +264,10 @@ def main(argv=None) -> int:
         what = r.get("error", f"{r.get('registers')} registers, {r.get('spill_store_bytes')} bytes spilled, "
                               f"{r.get('sass_instructions')} SASS instructions"
                               + (f" ({r['warp_instructions_per_element']:.2f} warp instructions per element)"
-                                 if "warp_instructions_per_element" in r else ""))
-        print(f"{r['kernel']:<40} warps {r['num_warps']} {json.dumps(r['constexprs'], sort_keys=True)[:110]:<110} {what[:300]}")
+                                 if "warp_instructions_per_element" in r else "")
+                              + (f", {r['shared_memory_instructions']} shared-memory, {r['shuffles']} shuffles"
+                                 if "shuffles" in r else ""))
+        print(f"{r['kernel']:<40} warps {r['num_warps']} {json.dumps(r['constexprs'], sort_keys=True)[:110]:<110} {what[:340]}")
     print(f"{len(results)} launches compiled for sm90, {len(failed)} failed, "
           f"{sum(1 for r in results if (r.get('spill_store_bytes') or 0) > 0)} spill")
     if args.json:

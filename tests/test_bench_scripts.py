@@ -636,3 +636,29 @@ def test_session_18_figures_in_the_log_are_the_committed_runs():
     assert (f"the SR tile kernel {top['_mxfp4_tile_kernel']:.1f} ms, the packed folds "
             f"{top['_packed_fold_t_kernel'] + top['_packed_fold_kernel']:.1f} ms (`_packed_fold_t_kernel` "
             f"{top['_packed_fold_t_kernel']:.1f}, `_packed_fold_kernel` {top['_packed_fold_kernel']:.1f})") in log
+
+
+def test_fused_hadamard_fold_build_records_are_what_the_log_says():
+    """docs/LOG.md, session 18: the 32-block fused Hadamard fold's sm90 builds before (permutes) and after (sums), from
+    the committed aot_check records: fewer instructions per element, shared-memory instructions and registers, no spills."""
+    log = " ".join((ROOT / "docs/LOG.md").read_text().split())  # the list items' wrapping does not matter
+    stats = {}
+    for name in ("permutes", "sums"):
+        d = json.loads((ROOT / f"bench/results/kernels-sm90-fold-hadamard-{name}-triton36.json").read_text())
+        assert d["triton"] == "3.6.0" and all("error" not in r for r in d["results"])
+        rows = [r for r in d["results"] if r["kernel"] == "mx_fold._fold_kernel" and r["constexprs"].get("HAD") == 32]
+        for gr in (1, 128):
+            rs = [r for r in rows if r["constexprs"]["GR"] == gr]
+            stats[name, gr] = {k: (min(r[k] for r in rs), max(r[k] for r in rs))
+                               for k in ("warp_instructions_per_element", "shared_memory_instructions", "registers", "spill_store_bytes")}
+    old1, new1, old128, new128 = stats["permutes", 1], stats["sums", 1], stats["permutes", 128], stats["sums", 128]
+    w = "warp_instructions_per_element"
+    assert (f"from {old1[w][0]:.2f}–{old1[w][1]:.2f} to {new1[w][0]:.2f}–{new1[w][1]:.2f} warp instructions per element, and "
+            f"shared-memory instructions from {old1['shared_memory_instructions'][0]}–{old1['shared_memory_instructions'][1]} "
+            f"to {new1['shared_memory_instructions'][1]}. Registers fell from {old1['registers'][0]}–{old1['registers'][1]} "
+            f"to {new1['registers'][0]}–{new1['registers'][1]}") in log
+    assert (f"fell from {old128[w][0]:.2f}–{old128[w][1]:.2f} to {new128[w][0]:.2f}–{new128[w][1]:.2f}, shared-memory "
+            f"instructions from {old128['shared_memory_instructions'][0]}–{old128['shared_memory_instructions'][1]} to "
+            f"{new128['shared_memory_instructions'][1]}, and the {old128['spill_store_bytes'][0]}–{old128['spill_store_bytes'][1]} "
+            f"bytes of spills went to none") in log and new128["spill_store_bytes"] == (0, 0)
+    assert new1["shared_memory_instructions"][0] == new1["shared_memory_instructions"][1]

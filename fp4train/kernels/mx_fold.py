@@ -24,7 +24,7 @@ import triton.language as tl
 from ..formats.fold import FoldedFP8, empty_folded
 from ..formats.qtensor import QuantizedTensor
 from .e4m3 import e4m3_rtne
-from .hadamard import _butterfly
+from .hadamard import _butterfly_sums
 from .mx_quantize import _e2m1_codes, _kernel_keys, _keys, _pow2, _scale_exponent, _uniforms, _with_sign, quantize_mxfp4_columns
 
 
@@ -61,7 +61,7 @@ def _fold_kernel(x_ptr, d_ptr, codes_ptr, scales_ptr, count_ptr, R, K, s_r, s_k,
         if HAS_D:
             y = y * tl.load(d_ptr + tl.arange(0, HAD))[None, :]
         for s in tl.static_range(LOG_HAD):
-            y = _butterfly(y, NB, HAD, 1 << s)
+            y = _butterfly_sums(y, NB, HAD, 1 << s)
         x = tl.reshape(y * NORM, [RB, 128])
         if ROUND_BF16:
             x = _round_bf16(x)
