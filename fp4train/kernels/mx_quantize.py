@@ -1,7 +1,8 @@
 """Fused MX quantization in Triton: one pass from BF16/FP32 to element codes + E8M0 scales.
 
 MXFP4 (E2M1 codes packed two per byte) and MXFP8 (E4M3 codes, a byte each), in 1x32 blocks along
-the last dim or 32x32 tiles, with the same signatures and bit-identical results as the reference
+the last dim, 32x1 blocks along dim 0 (the column kernel: read in place, stored transposed as the reference
+stores them) or 32x32 tiles, with the same signatures and bit-identical results as the reference
 ``fp4train.quantize(x, "mxfp4" | "mxfp8", ...)`` for 2D tensors (1x32: last dim a multiple of 32,
 the case of every GEMM operand after the layer's own padding): same scale rule (exponent from the
 float's bits; ``ceil`` one more exactly when the mantissa exceeds the element's largest, 1.5 for
