@@ -47,6 +47,7 @@ def main(argv=None):
     n = x.numel()
     moved = {"copy": 2 * 2 * n, "mxfp4": 2 * n + n // 2 + n // 32, "nvfp4": 2 * n + n // 2 + n // 16,
              "mxfp4 both layouts": 2 * n + 2 * (n // 2 + n // 32), "mxfp8": 2 * n + n + n // 32,
+             "mxfp4 tiles": 2 * n + n // 2 + n // 1024, "mxfp8 tiles": 2 * n + n + n // 1024,  # one scale per 32x32 tile
              "values": 2 * n + 2 * n, "fold": 2 * n + n + n // 32,
              "fold + columns": 2 * n + n + n // 32 + n // 2 + n // 32}
     results = {}
@@ -63,9 +64,9 @@ def main(argv=None):
         "triton nvfp4 along dim 0 (+amax)": ("nvfp4", lambda: quantize_nvfp4_columns(x)),
         "triton mxfp8 nearest": ("mxfp8", lambda: quantize_mxfp8(x)),
         "triton mxfp8 stochastic": ("mxfp8", lambda: quantize_mxfp8(x, rounding="stochastic", seed=1)),
-        "triton mxfp8 32x32": ("mxfp8", lambda: quantize_mxfp8_2d(x)),
+        "triton mxfp8 32x32": ("mxfp8 tiles", lambda: quantize_mxfp8_2d(x)),
         "triton mxfp8 along dim 0": ("mxfp8", lambda: quantize_mxfp8_columns(x)),
-        "triton mxfp4 32x32 stochastic": ("mxfp4", lambda: quantize_mxfp4_2d(x, scale="ceil", rounding="stochastic", seed=1)),
+        "triton mxfp4 32x32 stochastic": ("mxfp4 tiles", lambda: quantize_mxfp4_2d(x, scale="ceil", rounding="stochastic", seed=1)),
         # fake quantization straight to BF16 values (what --numerics triton feeds the BF16 GEMM)
         "triton mxfp4 values axis 1": ("values", lambda: mxfp4_values(x, axis=1)),
         "triton mxfp4 values axis 0": ("values", lambda: mxfp4_values(x, axis=0)),

@@ -10,10 +10,6 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 FP4TRAIN_COMMIT=$C
 timeout 60 python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_kernels.py \
   -k "column_kernels and mxfp8 or seed_from_the_device and 3" > $OUT/pytest_columns.log 2>&1
 echo "tests rc $?: $(tail -1 $OUT/pytest_columns.log)"; grep -E "PASSED|FAILED|^E " $OUT/pytest_columns.log | cut -c1-160 | head -12
-ro() {  # model recipes seconds
-  timeout $3 python3 bench/train_speed.py --model $1 --seq-len 2048 --batch-size 8 --compile --compile-mode reduce-overhead \
-    --recipes $2 --warmup 3 --steps 8 --json $OUT/train_speed-$1-reduce-overhead-$C.json > $OUT/train_speed_ro-$1.log 2>&1
-  echo "$1 rc $?"; grep -E "tokens/s|FAILED" $OUT/train_speed_ro-$1.log | cut -c1-300
-}
+source scripts/gpu/ro.sh
 ro 1b bf16,tib2d 270
 ro 3b bf16,tib2d $(( $(LEFT) - 5 ))

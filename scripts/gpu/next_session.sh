@@ -14,12 +14,8 @@ timeout 60 python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_kernel
 echo "tests rc $?: $(tail -1 $OUT/pytest_hadamard.log)"; grep -E "FAILED|^E " $OUT/pytest_hadamard.log | cut -c1-160 | head -8
 timeout 100 python3 bench/quantize_speed.py --json $OUT/quantize_speed-NVIDIA_H200-$C.json > $OUT/quantize_speed.log 2>&1
 echo "quantize rc $?"; grep -E "copy|hadamard|-> fp8" $OUT/quantize_speed.log
-ro() {  # model recipes seconds
-  timeout $3 python3 bench/train_speed.py --model $1 --seq-len 2048 --batch-size 8 --compile --compile-mode reduce-overhead \
-    --recipes $2 --warmup 3 --steps 8 --json $OUT/train_speed-$1-reduce-overhead-$C.json > $OUT/train_speed_ro-$1.log 2>&1
-  echo "$1 rc $?"; grep -E "tokens/s|FAILED" $OUT/train_speed_ro-$1.log | cut -c1-300
-}
-ro 1b bf16,adahop 200
+source scripts/gpu/ro.sh
+ro 1b bf16,adahop 260
 ro 3b bf16,adahop $(( $(LEFT) - 5 ))
 # if time is left after both runs: the launch sweep of the Hadamard fold
 [ $(LEFT) -gt 60 ] && timeout $(( $(LEFT) - 5 )) python3 bench/fold_sweep.py --kernels hadamard --json $OUT/fold_sweep-hadamard-$C.json \
