@@ -10,7 +10,7 @@ baseline of the same run; then the columns kernel (MXFP4 along dim 0, packed: X'
 dim, the standalone quantization) by (blocks per program, warps); then tib2d's 32x32-tile kernel (stochastic rounding for dY, nearest for W;
 the even/odd-column kernel and the general one, ``pairs``) by (tiles per program, warps) and its tile fold (either orientation)
 by (rows per program, warps); ``hadamard`` (asked for by name) the fold with a fused 32-point Hadamard transform
-(AdaHOP's IHT, hadamard_mxfp4) by (rows per program, warps). The bits do not depend on
+(AdaHOP's IHT, hadamard_mxfp4) along either dim, its butterflies by permutes or by sums, by (rows per program, warps). The bits do not depend on
 these parameters (tests/test_kernels.py).
 Writes ``bench/results/fold_sweep-<gpu>.json``.
 
@@ -91,12 +91,13 @@ def main(argv=None):
                                 partial(quantize_mxfp4_fp8, x, axis=axis, group_rows=gr, rows_per_program=rb, num_warps=nw,
                                         counter=counter))
     # the fold with a fused 32-point Hadamard transform (AdaHOP's IHT, hadamard_mxfp4): FOLD_LAUNCH_HADAMARD
-    for gr in ((1, 128) if "hadamard" in which else ()):
+    # along either dim (AdaHOP's IHT GEMMs take X and W along dim 1, dY and W along dim 0), butterflies by permutes or sums
+    for axis, gr, butterfly in ([(a, g, b) for a in (1, 0) for g in (1, 128) for b in ("permutes", "sums")] if "hadamard" in which else ()):
         for rb in ((8, 16, 32, 64) if gr == 1 else (128,)):
-            for nw in (4, 8, 16, 32):
-                time_launch(f"hadamard 32 fold, {gr}x128", moved, {"rows_per_program": rb, "num_warps": nw},
-                            partial(quantize_mxfp4_fp8, x, group_rows=gr, hadamard_block=32, rows_per_program=rb, num_warps=nw,
-                                    counter=counter))
+            for nw in ((4, 8, 16) if gr == 1 else (4, 8, 16, 32)):
+                time_launch(f"hadamard 32 fold axis {axis}, {gr}x128, {butterfly}", moved, {"rows_per_program": rb, "num_warps": nw},
+                            partial(quantize_mxfp4_fp8, x, axis=axis, group_rows=gr, hadamard_block=32, rows_per_program=rb,
+                                    num_warps=nw, butterfly=butterfly, counter=counter))
     from fp4train.kernels.mx_quantize import quantize_mxfp4_columns
 
     moved_cols = 2 * n + n // 2 + n // 32  # BF16 in, packed E2M1 and E8M0 scales out

@@ -540,10 +540,12 @@ def test_fold_kernel_with_fused_hadamard_equals_transform_then_quantize_then_fol
     x = _special(130, 256, 8).to(dtype)
     ref = fold(fp4train.quantize(fp4train.hadamard(x, block, axis=-1, seed=7 if signed else None), "mxfp4", rounding=rounding,
                                  seed=3), group_rows)
-    launches = [(None, None)] + ([(8, 4), (32, 4)] if group_rows == 1 and block == 32 else [])  # launch tuning: the same bits
-    for rb, nw in launches:
+    # launch tuning and the butterflies' form (permutes or sums): the same bits
+    launches = [(None, None, "permutes"), (None, None, "sums")] + ([(8, 4, "permutes"), (32, 4, "sums")] if group_rows == 1 and block == 32 else [])
+    for rb, nw, butterfly in launches:
         got = quantize_mxfp4_fp8(x.to(DEV), group_rows=group_rows, rounding=rounding, seed=3, hadamard_block=block,
-                                 hadamard_signs=signs(7, block) if signed else None, rows_per_program=rb, num_warps=nw)
+                                 hadamard_signs=signs(7, block) if signed else None, rows_per_program=rb, num_warps=nw,
+                                 butterfly=butterfly)
         assert torch.equal(got.codes.cpu(), ref.codes)
         torch.testing.assert_close(got.scales.cpu(), ref.scales, rtol=0, atol=0, equal_nan=True)
         assert int(got.inexact) == ref.inexact
@@ -652,11 +654,14 @@ def test_fold_kernel_along_dim_0_reads_x_in_place_as_its_transpose(had, dtype, g
     if had:
         xt = fp4train.hadamard(xt, had, axis=-1, seed=5)
     ref = fold(fp4train.quantize(xt, "mxfp4", rounding="stochastic", seed=11), group_rows)
-    got = quantize_mxfp4_fp8(x.to(DEV), axis=0, group_rows=group_rows, rounding="stochastic", seed=11,
-                             hadamard_block=had, hadamard_signs=None if had is None else signs(5, had))
-    assert got.codes.shape == (160, 256) and torch.equal(got.codes.cpu(), ref.codes)
-    torch.testing.assert_close(got.scales.cpu(), ref.scales, rtol=0, atol=0, equal_nan=True)
-    assert int(got.inexact) == ref.inexact
+    for butterfly in ("permutes", "sums") if had else ("permutes",):  # the fused transform's two forms: the same bits
+        got = quantize_mxfp4_fp8(x.to(DEV), axis=0, group_rows=group_rows, rounding="stochastic", seed=11,
+                                 hadamard_block=had, hadamard_signs=None if had is None else signs(5, had), butterfly=butterfly)
+        assert got.codes.shape == (160, 256) and torch.equal(got.codes.cpu(), ref.codes)
+        torch.testing.assert_close(got.scales.cpu(), ref.scales, rtol=0, atol=0, equal_nan=True)
+        assert int(got.inexact) == ref.inexact
+    with pytest.raises(ValueError, match="butterfly must be 'permutes' or 'sums'"):
+        quantize_mxfp4_fp8(x.to(DEV), axis=0, group_rows=group_rows, hadamard_block=32, butterfly="shuffles")
     with pytest.raises(ValueError, match="dim 0 .the block dim. is a multiple of 128"):
         quantize_mxfp4_fp8(torch.randn(96, 128, device=DEV), axis=0, group_rows=1)
 

@@ -24,7 +24,7 @@ import triton.language as tl
 from ..formats.fold import FoldedFP8, empty_folded
 from ..formats.qtensor import QuantizedTensor
 from .e4m3 import e4m3_rtne
-from .hadamard import _butterfly_sums
+from .hadamard import _butterfly, _butterfly_sums
 from .mx_quantize import _e2m1_codes, _kernel_keys, _keys, _pow2, _scale_exponent, _uniforms, _with_sign, quantize_mxfp4_columns
 
 
@@ -41,14 +41,15 @@ def _round_bf16(y):
 def _fold_kernel(x_ptr, d_ptr, codes_ptr, scales_ptr, count_ptr, R, K, s_r, s_k, sc, ss, key, key2,
                  CEIL: tl.constexpr, SR: tl.constexpr, GR: tl.constexpr, RB: tl.constexpr,
                  HAD: tl.constexpr, LOG_HAD: tl.constexpr, HAS_D: tl.constexpr, NORM: tl.constexpr, ROUND_BF16: tl.constexpr,
-                 KEYS_PTR: tl.constexpr = False):
+                 KEYS_PTR: tl.constexpr = False, SUMS: tl.constexpr = False):
     """Program (i, j): rows i*RB .. +RB, columns j*128 .. +128 (RB = GR for 128x128 groups; any power of
     two for 1x128 groups, which are per row) of
     the operand [R, K] whose element (r, k) is ``x_ptr[r * s_r + k * s_k]``: x itself (``s_k`` = 1) or,
     for blocks along x's dim 0, x transposed, read in place (``s_r`` = 1: no transposed copy).
     ``HAD`` > 0: first the block-HAD Hadamard transform along the rows (signs ``d`` if HAS_D), exactly as
     kernels/hadamard.py does it, rounded to BF16 when the input is BF16 (the reference transforms into
-    the input's dtype, then quantizes)."""
+    the input's dtype, then quantizes). ``SUMS``: its butterfly stages as sums over the pair axis
+    (:func:`~fp4train.kernels.hadamard._butterfly_sums`) instead of permutes; the same bits."""
     key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     r = tl.program_id(0) * RB + tl.arange(0, RB)
     c = tl.program_id(1) * 128 + tl.arange(0, 128)
@@ -61,7 +62,10 @@ def _fold_kernel(x_ptr, d_ptr, codes_ptr, scales_ptr, count_ptr, R, K, s_r, s_k,
         if HAS_D:
             y = y * tl.load(d_ptr + tl.arange(0, HAD))[None, :]
         for s in tl.static_range(LOG_HAD):
-            y = _butterfly_sums(y, NB, HAD, 1 << s)
+            if SUMS:
+                y = _butterfly_sums(y, NB, HAD, 1 << s)
+            else:
+                y = _butterfly(y, NB, HAD, 1 << s)
         x = tl.reshape(y * NORM, [RB, 128])
         if ROUND_BF16:
             x = _round_bf16(x)
@@ -473,7 +477,8 @@ FOLD_LAUNCH_HADAMARD = {1: (16, 8), 128: (128, 32)}
 def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor", rounding: str = "nearest",
                        seed: int | None = None, counter: torch.Tensor | None = None,
                        hadamard_block: int | None = None, hadamard_signs: torch.Tensor | None = None,
-                       axis: int = -1, rows_per_program: int | None = None, num_warps: int | None = None) -> FoldedFP8:
+                       axis: int = -1, rows_per_program: int | None = None, num_warps: int | None = None,
+                       butterfly: str = "permutes") -> FoldedFP8:
     """MXFP4 (1x32 along the last dim) folded into FP8 with ``group_rows`` x 128 groups; see the module
     docstring. ``axis`` 0: blocks along x's dim 0 instead - the result is that of ``x.t()`` (codes
     ``[x.shape[1], x.shape[0]]``), read from x in place, without the transposed copy.
@@ -482,7 +487,10 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     whatever they are (bench/fold_sweep.py times them). ``counter``: an int32 device tensor that the
     inexact-element count is added to (one is made if None); :attr:`FoldedFP8.inexact` is that tensor. ``hadamard_block`` (a power of two up to
     128): the block Hadamard transform along the last dim first, with ``hadamard_signs`` (RHT) if given -
-    ``fold(quantize(hadamard(x, block, seed), "mxfp4", ...))`` bit for bit, for float32 and bfloat16 ``x``."""
+    ``fold(quantize(hadamard(x, block, seed), "mxfp4", ...))`` bit for bit, for float32 and bfloat16 ``x``.
+    ``butterfly`` ("permutes" or "sums"): how the fused transform's stages run, the same bits either way. By
+    sums the sm90 build is smaller and 16384 x 8192 BF16 along dim 1 ran faster on the H200, yet AdaHOP's 1b step spent
+    twice as long in this kernel (docs/LOG.md, session 19), so permutes stay the default; bench/fold_sweep.py times both."""
     if axis not in (0, 1, -1, -2):
         raise ValueError(f"quantize_mxfp4_fp8: axis must be 0 or 1 (-2 or -1), got {axis}")
     along_0 = axis % 2 == 0
@@ -495,6 +503,8 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     if had and (had < 2 or had > 128 or had & (had - 1) or x.dtype == torch.float16):
         raise ValueError(f"quantize_mxfp4_fp8: a fused Hadamard block must be a power of two in [2, 128] on float32/bfloat16 "
                          f"input, got block {had} on {x.dtype}")
+    if butterfly not in ("permutes", "sums"):
+        raise ValueError(f"quantize_mxfp4_fp8: butterfly must be 'permutes' or 'sums', got {butterfly!r}")
     d = None if hadamard_signs is None else hadamard_signs.to(device=x.device, dtype=torch.float32).contiguous()
     norm = float(torch.tensor(1.0 / math.sqrt(had), dtype=torch.float32)) if had else 1.0  # the reference's FP32 constant
     op = x.t() if along_0 else x  # the operand [R, K] with blocks along K: a view, read in place whatever its strides
@@ -512,7 +522,7 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
                                                      GR=group_rows, RB=rb, num_warps=num_warps or warps_default, HAD=had,
                                                      LOG_HAD=max(had.bit_length() - 1, 0),
                                                      HAS_D=d is not None, NORM=norm, ROUND_BF16=had > 0 and x.dtype == torch.bfloat16,
-                                                     KEYS_PTR=kp)
+                                                     KEYS_PTR=kp, SUMS=had > 0 and butterfly == "sums")
     return FoldedFP8(codes, scales, group_rows, counter)
 
 
