@@ -468,17 +468,23 @@ def _packed_fold(codes, scales, R: int, K: int, group_rows: int, counter, *, til
 # along dim 1, 1x128 groups 32 rows, 4 warps (0.196 ms, 51% of copy; 16 rows 0.224), 128x128 groups 16 warps
 # (0.227 ms; 4 warps 0.276); along dim 0 (read down x's columns) 128 rows, 4 warps (0.346 ms for 1x128 groups,
 # 0.375 ms for 128x128). Reading x's tile along its rows and transposing it in the kernel was no faster along
-# dim 0 (best 0.426 ms at 93647de). With a fused Hadamard transform (a heavier program) the launch stays (16, 8) /
-# (128, 32): the session-10 sweep's launches made hadamard_mxfp4 slower (docs/LOG.md); not swept again since.
+# dim 0 (best 0.426 ms at 93647de).
 FOLD_LAUNCH = {(False, 1): (32, 4), (False, 128): (128, 16), (True, 1): (128, 4), (True, 128): (128, 4)}
-FOLD_LAUNCH_HADAMARD = {1: (16, 8), 128: (128, 32)}
+# With a fused Hadamard transform (AdaHOP's IHT GEMMs, hadamard_mxfp4): (rows per program, warps, butterflies) by
+# (blocks along dim 0, group rows), the fastest of bench/fold_sweep.py --kernels hadamard on the H200 (16384 x 8192
+# BF16, 32-point blocks; bench/results/fold_sweep-NVIDIA_H200-hadamard-1e006b7.json). Along dim 1 the butterflies by
+# sums: 0.320 ms for 1x128 groups, 0.355 ms for 128x128 (by permutes at the former launches (16, 8) / (128, 32):
+# 0.616 / 0.598 ms). Along dim 0 (x read down its columns) sums ran 5-10x slower (0.66-9.3 ms), so permutes:
+# 0.566 ms at (8, 4), 0.506 ms at (128, 16) (formerly 0.721 / 0.592).
+FOLD_LAUNCH_HADAMARD = {(False, 1): (32, 4, "sums"), (False, 128): (128, 16, "sums"),
+                        (True, 1): (8, 4, "permutes"), (True, 128): (128, 16, "permutes")}
 
 
 def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor", rounding: str = "nearest",
                        seed: int | None = None, counter: torch.Tensor | None = None,
                        hadamard_block: int | None = None, hadamard_signs: torch.Tensor | None = None,
                        axis: int = -1, rows_per_program: int | None = None, num_warps: int | None = None,
-                       butterfly: str = "permutes") -> FoldedFP8:
+                       butterfly: str | None = None) -> FoldedFP8:
     """MXFP4 (1x32 along the last dim) folded into FP8 with ``group_rows`` x 128 groups; see the module
     docstring. ``axis`` 0: blocks along x's dim 0 instead - the result is that of ``x.t()`` (codes
     ``[x.shape[1], x.shape[0]]``), read from x in place, without the transposed copy.
@@ -488,9 +494,8 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     inexact-element count is added to (one is made if None); :attr:`FoldedFP8.inexact` is that tensor. ``hadamard_block`` (a power of two up to
     128): the block Hadamard transform along the last dim first, with ``hadamard_signs`` (RHT) if given -
     ``fold(quantize(hadamard(x, block, seed), "mxfp4", ...))`` bit for bit, for float32 and bfloat16 ``x``.
-    ``butterfly`` ("permutes" or "sums"): how the fused transform's stages run, the same bits either way. By
-    sums the sm90 build is smaller and 16384 x 8192 BF16 along dim 1 ran faster on the H200, yet AdaHOP's 1b step spent
-    twice as long in this kernel (docs/LOG.md, session 19), so permutes stay the default; bench/fold_sweep.py times both."""
+    ``butterfly`` ("permutes" or "sums"; default :data:`FOLD_LAUNCH_HADAMARD`'s): how the fused transform's stages
+    run, the same bits either way. Sums are faster along dim 1 and far slower along dim 0 (docs/LOG.md, session 19)."""
     if axis not in (0, 1, -1, -2):
         raise ValueError(f"quantize_mxfp4_fp8: axis must be 0 or 1 (-2 or -1), got {axis}")
     along_0 = axis % 2 == 0
@@ -503,7 +508,7 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     if had and (had < 2 or had > 128 or had & (had - 1) or x.dtype == torch.float16):
         raise ValueError(f"quantize_mxfp4_fp8: a fused Hadamard block must be a power of two in [2, 128] on float32/bfloat16 "
                          f"input, got block {had} on {x.dtype}")
-    if butterfly not in ("permutes", "sums"):
+    if butterfly not in (None, "permutes", "sums"):
         raise ValueError(f"quantize_mxfp4_fp8: butterfly must be 'permutes' or 'sums', got {butterfly!r}")
     d = None if hadamard_signs is None else hadamard_signs.to(device=x.device, dtype=torch.float32).contiguous()
     norm = float(torch.tensor(1.0 / math.sqrt(had), dtype=torch.float32)) if had else 1.0  # the reference's FP32 constant
@@ -512,7 +517,8 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     codes, scales = empty_folded(R, K, group_rows, device=x.device)
     counter = torch.zeros((), dtype=torch.int32, device=x.device) if counter is None else counter
     sr, key, key2, kp = _keys(rounding, seed, x.device)
-    rb_default, warps_default = FOLD_LAUNCH_HADAMARD[group_rows] if had else FOLD_LAUNCH[(along_0, group_rows)]
+    rb_default, warps_default, sums = FOLD_LAUNCH_HADAMARD[(along_0, group_rows)] if had else (*FOLD_LAUNCH[(along_0, group_rows)], "")
+    butterfly = butterfly or sums
     rb = (rows_per_program or rb_default) if group_rows == 1 else 128
     if rb < 1 or rb & (rb - 1):
         raise ValueError(f"rows_per_program must be a power of two, got {rows_per_program}")
