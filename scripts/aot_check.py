@@ -108,8 +108,9 @@ def _kernel_calls() -> None:
             for gr in (1, 128):
                 for axis in (1, 0):
                     mx_fold.quantize_mxfp4_fp8(x, group_rows=gr, rounding=rounding, seed=seed, axis=axis)
-                mx_fold.quantize_mxfp4_fp8(x, group_rows=gr, rounding=rounding, seed=seed, hadamard_block=32,
-                                           hadamard_signs=signs(5, 32))
+                for axis in (1, 0):  # the fused transform along either dim (dY and W along dim 0 in backward)
+                    mx_fold.quantize_mxfp4_fp8(x, group_rows=gr, rounding=rounding, seed=seed, hadamard_block=32,
+                                               hadamard_signs=signs(5, 32), axis=axis)
                 mx_fold.quantize_mxfp4_fp8(x, group_rows=gr, rounding=rounding, seed=seed, hadamard_block=128)
         for axis in (1, 0):
             fp8_values.fp8_rowwise_values(x, axis=axis)
@@ -136,8 +137,9 @@ def _kernel_calls() -> None:
     for axis in (1, 0):
         kernels.nvfp4_values(xb, axis=axis, **sr)
         mx_fold.quantize_mxfp4_fp8(xb, group_rows=1, axis=axis, **sr)
-    for gr in (1, 128):  # hadamard_mxfp4's dY: the fused Hadamard fold with stochastic rounding
-        mx_fold.quantize_mxfp4_fp8(xb, group_rows=gr, hadamard_block=32, **sr)
+    for gr in (1, 128):  # hadamard_mxfp4's dY: the fused Hadamard fold with stochastic rounding, along either dim
+        for axis in (1, 0):
+            mx_fold.quantize_mxfp4_fp8(xb, group_rows=gr, hadamard_block=32, axis=axis, **sr)
     kernels.quantize_nvfp4_2d(xb, **sr)
     from fp4train.kernels import seeds  # the device-seed chain in one launch each (CUDA graphs)
 

@@ -32,10 +32,11 @@ def _butterfly_sums(y, ROWS: tl.constexpr, B: tl.constexpr, H: tl.constexpr):
     """:func:`_butterfly` by sums over the pair axis instead of moving it last: in ``[ROWS, B/2H, 2, H]`` the pair
     (u, v) lies along axis 2, and ``u + v`` and ``u * 1 + v * -1`` (= ``u - v`` exactly: both products are exact,
     and IEEE defines ``u - v`` as ``u + (-v)``) are reductions over it, put back in the pair's two places. The fused
-    fold (kernels/mx_fold.py) takes it for blocks along x's dim 1 (``FOLD_LAUNCH_HADAMARD``): there its sm90 build needs
-    fewer instructions, registers and shared-memory operations (docs/LOG.md, session 18) and ran 1.7-1.9x faster on the
-    H200; along dim 0 (x read down its columns) it ran 5-10x slower than permutes (session 19). The standalone kernel
-    below keeps :func:`_butterfly`, which compiles to fewer instructions there."""
+    fold (kernels/mx_fold.py) takes it on request (``butterfly="sums"``): its sm90 build needs fewer instructions,
+    registers and shared-memory operations (docs/LOG.md, session 18) and it ran 1.5-1.6x faster on a 16384 x 8192 BF16
+    tensor along dim 1 on the H200, but 4-16x slower along dim 0 (x read down its columns), and a table with sums
+    along dim 1 made AdaHOP's step slower (session 19), so permutes stay its default. The standalone kernel below
+    keeps :func:`_butterfly`, which compiles to fewer instructions there."""
     t = tl.reshape(y, [ROWS, B // (2 * H), 2, H])
     first = (tl.arange(0, 2) == 0)[None, None, :, None]
     s = tl.sum(t, axis=2)[:, :, None, :]

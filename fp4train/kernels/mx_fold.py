@@ -471,13 +471,14 @@ def _packed_fold(codes, scales, R: int, K: int, group_rows: int, counter, *, til
 # dim 0 (best 0.426 ms at 93647de).
 FOLD_LAUNCH = {(False, 1): (32, 4), (False, 128): (128, 16), (True, 1): (128, 4), (True, 128): (128, 4)}
 # With a fused Hadamard transform (AdaHOP's IHT GEMMs, hadamard_mxfp4): (rows per program, warps, butterflies) by
-# (blocks along dim 0, group rows), the fastest of bench/fold_sweep.py --kernels hadamard on the H200 (16384 x 8192
-# BF16, 32-point blocks; bench/results/fold_sweep-NVIDIA_H200-hadamard-1e006b7.json). Along dim 1 the butterflies by
-# sums: 0.320 ms for 1x128 groups, 0.355 ms for 128x128 (by permutes at the former launches (16, 8) / (128, 32):
-# 0.616 / 0.598 ms). Along dim 0 (x read down its columns) sums ran 5-10x slower (0.66-9.3 ms), so permutes:
-# 0.566 ms at (8, 4), 0.506 ms at (128, 16) (formerly 0.721 / 0.592).
-FOLD_LAUNCH_HADAMARD = {(False, 1): (32, 4, "sums"), (False, 128): (128, 16, "sums"),
-                        (True, 1): (8, 4, "permutes"), (True, 128): (128, 16, "permutes")}
+# (blocks along dim 0, group rows). On the 16384 x 8192 BF16 tensor of bench/fold_sweep.py --kernels hadamard
+# (bench/results/fold_sweep-NVIDIA_H200-hadamard-1e006b7.json) butterflies by sums were fastest along dim 1 (0.320 ms
+# at (32, 4) for 1x128 groups, 0.355 at (128, 16) for 128x128, against 0.616 / 0.598 here) and 1.2-18x slower along
+# dim 0 (4x / 16x at these launches), where (8, 4) / (128, 16) led (0.566 / 0.506 against 0.721 / 0.592). Yet that table made AdaHOP's 1b step
+# in CUDA graphs slower, 219.2 ms against 201.6 with this one (docs/LOG.md, session 19): the step's calls are not
+# that tensor. bench/fold_calls.py times the step's own calls; until it has run, the launch measured best end to end.
+FOLD_LAUNCH_HADAMARD = {(False, 1): (16, 8, "permutes"), (False, 128): (128, 32, "permutes"),
+                        (True, 1): (16, 8, "permutes"), (True, 128): (128, 32, "permutes")}
 
 
 def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor", rounding: str = "nearest",
@@ -495,7 +496,7 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     128): the block Hadamard transform along the last dim first, with ``hadamard_signs`` (RHT) if given -
     ``fold(quantize(hadamard(x, block, seed), "mxfp4", ...))`` bit for bit, for float32 and bfloat16 ``x``.
     ``butterfly`` ("permutes" or "sums"; default :data:`FOLD_LAUNCH_HADAMARD`'s): how the fused transform's stages
-    run, the same bits either way. Sums are faster along dim 1 and far slower along dim 0 (docs/LOG.md, session 19)."""
+    run, the same bits either way (docs/LOG.md, session 19: sums far slower along dim 0)."""
     if axis not in (0, 1, -1, -2):
         raise ValueError(f"quantize_mxfp4_fp8: axis must be 0 or 1 (-2 or -1), got {axis}")
     along_0 = axis % 2 == 0

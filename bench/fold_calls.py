@@ -1,0 +1,171 @@
+"""The fold kernel on a training step's own calls: which form and launch is fastest there?
+
+Question: ``bench/fold_sweep.py`` times the MXFP4 -> FP8 fold on one 16384 x 8192 BF16 tensor, but a
+training step calls it on its own shapes, dtypes (FP32 master weights under autocast), axes, group
+sizes and rounding - and a launch table chosen on that one tensor made AdaHOP's 1b step slower end
+to end (docs/LOG.md, session 19). This script runs one eager training step of
+``bench/train_speed.py``'s run (the same model, recipe, batch and calibration) and records every call
+of ``quantize_mxfp4_fp8`` (with ``--hadamard-only``, those with a fused Hadamard transform). Each
+distinct call is then timed with CUDA events (median of ``--repeats``) under every candidate - the
+fused transform's butterflies by permutes or sums, times (rows per program, warps) - after checking
+that the candidate gives the default's bits. Per (blocks along dim 0, group rows, fused transform)
+it sums ms per step (calls per step x median) for each candidate and sets the best against the
+launch in use (``FOLD_LAUNCH`` / ``FOLD_LAUNCH_HADAMARD``).
+
+    python bench/fold_calls.py [--model 1b --recipe adahop --batch-size 8 --seq-len 2048 --repeats 10 --json F]
+
+Writes ``bench/results/fold_calls-<model>-<recipe>-<gpu>.json`` (or ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from fp4train.timing import code_commit, median_time
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_speed import setup  # noqa: E402 - the same run as the speeds this explains
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: the launches tried per group size: (rows per program, warps); 128x128 groups take 128 rows
+LAUNCHES = {1: [(rb, nw) for rb in (8, 16, 32) for nw in (4, 8)], 128: [(128, nw) for nw in (4, 8, 16, 32)]}
+
+
+def call_key(x: torch.Tensor, kw: dict) -> tuple:
+    """What decides a fold call's cost: shape, strides, dtype, blocks along dim 0, group rows, fused
+    Hadamard block (0: none) and whether it has signs, rounding, scale."""
+    return (tuple(x.shape), tuple(x.stride()), str(x.dtype).removeprefix("torch."), kw.get("axis", -1) % 2 == 0,
+            kw["group_rows"], kw.get("hadamard_block") or 0, kw.get("hadamard_signs") is not None,
+            kw.get("rounding", "nearest"), kw.get("scale", "floor"))
+
+
+def record_calls(model: str, recipe: str, batch: int, seq: int, device: torch.device, *, backend: str | None = None,
+                 calibration_steps: int = 3, hadamard_only: bool = False) -> dict[tuple, dict]:
+    """The ``quantize_mxfp4_fp8`` calls of one eager training step of ``setup``'s run, by :func:`call_key`:
+    ``{"count", "x" (a copy of the first call's input), "kw" (its keywords but the counter)}``."""
+    from fp4train.kernels import mx_fold
+
+    run = setup(model, recipe, batch, seq, device, backend, calibration_steps)
+    real, calls = mx_fold.quantize_mxfp4_fp8, {}
+
+    def recording(x, **kw):
+        if kw.get("hadamard_block") or not hadamard_only:
+            c = calls.setdefault(call_key(x, kw), {"count": 0, "x": x.detach().clone(),
+                                                  "kw": {k: v for k, v in kw.items() if k != "counter"}})
+            c["count"] += 1
+        return real(x, **kw)
+
+    mx_fold.quantize_mxfp4_fp8 = recording  # the backend imports it at each call
+    try:
+        run.step()
+    finally:
+        mx_fold.quantize_mxfp4_fp8 = real
+    del run
+    return calls
+
+
+def candidates(key: tuple) -> list[dict]:
+    """The keyword sets tried for a call: every launch of :data:`LAUNCHES` for its group size, each with
+    both butterfly forms when it fuses a transform."""
+    gr, had = key[4], key[5]
+    forms = ("permutes", "sums") if had else (None,)
+    return [{"rows_per_program": rb if gr == 1 else None, "num_warps": nw, "butterfly": form}
+            for form in forms for rb, nw in LAUNCHES[gr]]
+
+
+def in_use(key: tuple) -> dict:
+    """The launch a call takes by default (FOLD_LAUNCH / FOLD_LAUNCH_HADAMARD), as candidate keywords."""
+    from fp4train.kernels.mx_fold import FOLD_LAUNCH, FOLD_LAUNCH_HADAMARD
+
+    along_0, gr, had = key[3], key[4], key[5]
+    rb, nw, form = FOLD_LAUNCH_HADAMARD[(along_0, gr)] if had else (*FOLD_LAUNCH[(along_0, gr)], None)
+    return {"rows_per_program": rb if gr == 1 else None, "num_warps": nw, "butterfly": form}
+
+
+def compare(calls: dict[tuple, dict], repeats: int, time_fn: Callable = median_time,
+            cands: Callable[[tuple], list[dict]] = candidates) -> dict:
+    """Time every call under every candidate (``time_fn(fn, repeats)`` seconds) after checking it gives the
+    default's bits; ``{"calls": [...], "groups": {...}}`` with, per group of calls that share blocks along
+    dim 0, group rows and transform, ms per step in use and for the best candidate."""
+    from fp4train.kernels.mx_fold import quantize_mxfp4_fp8
+
+    rows = []
+    for key, c in calls.items():
+        x, kw = c["x"], c["kw"]
+        want = quantize_mxfp4_fp8(x, **kw)
+        use = in_use(key)
+        times = []
+        for cand in cands(key):
+            got = quantize_mxfp4_fp8(x, **{**kw, **cand})
+            if not (torch.equal(got.codes, want.codes) and torch.equal(got.scales.view(torch.int32), want.scales.view(torch.int32))
+                    and int(got.inexact) == int(want.inexact)):
+                raise AssertionError(f"fold call {key}: candidate {cand} gives other bits than the default launch")
+            counter = torch.zeros((), dtype=torch.int32, device=x.device)
+            ms = time_fn(lambda: quantize_mxfp4_fp8(x, counter=counter, **{**kw, **cand}), repeats) * 1e3
+            times.append({**cand, "ms": ms, "in_use": cand == use})
+        if not any(t["in_use"] for t in times):  # the launch in use is not among the candidates: time it too
+            counter = torch.zeros((), dtype=torch.int32, device=x.device)
+            times.append({**use, "ms": time_fn(lambda: quantize_mxfp4_fp8(x, counter=counter, **kw), repeats) * 1e3, "in_use": True})
+        rows.append({"shape": list(key[0]), "strides": list(key[1]), "dtype": key[2], "along_dim_0": key[3], "group_rows": key[4],
+                     "hadamard_block": key[5], "signs": key[6], "rounding": key[7], "scale": key[8],
+                     "calls_per_step": c["count"], "candidates": times})
+    groups = {}
+    for r in rows:
+        g = groups.setdefault(f"along dim {0 if r['along_dim_0'] else 1}, {r['group_rows']}x128, hadamard {r['hadamard_block']}",
+                              {"calls_per_step": 0, "in_use_ms_per_step": 0.0, "by_candidate": {}})
+        g["calls_per_step"] += r["calls_per_step"]
+        for t in r["candidates"]:
+            ms = r["calls_per_step"] * t["ms"]
+            if t["in_use"]:
+                g["in_use_ms_per_step"] += ms
+            name = f"{t['butterfly'] or 'plain'} rows {t['rows_per_program'] or 128} warps {t['num_warps']}"
+            g["by_candidate"][name] = g["by_candidate"].get(name, 0.0) + ms
+    for g in groups.values():  # every call of a group has the same candidates (they depend on its key's group part)
+        name, ms = min(g["by_candidate"].items(), key=lambda kv: kv[1])
+        g["best"], g["best_ms_per_step"] = name, ms
+    return {"calls": rows, "groups": groups}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="1b")
+    ap.add_argument("--recipe", default="adahop")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--calibration-steps", type=int, default=3, help="AdaHOP: BF16 calibration steps before converting")
+    ap.add_argument("--hadamard-only", action="store_true", help="only the calls with a fused Hadamard transform")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("fold_calls needs a CUDA GPU (its timings are CUDA events)")
+    device = torch.device("cuda")
+    calls = record_calls(args.model, args.recipe, args.batch_size, args.seq_len, device,
+                         calibration_steps=args.calibration_steps, hadamard_only=args.hadamard_only)
+    if not calls:
+        raise SystemExit(f"one step of {args.recipe} on {args.model} made no fold calls{' with a fused transform' if args.hadamard_only else ''}")
+    print(f"{sum(c['count'] for c in calls.values())} fold calls a step, {len(calls)} distinct", flush=True)
+    result = compare(calls, args.repeats)
+    gpu = torch.cuda.get_device_name()
+    out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit() or "unknown", "torch": torch.__version__,
+           "model": args.model, "recipe": args.recipe, "batch_size": args.batch_size, "seq_len": args.seq_len, **result}
+    path = args.json or ROOT / "bench/results" / f"fold_calls-{args.model}-{args.recipe}-{gpu.replace(' ', '_')}.json"
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    total_use = sum(g["in_use_ms_per_step"] for g in result["groups"].values())
+    total_best = sum(g["best_ms_per_step"] for g in result["groups"].values())
+    for name, g in result["groups"].items():
+        print(f"{name}: {g['calls_per_step']} calls, in use {g['in_use_ms_per_step']:.2f} ms/step, "
+              f"best {g['best']}: {g['best_ms_per_step']:.2f} ms/step")
+    print(f"fold calls in all: {total_use:.2f} ms/step in use, {total_best:.2f} with each group's best")
+
+
+if __name__ == "__main__":
+    main()
