@@ -226,6 +226,10 @@ def main(argv=None):
     rows = []
     recipes = [r for r in args.recipes.split(",") if r]
     recipes = ["bf16"] + [r for r in recipes if r != "bf16"]  # the baseline, measured first in the same run
+    # said first: the defaults (batch 32 x 1024) are not train_speed's end-to-end batch (8 x 2048 for 1b/3b), and a
+    # profile at another batch is not comparable with those runs (docs/LOG.md, session 19)
+    print(f"{args.model}: batch {args.batch_size} x sequence {args.seq_len} = {args.batch_size * args.seq_len:,} tokens a step, "
+          f"{args.steps} profiled steps", flush=True)
     for r in recipes:
         res = profile(args.model, r, args.batch_size, args.seq_len, args.steps, args.warmup, args.compile,
                       args.calibration_steps, args.top, device, args.copies)

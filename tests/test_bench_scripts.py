@@ -734,8 +734,9 @@ def test_session_19_figures_in_the_log_are_the_committed_runs():
     assert f"ran at {s3['adahop']['speedup_vs_bf16']:.2f}× ({s3['adahop']['step_ms']:.1f} against {s3['bf16']['step_ms']:.1f} ms" in log
     prof = {}
     for name in ("563fa59", "permutes-563fa59"):
-        rs = json.loads((res / f"profile_step/1b-H200-triton-adahop-{name}.json").read_text())["results"]
-        ada = {r["recipe"]: r for r in rs}["adahop"]
+        d = json.loads((res / f"profile_step/1b-H200-triton-adahop-{name}.json").read_text())
+        assert (d["batch_size"], d["seq_len"]) == (32, 1024) and "default batch, 32 × 1024 tokens" in log  # the LOG says so
+        ada = {r["recipe"]: r for r in d["results"]}["adahop"]
         prof[name] = next(k for k in ada["top"] if k["kernel"] == "_fold_kernel")
         assert prof[name]["launches_per_step"] == 528
     assert (f"`_fold_kernel` (528 launches) took {prof['563fa59']['ms_per_step']:.1f} ms with sums against "

@@ -3,6 +3,7 @@
 # (200.9 ms). Where did the time go? One profiled step under torch.compile (default mode) at this commit, then the
 # same with the fused Hadamard fold's butterflies back to permutes (kernels/hadamard._butterfly, as before 5bf76a2's
 # follow-up), in a copy of the tree; then, if time is left, that copy end to end in CUDA graphs.
+# As it ran (session 19), the profiles took profile_step's default batch, 32 x 1024 tokens (twice train_speed's 8 x 2048).
 #   bash scripts/gpu/call_x2.sh COMMIT 560 'bash scripts/gpu/adahop_regression.sh COMMIT'
 set -u
 C=$1
