@@ -91,7 +91,8 @@ def main(argv=None):
                                 partial(quantize_mxfp4_fp8, x, axis=axis, group_rows=gr, rows_per_program=rb, num_warps=nw,
                                         counter=counter))
     # the fold with a fused 32-point Hadamard transform (AdaHOP's IHT, hadamard_mxfp4): FOLD_LAUNCH_HADAMARD
-    # along either dim (AdaHOP's IHT GEMMs take X and W along dim 1, dY and W along dim 0), butterflies by permutes or sums
+    # along either dim (an IHT layer folds X and W along dim 1 for fprop, dY along dim 1 and W along dim 0 for dgrad,
+    # dY and X along dim 0 for wgrad), butterflies by permutes or sums
     for axis, gr, butterfly in ([(a, g, b) for a in (1, 0) for g in (1, 128) for b in ("permutes", "sums")] if "hadamard" in which else ()):
         for rb in ((8, 16, 32, 64) if gr == 1 else (128,)):
             for nw in ((4, 8, 16) if gr == 1 else (4, 8, 16, 32)):

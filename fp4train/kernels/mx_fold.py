@@ -474,9 +474,10 @@ FOLD_LAUNCH = {(False, 1): (32, 4), (False, 128): (128, 16), (True, 1): (128, 4)
 # (blocks along dim 0, group rows). On the 16384 x 8192 BF16 tensor of bench/fold_sweep.py --kernels hadamard
 # (bench/results/fold_sweep-NVIDIA_H200-hadamard-1e006b7.json) butterflies by sums were fastest along dim 1 (0.320 ms
 # at (32, 4) for 1x128 groups, 0.355 at (128, 16) for 128x128, against 0.616 / 0.598 here) and 1.2-18x slower along
-# dim 0 (4x / 16x at these launches), where (8, 4) / (128, 16) led (0.566 / 0.506 against 0.721 / 0.592). Yet that table made AdaHOP's 1b step
-# in CUDA graphs slower, 219.2 ms against 201.6 with this one (docs/LOG.md, session 19): the step's calls are not
-# that tensor. bench/fold_calls.py times the step's own calls; until it has run, the launch measured best end to end.
+# dim 0 (4x / 16x at these launches), where permutes at (8, 4) / (128, 16) led (0.566 / 0.506 against 0.721 / 0.592).
+# Yet that table made AdaHOP's 1b step in CUDA graphs slower, 219.2 ms against 201.6 with this one (docs/LOG.md,
+# session 19): the step's calls are not that tensor. bench/fold_calls.py times the step's own calls; until it has
+# run, the launches measured best end to end.
 FOLD_LAUNCH_HADAMARD = {(False, 1): (16, 8, "permutes"), (False, 128): (128, 32, "permutes"),
                         (True, 1): (16, 8, "permutes"), (True, 128): (128, 32, "permutes")}
 
@@ -518,8 +519,8 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     codes, scales = empty_folded(R, K, group_rows, device=x.device)
     counter = torch.zeros((), dtype=torch.int32, device=x.device) if counter is None else counter
     sr, key, key2, kp = _keys(rounding, seed, x.device)
-    rb_default, warps_default, sums = FOLD_LAUNCH_HADAMARD[(along_0, group_rows)] if had else (*FOLD_LAUNCH[(along_0, group_rows)], "")
-    butterfly = butterfly or sums
+    rb_default, warps_default, form = FOLD_LAUNCH_HADAMARD[(along_0, group_rows)] if had else (*FOLD_LAUNCH[(along_0, group_rows)], "")
+    butterfly = butterfly or form
     rb = (rows_per_program or rb_default) if group_rows == 1 else 128
     if rb < 1 or rb & (rb - 1):
         raise ValueError(f"rows_per_program must be a power of two, got {rows_per_program}")
