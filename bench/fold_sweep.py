@@ -110,11 +110,14 @@ def main(argv=None):
     # quantization and quantize_speed's headline rows) by (blocks per program, warps)
     from fp4train.kernels import quantize_mxfp4, quantize_mxfp8
 
-    for fmt, rounding in ((("mxfp4", "nearest"), ("mxfp4", "stochastic"), ("mxfp8", "nearest")) if "mx1d" in which else ()):
-        fn, out_bytes = (quantize_mxfp4, n // 2) if fmt == "mxfp4" else (quantize_mxfp8, n)
+    # MXFP4 also by the even/odd-element kernel (pairs: the two codes of a byte side by side, no reshape to pack them)
+    for fmt, rounding, pairs in ((("mxfp4", "nearest", False), ("mxfp4", "stochastic", False), ("mxfp8", "nearest", False),
+                                  ("mxfp4", "nearest", True), ("mxfp4", "stochastic", True)) if "mx1d" in which else ()):
+        fn, out_bytes = (partial(quantize_mxfp4, pairs=pairs), n // 2) if fmt == "mxfp4" else (quantize_mxfp8, n)
         for bp in (4, 16, 32, 64):
             for nw in (4, 8):
-                time_launch(f"mx1d ({fmt}, {rounding})", 2 * n + out_bytes + n // 32, {"blocks_per_program": bp, "num_warps": nw},
+                time_launch(f"mx1d ({fmt}, {rounding}{', even/odd' if pairs else ''})", 2 * n + out_bytes + n // 32,
+                            {"blocks_per_program": bp, "num_warps": nw},
                             partial(fn, x, rounding=rounding, seed=1, blocks_per_program=bp, num_warps=nw))
     # tib2d's kernels: 32x32 tiles (dY: ceil scale, stochastic rounding), then their folds as either operand
     from fp4train.kernels import quantize_mxfp4_2d

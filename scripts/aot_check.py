@@ -88,6 +88,7 @@ def _kernel_calls() -> None:
         for rounding, seed in (("nearest", None), ("stochastic", 3)):
             for scale in ("floor", "ceil"):
                 kernels.quantize_mxfp4(x, scale=scale, rounding=rounding, seed=seed)
+                kernels.quantize_mxfp4(x, scale=scale, rounding=rounding, seed=seed, pairs=True)  # the even/odd kernel
                 kernels.quantize_mxfp8(x, scale=scale, rounding=rounding, seed=seed)
                 kernels.quantize_mxfp4_2d(x, scale=scale, rounding=rounding, seed=seed)
                 for pairs in (True, False):  # the even/odd-column kernel and the general one, whichever the default
@@ -122,6 +123,7 @@ def _kernel_calls() -> None:
     keys = counter_rng.seed_keys_tensor(torch.tensor(3, dtype=torch.int64))
     xb, sr = x32.bfloat16(), dict(rounding="stochastic", seed=keys)
     kernels.quantize_mxfp4(xb, **sr)
+    kernels.quantize_mxfp4(xb, pairs=True, **sr)
     kernels.quantize_mxfp8(xb, **sr)
     for pairs in (True, False):
         kernels.quantize_mxfp4_2d(xb, scale="ceil", pairs=pairs, **sr)
@@ -156,8 +158,11 @@ def _kernel_calls() -> None:
         mx_fold.fold_tiles_mxfp4(t.codes, t.scales, transposed=transposed, group_rows=gr, scale_per_row=per_row)
 
 
-# elements one program covers, from its constexprs: the fold kernels (rows x 128 columns), the 32x32 tile kernel
+# elements one program covers, from its constexprs: the fold kernels (rows x 128 columns), the 32x32 tile kernels,
+# the 1D MX kernels (blocks of 32 of one row)
 _PROGRAM_ELEMENTS = {
+    "_mx_kernel": lambda c: c["BLOCKS"] * 32,
+    "_mxfp4_pairs_kernel": lambda c: c["BLOCKS"] * 32,
     "_fold_kernel": lambda c: c["RB"] * 128,
     "_packed_fold_kernel": lambda c: c["RB"] * 128,
     "_packed_fold_t_kernel": lambda c: 128 * 128,

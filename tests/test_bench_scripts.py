@@ -785,3 +785,32 @@ def test_session_19_figures_in_the_log_are_the_committed_runs():
             assert span("warp_instructions_per_element", "{:.2f}") == wi and span("shared_memory_instructions") == sm
             assert span("registers" if gr == 1 else "spill_store_bytes") == third
             assert wi in log and sm in log and third in log
+
+
+def test_mxfp4_pairs_kernel_build_record_is_what_the_log_says():
+    """docs/LOG.md, session 19: the MXFP4 row kernel by even/odd elements against the one that packs by reshape and
+    split, in the committed sm90 build (Triton 3.6) - fewer instructions per element, shared-memory instructions and
+    shuffles, at the launch in use."""
+    from fp4train.kernels.mx_quantize import MX1D_LAUNCH
+
+    log = " ".join((ROOT / "docs/LOG.md").read_text().split())
+    d = json.loads((ROOT / "bench/results/kernels-sm90-mx1d-pairs-triton36.json").read_text())
+    assert d["triton"] == "3.6.0"
+    spans = {}
+    for kernel in ("_mx_kernel", "_mxfp4_pairs_kernel"):
+        for sr in (False, True):
+            rs = [r for r in d["results"] if r["kernel"] == f"mx_quantize.{kernel}" and r["constexprs"]["SR"] == sr
+                  and r["constexprs"].get("ELEM", 0) == 0]
+            assert rs and all((r["constexprs"]["BLOCKS"], r["num_warps"]) == MX1D_LAUNCH["mxfp4"] and r["spill_store_bytes"] == 0
+                              for r in rs)
+            span = lambda k, f="{}": f"{f.format(min(r[k] for r in rs))}–{f.format(max(r[k] for r in rs))}"  # noqa: E731
+            spans[kernel, sr] = (span("warp_instructions_per_element", "{:.2f}"), span("shared_memory_instructions"), span("shuffles"))
+    old_n, new_n = spans["_mx_kernel", False], spans["_mxfp4_pairs_kernel", False]
+    old_s, new_s = spans["_mx_kernel", True], spans["_mxfp4_pairs_kernel", True]
+    assert f"nearest: {new_n[0]} warp instructions per element against {old_n[0]}" in log
+    assert f"SR: {new_s[0]} against {old_s[0]}" in log
+    assert new_n[1] == new_s[1] == "19–19" and new_n[2] == "2–2" and old_n[1] == old_s[1] and old_n[2] == old_s[2]
+    assert f"shared-memory instructions 19 against {old_n[1]}, shuffles 2 against {old_n[2]}, no spills" in log
+    best = json.loads((ROOT / "bench/results/fold_sweep-NVIDIA_H200-680aa49.json").read_text())["best"]
+    pairs, general = (best[f"tiles (MXFP4 32x32, nearest, pairs {p})"]["ms"] for p in (True, False))
+    assert pairs > general and f"({pairs:.3f} against {general:.3f} ms, `fold_sweep-NVIDIA_H200-680aa49.json`" in log

@@ -41,9 +41,13 @@ def test_mxfp4_kernel_equals_reference(shape, scale, rounding):
         for seed in (0, 2**40 + 5):
             ref = fp4train.quantize(xd, "mxfp4", scale=scale, rounding=rounding, seed=seed)
             # 4 or 8 blocks a program: a partial last program; launch tuning (bench/fold_sweep.py --kernels mx1d)
-            for bpp, nw in (((1, None), (4, None), (8, 8)) if dtype == torch.float32 else ((None, None),)):  # None: MX1D_LAUNCH
-                got = quantize_mxfp4(xd.to(DEV), scale=scale, rounding=rounding, seed=seed, blocks_per_program=bpp, num_warps=nw)
-                assert torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
+            # the even/odd-element kernel too (pairs; BF16 read as 32-bit words), a partial program included
+            launches = ((1, None, False), (4, None, False), (8, 8, False), (4, None, True)) if dtype == torch.float32 else \
+                ((None, None, False), (None, None, True), (2, 4, True))
+            for bpp, nw, pairs in launches:  # None: MX1D_LAUNCH
+                got = quantize_mxfp4(xd.to(DEV), scale=scale, rounding=rounding, seed=seed, blocks_per_program=bpp, num_warps=nw,
+                                     pairs=pairs)
+                assert torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales), (bpp, pairs)
                 torch.testing.assert_close(got.dequantize().cpu(), ref.dequantize(), rtol=0, atol=0, equal_nan=True)
             if rounding == "nearest":
                 break  # the seed does not matter
@@ -794,6 +798,7 @@ def _device_keys_cases():
     q = lambda t: (t.codes, t.scales)  # noqa: E731
     return [
         ("mxfp4", lambda x, s: q(quantize_mxfp4(x, seed=s, **sr))),
+        ("mxfp4 even/odd", lambda x, s: q(quantize_mxfp4(x, seed=s, pairs=True, **sr))),
         ("mxfp8", lambda x, s: q(quantize_mxfp8(x, seed=s, **sr))),
         ("mxfp4 columns", lambda x, s: q(quantize_mxfp4_columns(x, seed=s, **sr))),
         ("mxfp8 columns", lambda x, s: q(quantize_mxfp8_columns(x, seed=s, **sr))),
@@ -813,7 +818,7 @@ def _device_keys_cases():
     ]
 
 
-@pytest.mark.parametrize("case", range(16))
+@pytest.mark.parametrize("case", range(17))
 def test_stochastic_kernels_take_the_seed_from_the_device(case):
     """A seed that lives on the device - its keys as an int64 tensor there (counter_rng.seed_keys_tensor), what a
     CUDA graph can capture and replay with fresh values - gives every stochastic-rounding kernel the same bits as

@@ -195,6 +195,51 @@ def _mx_kernel(
     tl.store(scales_ptr + row * stride_s + blk, sbyte, mask=bmask)
 
 
+@triton.jit(do_not_specialize=["key", "key2"])
+def _mxfp4_pairs_kernel(
+    x_ptr, codes_ptr, scales_ptr,
+    n_blocks_row, stride_x, stride_c, stride_s,
+    key, key2,
+    CEIL: tl.constexpr, SR: tl.constexpr, BLOCKS: tl.constexpr, BF16_PAIRS: tl.constexpr,
+    KEYS_PTR: tl.constexpr = False,
+):
+    """MXFP4 of ``BLOCKS`` consecutive 32-element blocks of one row, as :func:`_mx_kernel` (the same bits),
+    with each block held as its even and its odd elements, two [BLOCKS, 16] tensors (the 32x32 tile kernel's
+    way, :func:`_mxfp4_tile_kernel`): the two codes of a byte are computed side by side and packed without
+    the reshape and split of :func:`_mx_store_codes`. ``BF16_PAIRS``: BF16 input read as one 32-bit word per
+    pair (the even element in the low half: little endian) and widened by shifts."""
+    key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
+    row = tl.program_id(0)
+    blk = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)  # block index within the row
+    h = tl.arange(0, 16)[None, :]  # pair within the block
+    bmask = blk < n_blocks_row
+    m = bmask[:, None]
+    ce = blk[:, None] * 32 + 2 * h  # even element's column
+    if BF16_PAIRS:
+        w = tl.load(x_ptr.to(tl.pointer_type(tl.uint32)) + ((row * stride_x + ce) >> 1), mask=m, other=0)
+        xe = (w << 16).to(tl.float32, bitcast=True)
+        xo = (w & 0xFFFF0000).to(tl.float32, bitcast=True)
+    else:
+        xe = tl.load(x_ptr + row * stride_x + ce, mask=m, other=0.0).to(tl.float32)
+        xo = tl.load(x_ptr + row * stride_x + ce + 1, mask=m, other=0.0).to(tl.float32)
+    ae, ao = tl.abs(xe), tl.abs(xo)
+    fin_e, fin_o = ae < float("inf"), ao < float("inf")  # False for NaN and Inf
+    nan_block = tl.max(tl.where(fin_e & fin_o, 0, 1), axis=1) > 0
+    amax = tl.max(tl.maximum(tl.where(fin_e, ae, 0.0), tl.where(fin_o, ao, 0.0)), axis=1)
+    e = _mx_exponent(amax, CEIL, 0)
+    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)[:, None]  # 2**-e, always a normal float here
+    ve, vo = xe * inv, xo * inv
+    ue, uo = ve, vo  # unused unless SR
+    if SR:  # the reference's indices: element (row, 32 * blk + j) is row * K + 32 * blk + j
+        idx = (row * n_blocks_row + blk)[:, None] * 32 + 2 * h
+        ue, uo = _uniforms(idx, key, key2), _uniforms(idx + 1, key, key2)
+    keep = ~nan_block[:, None]
+    lo = tl.where(keep, _e2m1_codes(ve, ue, SR), 0)
+    hi = tl.where(keep, _e2m1_codes(vo, uo, SR), 0)
+    tl.store(codes_ptr + row * stride_c + blk[:, None] * 16 + h, (lo | (hi << 4)).to(tl.uint8), mask=m)
+    tl.store(scales_ptr + row * stride_s + blk, tl.where(nan_block, 255, e + 127).to(tl.uint8), mask=bmask)
+
+
 def _check(name: str, x: torch.Tensor, scale: str, rounding: str) -> torch.Tensor:
     if x.ndim != 2:
         raise ValueError(f"{name} needs a 2D tensor, got {tuple(x.shape)}")
@@ -212,7 +257,7 @@ def _check(name: str, x: torch.Tensor, scale: str, rounding: str) -> torch.Tenso
 MX1D_LAUNCH = {"mxfp4": (64, 4), "mxfp8": (32, 4)}
 
 
-def _quantize_1d(fmt: str, x, scale, rounding, seed, blocks_per_program=None, num_warps=None) -> QuantizedTensor:
+def _quantize_1d(fmt: str, x, scale, rounding, seed, blocks_per_program=None, num_warps=None, pairs=False) -> QuantizedTensor:
     name = f"quantize_{fmt}"
     if x.ndim == 2 and x.shape[1] % 32:
         raise ValueError(f"{name} needs a 2D tensor whose last dim is a multiple of 32, got {tuple(x.shape)}")
@@ -226,7 +271,12 @@ def _quantize_1d(fmt: str, x, scale, rounding, seed, blocks_per_program=None, nu
     bp, warps = blocks_per_program or MX1D_LAUNCH[fmt][0], num_warps or MX1D_LAUNCH[fmt][1]
     if bp < 1 or bp & (bp - 1):
         raise ValueError(f"{name}: blocks_per_program must be a power of two, got {bp}")
-    if rows and nb:
+    if rows and nb and pairs and elem == E2M1:
+        bf16_pairs = x.dtype == torch.bfloat16 and x.data_ptr() % 4 == 0  # rows are even (k % 32 == 0)
+        _mxfp4_pairs_kernel[(rows, triton.cdiv(nb, bp))](
+            x, codes, scales, nb, x.stride(0), codes.stride(0), scales.stride(0), key, key2,
+            CEIL=scale == "ceil", SR=sr, BLOCKS=bp, BF16_PAIRS=bf16_pairs, KEYS_PTR=kp, num_warps=warps)
+    elif rows and nb:
         _mx_kernel[(rows, triton.cdiv(nb, bp))](
             x, codes, scales, nb, x.stride(0), codes.stride(0), scales.stride(0), key, key2,
             CEIL=scale == "ceil", SR=sr, BLOCKS=bp, ELEM=elem, KEYS_PTR=kp, num_warps=warps)
@@ -234,10 +284,12 @@ def _quantize_1d(fmt: str, x, scale, rounding, seed, blocks_per_program=None, nu
 
 
 def quantize_mxfp4(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None,
-                   blocks_per_program: int | None = None, num_warps: int | None = None) -> QuantizedTensor:
+                   blocks_per_program: int | None = None, num_warps: int | None = None, pairs: bool = False) -> QuantizedTensor:
     """MXFP4 along the last dim of a 2D tensor (last dim a multiple of 32), fused; see the module docstring.
-    ``blocks_per_program`` (a power of two) / ``num_warps``: launch tuning (:data:`MX1D_LAUNCH`), the same bits."""
-    return _quantize_1d("mxfp4", x, scale, rounding, seed, blocks_per_program, num_warps)
+    ``blocks_per_program`` (a power of two) / ``num_warps``: launch tuning (:data:`MX1D_LAUNCH`), the same bits.
+    ``pairs``: the even/odd-element kernel (:func:`_mxfp4_pairs_kernel`), the same bits; not the default until an
+    H200 run shows it faster (written in session 19 without device time, docs/LOG.md)."""
+    return _quantize_1d("mxfp4", x, scale, rounding, seed, blocks_per_program, num_warps, pairs)
 
 
 def quantize_mxfp8(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None,
