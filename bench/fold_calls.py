@@ -82,11 +82,11 @@ def candidates(key: tuple) -> list[dict]:
 
 
 def in_use(key: tuple) -> dict:
-    """The launch a call takes by default (FOLD_LAUNCH / FOLD_LAUNCH_HADAMARD), as candidate keywords."""
-    from fp4train.kernels.mx_fold import FOLD_LAUNCH, FOLD_LAUNCH_HADAMARD
+    """The launch a call takes by default (``mx_fold.fold_launch``), as candidate keywords."""
+    from fp4train.kernels.mx_fold import fold_launch
 
-    along_0, gr, had = key[3], key[4], key[5]
-    rb, nw, form = FOLD_LAUNCH_HADAMARD[(along_0, gr)] if had else (*FOLD_LAUNCH[(along_0, gr)], None)
+    gr = key[4]
+    rb, nw, form = fold_launch(key[3], gr, key[5] > 0)
     return {"rows_per_program": rb if gr == 1 else None, "num_warps": nw, "butterfly": form}
 
 

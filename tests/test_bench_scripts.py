@@ -451,12 +451,29 @@ def test_fold_calls_records_a_steps_folds_and_times_each_candidate(monkeypatch):
 
     two = lambda key: [{"rows_per_program": None if key[4] == 128 else 8, "num_warps": 4, "butterfly": f} for f in ("permutes", "sums")]
     out = mod.compare(calls, 1, time_fn=time_fn, cands=two)
-    assert len(out["calls"]) == len(calls) and len(timed) == sum(len(r["candidates"]) for r in out["calls"])
-    for g in out["groups"].values():
-        assert g["best_ms_per_step"] == min(g["by_candidate"].values()) <= g["in_use_ms_per_step"] or g["in_use_ms_per_step"] == 0
-    row = out["calls"][0]
-    use = [t for t in row["candidates"] if t["in_use"]]
-    assert len(use) == 1 and use[0]["butterfly"] == "permutes"  # FOLD_LAUNCH_HADAMARD's form
+    # every call timed under both candidates and, since neither is the launch in use, under that one too: in that order
+    assert len(out["calls"]) == len(calls) and [len(r["candidates"]) for r in out["calls"]] == [3] * len(calls)
+    assert [t["ms"] for r in out["calls"] for t in r["candidates"]] == [t * 1e3 for t in timed]
+    from fp4train.kernels.mx_fold import fold_launch
+
+    for r in out["calls"]:
+        use = [t for t in r["candidates"] if t["in_use"]]
+        rb, nw, form = fold_launch(r["along_dim_0"], r["group_rows"], True)
+        assert len(use) == 1 and use[0] is r["candidates"][-1] and (use[0]["num_warps"], use[0]["butterfly"]) == (nw, form)
+    # the groups' totals, recomputed from the per-call times: calls per step x ms, summed over a group's calls
+    groups = {}
+    for r in out["calls"]:
+        g = groups.setdefault((r["along_dim_0"], r["group_rows"]), {"n": 0, "use": 0.0, "permutes": 0.0, "sums": 0.0})
+        g["n"] += r["calls_per_step"]
+        g["use"] += r["calls_per_step"] * r["candidates"][2]["ms"]
+        for t in r["candidates"][:2]:
+            g[t["butterfly"]] += r["calls_per_step"] * t["ms"]
+    assert len(groups) == len(out["groups"]) == 4
+    for (along_0, gr), want in groups.items():
+        got = out["groups"][f"along dim {0 if along_0 else 1}, {gr}x128, hadamard 32"]
+        assert got["calls_per_step"] == want["n"] and got["in_use_ms_per_step"] == pytest.approx(want["use"])
+        best = min(("permutes", "sums"), key=lambda f: want[f])  # the in-use launch was timed last: the slowest here
+        assert got["best"] == f"{best} rows {8 if gr == 1 else 128} warps 4" and got["best_ms_per_step"] == pytest.approx(want[best])
     # a candidate that gives other bits is an error, not a time
     import fp4train.kernels.mx_fold as mx_fold
 
@@ -732,6 +749,9 @@ def test_session_19_figures_in_the_log_are_the_committed_runs():
     assert f"**{f(p1, 'speedup_vs_bf16')}×** again ({f(p1, 'adahop')} ms against {f(p1, 'bf16')};" in log
     assert f"**{f(t1, 'speedup_vs_bf16')}×** ({f(t1, 'adahop')} ms against BF16's {f(t1, 'bf16')};" in log
     assert f"ran at {s3['adahop']['speedup_vs_bf16']:.2f}× ({s3['adahop']['step_ms']:.1f} against {s3['bf16']['step_ms']:.1f} ms" in log
+    lost = t1["adahop"]["step_ms"] - p1["adahop"]["step_ms"]  # the sweep's table against permutes at the former launches
+    moved = abs(t1["bf16"]["step_ms"] / p1["bf16"]["step_ms"] - 1) * 100
+    assert f"{lost:.0f} ms slower than permutes at the old launches. BF16 moved {moved:.1f}% between those two runs" in log
     prof = {}
     for name in ("563fa59", "permutes-563fa59"):
         d = json.loads((res / f"profile_step/1b-H200-triton-adahop-{name}.json").read_text())
@@ -749,6 +769,10 @@ def test_session_19_figures_in_the_log_are_the_committed_runs():
         return min(g), max(g)
 
     s01, s0128, p01, p0128 = ms(0, 1, "sums"), ms(0, 128, "sums"), ms(0, 1, "permutes"), ms(0, 128, "permutes")
+    by = {(r["group"], r["rows_per_program"], r["num_warps"]): r["ms"] for r in sweep["results"] if "ms" in r}
+    along1 = [(ms_, by[(g.replace("sums", "permutes"), rb, nw)]) for (g, rb, nw), ms_ in by.items() if g.startswith("hadamard 32 fold axis 1")
+              and g.endswith("sums")]
+    assert len(along1) == 16 and all(a < b for a, b in along1) and "Along dim 1 sums led at every launch" in log
     assert (f"sums ran {s01[0]:.2f}–{s01[1]:.2f} ms with 1×128 groups and {s0128[0]:.2f}–{s0128[1]:.2f} ms with 128×128 "
             f"groups. Permutes ran {p01[0]:.2f}–{p01[1]:.2f} and {p0128[0]:.2f}–{p0128[1]:.2f} ms") in log
     best = sweep["best"]

@@ -482,6 +482,13 @@ FOLD_LAUNCH_HADAMARD = {(False, 1): (16, 8, "permutes"), (False, 128): (128, 32,
                         (True, 1): (16, 8, "permutes"), (True, 128): (128, 32, "permutes")}
 
 
+def fold_launch(along_0: bool, group_rows: int, hadamard: bool) -> tuple[int, int, str | None]:
+    """The default launch of :func:`quantize_mxfp4_fp8`: (rows per program - 128 for 128x128 groups -, warps, the
+    fused transform's butterfly form or None without one), from :data:`FOLD_LAUNCH` / :data:`FOLD_LAUNCH_HADAMARD`."""
+    rb, warps, form = FOLD_LAUNCH_HADAMARD[(along_0, group_rows)] if hadamard else (*FOLD_LAUNCH[(along_0, group_rows)], None)
+    return (rb if group_rows == 1 else 128), warps, form
+
+
 def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor", rounding: str = "nearest",
                        seed: int | None = None, counter: torch.Tensor | None = None,
                        hadamard_block: int | None = None, hadamard_signs: torch.Tensor | None = None,
@@ -519,7 +526,7 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     codes, scales = empty_folded(R, K, group_rows, device=x.device)
     counter = torch.zeros((), dtype=torch.int32, device=x.device) if counter is None else counter
     sr, key, key2, kp = _keys(rounding, seed, x.device)
-    rb_default, warps_default, form = FOLD_LAUNCH_HADAMARD[(along_0, group_rows)] if had else (*FOLD_LAUNCH[(along_0, group_rows)], "")
+    rb_default, warps_default, form = fold_launch(along_0, group_rows, had > 0)
     butterfly = butterfly or form
     rb = (rows_per_program or rb_default) if group_rows == 1 else 128
     if rb < 1 or rb & (rb - 1):

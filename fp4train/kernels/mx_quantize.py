@@ -137,6 +137,23 @@ def _e2m1_codes(v, u, SR: tl.constexpr):
 
 
 @triton.jit
+def _even_odd(x_ptr, even, mask, mask_odd, BF16_PAIRS: tl.constexpr):
+    """The elements at offsets ``even`` and ``even + 1`` of x as float32 ``(xe, xo)`` (masked ones 0):
+    the even/odd kernels hold a block as its even and its odd elements, so that the two codes of a byte are
+    computed side by side and packed without a reshape or split (a layout change). ``BF16_PAIRS``: BF16 input
+    with even offsets, read as one 32-bit word per pair (the even element in the low half: little endian) and
+    widened by shifts; a pair is then in or out together (``mask``)."""
+    if BF16_PAIRS:
+        w = tl.load(x_ptr.to(tl.pointer_type(tl.uint32)) + (even >> 1), mask=mask, other=0)
+        xe = (w << 16).to(tl.float32, bitcast=True)
+        xo = (w & 0xFFFF0000).to(tl.float32, bitcast=True)
+    else:
+        xe = tl.load(x_ptr + even, mask=mask, other=0.0).to(tl.float32)
+        xo = tl.load(x_ptr + even + 1, mask=mask_odd, other=0.0).to(tl.float32)
+    return xe, xo
+
+
+@triton.jit
 def _uniforms(idx, key, key2):
     """counter_rng.uniform for flat blocked indices ``idx``."""
     h = _lowbias32(_lowbias32(idx.to(tl.uint32) ^ key.to(tl.uint32)) ^ key2.to(tl.uint32))
@@ -204,24 +221,15 @@ def _mxfp4_pairs_kernel(
     KEYS_PTR: tl.constexpr = False,
 ):
     """MXFP4 of ``BLOCKS`` consecutive 32-element blocks of one row, as :func:`_mx_kernel` (the same bits),
-    with each block held as its even and its odd elements, two [BLOCKS, 16] tensors (the 32x32 tile kernel's
-    way, :func:`_mxfp4_tile_kernel`): the two codes of a byte are computed side by side and packed without
-    the reshape and split of :func:`_mx_store_codes`. ``BF16_PAIRS``: BF16 input read as one 32-bit word per
-    pair (the even element in the low half: little endian) and widened by shifts."""
+    with each block held as its even and its odd elements, two [BLOCKS, 16] tensors (:func:`_even_odd`, the
+    32x32 tile kernel's way): no reshape and split to pack the codes as :func:`_mx_store_codes` does."""
     key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     row = tl.program_id(0)
     blk = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)  # block index within the row
     h = tl.arange(0, 16)[None, :]  # pair within the block
     bmask = blk < n_blocks_row
     m = bmask[:, None]
-    ce = blk[:, None] * 32 + 2 * h  # even element's column
-    if BF16_PAIRS:
-        w = tl.load(x_ptr.to(tl.pointer_type(tl.uint32)) + ((row * stride_x + ce) >> 1), mask=m, other=0)
-        xe = (w << 16).to(tl.float32, bitcast=True)
-        xo = (w & 0xFFFF0000).to(tl.float32, bitcast=True)
-    else:
-        xe = tl.load(x_ptr + row * stride_x + ce, mask=m, other=0.0).to(tl.float32)
-        xo = tl.load(x_ptr + row * stride_x + ce + 1, mask=m, other=0.0).to(tl.float32)
+    xe, xo = _even_odd(x_ptr, row * stride_x + blk[:, None] * 32 + 2 * h, m, m, BF16_PAIRS)
     ae, ao = tl.abs(xe), tl.abs(xo)
     fin_e, fin_o = ae < float("inf"), ao < float("inf")  # False for NaN and Inf
     nan_block = tl.max(tl.where(fin_e & fin_o, 0, 1), axis=1) > 0
@@ -515,9 +523,9 @@ def _mxfp4_tile_kernel(
 ):
     """MXFP4 of ``TC`` 32x32 tiles side by side, as :func:`_mx_tile_kernel` (the same bits), with the tile
     view built from loads alone: each tile is held as its even and its odd columns, two [32, TC, 16]
-    tensors, so that the two codes of a byte are computed side by side and packed without a reshape,
-    split or layout change. ``BF16_PAIRS``: BF16 input with an even row length, read as one 32-bit word per
-    pair of columns (the even column in the low half: little endian) and widened by shifts."""
+    tensors (:func:`_even_odd`), so that the two codes of a byte are computed side by side and packed without
+    a reshape, split or layout change. ``BF16_PAIRS``: BF16 input with an even row length, read as one 32-bit
+    word per pair of columns."""
     key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     tr = tl.program_id(0)
     tc = tl.program_id(1) * TC + tl.arange(0, TC)  # this program's tiles
@@ -525,14 +533,8 @@ def _mxfp4_tile_kernel(
     h = tl.arange(0, 16)[None, None, :]  # column pair within the tile
     r = tr * 32 + i
     ce = tc[None, :, None] * 32 + 2 * h  # even column
-    m = (r < R) & (ce < C)
-    if BF16_PAIRS:  # C even: a pair is in or out together
-        w = tl.load(x_ptr.to(tl.pointer_type(tl.uint32)) + ((r * stride_x + ce) >> 1), mask=m, other=0)
-        xe = (w << 16).to(tl.float32, bitcast=True)
-        xo = (w & 0xFFFF0000).to(tl.float32, bitcast=True)
-    else:
-        xe = tl.load(x_ptr + r * stride_x + ce, mask=m, other=0.0).to(tl.float32)
-        xo = tl.load(x_ptr + r * stride_x + ce + 1, mask=(r < R) & (ce + 1 < C), other=0.0).to(tl.float32)
+    m = (r < R) & (ce < C)  # BF16_PAIRS: C even, a pair is in or out together
+    xe, xo = _even_odd(x_ptr, r * stride_x + ce, m, (r < R) & (ce + 1 < C), BF16_PAIRS)
     ae, ao = tl.abs(xe), tl.abs(xo)
     fin_e, fin_o = ae < float("inf"), ao < float("inf")  # False for NaN and Inf
     bad = tl.where(fin_e & fin_o, 0, 1)

@@ -4,8 +4,6 @@
 # 270 s for BF16 and AdaHOP at 3b (session 19's attempt was cut there), so the whole call goes to it.
 #   bash scripts/gpu/call_x2.sh COMMIT 560 'bash scripts/gpu/adahop_3b.sh COMMIT'
 set -u
-C=$1
-LEFT() { echo $(( DEADLINE - $(date +%s) )); }
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 FP4TRAIN_COMMIT=$C
+C=$1  # LEFT, DEADLINE, PYTHONPATH and FP4TRAIN_COMMIT come from call_x2.sh
 source scripts/gpu/ro.sh
 ro 3b bf16,adahop $(( $(LEFT) - 5 ))

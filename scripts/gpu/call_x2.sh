@@ -13,9 +13,10 @@ if ls .whl/*.whl > /dev/null 2>&1; then  # torchao travels as wheels (carry [".w
   python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 fi
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 FP4TRAIN_COMMIT=$1 DEADLINE=$(( T0 + $2 - 10 ))
+LEFT() { echo $(( DEADLINE - $(date +%s) )); }
+export -f LEFT  # the command lists and the scripts they run (scripts/gpu/*.sh) see it and the variables above
 run_on() {  # GPU, commands
-  CUDA_VISIBLE_DEVICES=$1 timeout $(( DEADLINE - $(date +%s) )) bash -c "LEFT() { echo \$(( DEADLINE - \$(date +%s) )); }; $2" \
-    > $OUT/gpu$1.log 2>&1
+  CUDA_VISIBLE_DEVICES=$1 timeout $(( DEADLINE - $(date +%s) )) bash -c "$2" > $OUT/gpu$1.log 2>&1
   echo "== GPU $1 exit $? after $(( $(date +%s) - T0 )) s"
 }
 NG=$(( $# > 3 ? 2 : 1 ))

@@ -7,9 +7,7 @@
 #    launch per call (the sweep's 16384 x 8192 BF16 tensor chose a table that lost end to end in session 19).
 # 3. If time is left: the 1D launch sweep with the even/odd kernel (fold_sweep --kernels mx1d).
 set -u
-C=$1
-LEFT() { echo $(( DEADLINE - $(date +%s) )); }
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 FP4TRAIN_COMMIT=$C
+C=$1  # LEFT, DEADLINE, PYTHONPATH and FP4TRAIN_COMMIT come from call_x2.sh
 timeout 150 python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_kernels.py \
   -k "test_mxfp4_kernel_equals_reference or take_the_seed_from_the_device" > $OUT/pytest_pairs.log 2>&1
 echo "tests rc $?: $(tail -1 $OUT/pytest_pairs.log)"; grep -E "FAILED|^E " $OUT/pytest_pairs.log | cut -c1-160 | head -8
