@@ -72,11 +72,13 @@ def record_calls(model: str, recipe: str, batch: int, seq: int, device: torch.de
     return calls
 
 
-def candidates(key: tuple) -> list[dict]:
+def candidates(key: tuple, dim0_sums: bool = False) -> list[dict]:
     """The keyword sets tried for a call: every launch of :data:`LAUNCHES` for its group size, each with
-    both butterfly forms when it fuses a transform."""
-    gr, had = key[4], key[5]
-    forms = ("permutes", "sums") if had else (None,)
+    both butterfly forms when it fuses a transform - but along dim 0 only permutes unless ``dim0_sums``:
+    there sums ran 1.2-18x slower at every launch of the H200 sweep
+    (``bench/results/fold_sweep-NVIDIA_H200-hadamard-1e006b7.json``), and each candidate costs a compile."""
+    along_0, gr, had = key[3], key[4], key[5]
+    forms = ("permutes",) if had and along_0 and not dim0_sums else ("permutes", "sums") if had else (None,)
     return [{"rows_per_program": rb if gr == 1 else None, "num_warps": nw, "butterfly": form}
             for form in forms for rb, nw in LAUNCHES[gr]]
 
@@ -91,10 +93,11 @@ def in_use(key: tuple) -> dict:
 
 
 def compare(calls: dict[tuple, dict], repeats: int, time_fn: Callable = median_time,
-            cands: Callable[[tuple], list[dict]] = candidates) -> dict:
+            cands: Callable[[tuple], list[dict]] = candidates, on_row: Callable[[list[dict]], None] | None = None) -> dict:
     """Time every call under every candidate (``time_fn(fn, repeats)`` seconds) after checking it gives the
     default's bits; ``{"calls": [...], "groups": {...}}`` with, per group of calls that share blocks along
-    dim 0, group rows and transform, ms per step in use and for the best candidate."""
+    dim 0, group rows and transform, ms per step in use and for the best candidate. ``on_row(rows)`` is
+    called after each call is timed, with the rows so far (for progress and partial results)."""
     from fp4train.kernels.mx_fold import quantize_mxfp4_fp8
 
     rows = []
@@ -117,6 +120,14 @@ def compare(calls: dict[tuple, dict], repeats: int, time_fn: Callable = median_t
         rows.append({"shape": list(key[0]), "strides": list(key[1]), "dtype": key[2], "along_dim_0": key[3], "group_rows": key[4],
                      "hadamard_block": key[5], "signs": key[6], "rounding": key[7], "scale": key[8],
                      "calls_per_step": c["count"], "candidates": times})
+        if on_row is not None:
+            on_row(rows)
+    return {"calls": rows, "groups": group_totals(rows)}
+
+
+def group_totals(rows: list[dict]) -> dict:
+    """Per group of calls (blocks along dim 0, group rows, transform): calls per step, ms per step at the
+    launches in use and under each candidate, and the best candidate."""
     groups = {}
     for r in rows:
         g = groups.setdefault(f"along dim {0 if r['along_dim_0'] else 1}, {r['group_rows']}x128, hadamard {r['hadamard_block']}",
@@ -131,7 +142,7 @@ def compare(calls: dict[tuple, dict], repeats: int, time_fn: Callable = median_t
     for g in groups.values():  # every call of a group has the same candidates (they depend on its key's group part)
         name, ms = min(g["by_candidate"].items(), key=lambda kv: kv[1])
         g["best"], g["best_ms_per_step"] = name, ms
-    return {"calls": rows, "groups": groups}
+    return groups
 
 
 def main(argv=None):
@@ -142,6 +153,7 @@ def main(argv=None):
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--calibration-steps", type=int, default=3, help="AdaHOP: BF16 calibration steps before converting")
     ap.add_argument("--hadamard-only", action="store_true", help="only the calls with a fused Hadamard transform")
+    ap.add_argument("--dim0-sums", action="store_true", help="also time sums along dim 0 (slower in every sweep so far)")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
@@ -153,12 +165,21 @@ def main(argv=None):
     if not calls:
         raise SystemExit(f"one step of {args.recipe} on {args.model} made no fold calls{' with a fused transform' if args.hadamard_only else ''}")
     print(f"{sum(c['count'] for c in calls.values())} fold calls a step, {len(calls)} distinct", flush=True)
-    result = compare(calls, args.repeats)
     gpu = torch.cuda.get_device_name()
-    out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit() or "unknown", "torch": torch.__version__,
-           "model": args.model, "recipe": args.recipe, "batch_size": args.batch_size, "seq_len": args.seq_len, **result}
+    head = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit() or "unknown", "torch": torch.__version__,
+            "model": args.model, "recipe": args.recipe, "batch_size": args.batch_size, "seq_len": args.seq_len}
     path = args.json or ROOT / "bench/results" / f"fold_calls-{args.model}-{args.recipe}-{gpu.replace(' ', '_')}.json"
-    path.write_text(json.dumps(out, indent=1) + "\n")
+
+    def on_row(rows):  # a cut run keeps what it timed: the file is rewritten after each call, marked partial
+        r = rows[-1]
+        use = next(t["ms"] for t in r["candidates"] if t["in_use"])
+        best = min(r["candidates"], key=lambda t: t["ms"])
+        print(f"[{len(rows)}/{len(calls)}] {r['shape']} {r['dtype']} along dim {0 if r['along_dim_0'] else 1} "
+              f"{r['group_rows']}x128 {r['rounding']} x{r['calls_per_step']}: in use {use:.3f} ms, best {best['butterfly']} "
+              f"rows {best['rows_per_program'] or 128} warps {best['num_warps']} {best['ms']:.3f} ms", flush=True)
+        path.write_text(json.dumps({**head, "partial": len(rows) < len(calls), "calls": rows, "groups": group_totals(rows)}, indent=1) + "\n")
+
+    result = compare(calls, args.repeats, cands=lambda k: candidates(k, args.dim0_sums), on_row=on_row)
     total_use = sum(g["in_use_ms_per_step"] for g in result["groups"].values())
     total_best = sum(g["best_ms_per_step"] for g in result["groups"].values())
     for name, g in result["groups"].items():

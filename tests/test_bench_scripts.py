@@ -450,7 +450,13 @@ def test_fold_calls_records_a_steps_folds_and_times_each_candidate(monkeypatch):
         return timed[-1]
 
     two = lambda key: [{"rows_per_program": None if key[4] == 128 else 8, "num_warps": 4, "butterfly": f} for f in ("permutes", "sums")]
-    out = mod.compare(calls, 1, time_fn=time_fn, cands=two)
+    seen = []
+    out = mod.compare(calls, 1, time_fn=time_fn, cands=two, on_row=lambda rows: seen.append(len(rows)))
+    assert seen == list(range(1, len(calls) + 1))  # progress after every call, with the rows so far
+    # the default candidates: along dim 0 permutes only unless asked (sums lost there at every launch on the H200)
+    for k in keys:
+        forms = {c["butterfly"] for c in mod.candidates(k)}
+        assert forms == ({"permutes"} if k[3] else {"permutes", "sums"}) and {c["butterfly"] for c in mod.candidates(k, True)} == {"permutes", "sums"}
     # every call timed under both candidates and, since neither is the launch in use, under that one too: in that order
     assert len(out["calls"]) == len(calls) and [len(r["candidates"]) for r in out["calls"]] == [3] * len(calls)
     assert [t["ms"] for r in out["calls"] for t in r["candidates"]] == [t * 1e3 for t in timed]
