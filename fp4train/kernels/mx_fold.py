@@ -475,11 +475,14 @@ FOLD_LAUNCH = {(False, 1): (32, 4), (False, 128): (128, 16), (True, 1): (128, 4)
 # (bench/results/fold_sweep-NVIDIA_H200-hadamard-1e006b7.json) butterflies by sums were fastest along dim 1 (0.320 ms
 # at (32, 4) for 1x128 groups, 0.355 at (128, 16) for 128x128, against 0.616 / 0.598 here) and 1.2-18x slower along
 # dim 0 (4x / 16x at these launches), where permutes at (8, 4) / (128, 16) led (0.566 / 0.506 against 0.721 / 0.592).
-# Yet that table made AdaHOP's 1b step in CUDA graphs slower, 219.2 ms against 201.6 with this one (docs/LOG.md,
-# session 19): the step's calls are not that tensor. bench/fold_calls.py times the step's own calls; until it has
-# run, the launches measured best end to end.
-FOLD_LAUNCH_HADAMARD = {(False, 1): (16, 8, "permutes"), (False, 128): (128, 32, "permutes"),
-                        (True, 1): (16, 8, "permutes"), (True, 128): (128, 32, "permutes")}
+# Yet that table made AdaHOP's 1b step in CUDA graphs slower, 219.2 ms against 201.6 with permutes at (16, 8) /
+# (128, 32) (docs/LOG.md, session 19): the step's calls are not that tensor. bench/fold_calls.py timed the 205 fused
+# calls of AdaHOP's own 1b step (13 distinct; bench/results/fold_calls-1b-adahop-NVIDIA_H200-e040beb.json): per group,
+# ms per step against (16, 8) / (128, 32) permutes: along dim 1, 1x128, sums at (8, 4) 11.45 against 15.28 (sums at
+# (32, 4), the sweep's choice, 17.61: the step's tensors are small); 128x128 permutes at 8 warps 2.06 against 2.34;
+# along dim 0, 1x128, permutes at (16, 4) 9.21 against 10.70; 128x128 permutes at 32 warps stays best (4.22).
+FOLD_LAUNCH_HADAMARD = {(False, 1): (8, 4, "sums"), (False, 128): (128, 8, "permutes"),
+                        (True, 1): (16, 4, "permutes"), (True, 128): (128, 32, "permutes")}
 
 
 def fold_launch(along_0: bool, group_rows: int, hadamard: bool) -> tuple[int, int, str | None]:
