@@ -57,9 +57,10 @@ def main(argv=None):
         "reference mxfp4 nearest": ("mxfp4", lambda: fp4train.quantize(x, "mxfp4")),
         "triton mxfp4 nearest": ("mxfp4", lambda: quantize_mxfp4(x)),
         "triton mxfp4 stochastic": ("mxfp4", lambda: quantize_mxfp4(x, rounding="stochastic", seed=1)),
-        # the even/odd-element kernel (quantize_mxfp4(pairs=True), the same bits; session 19, not yet the default)
-        "triton mxfp4 nearest (even/odd)": ("mxfp4", lambda: quantize_mxfp4(x, pairs=True)),
-        "triton mxfp4 stochastic (even/odd)": ("mxfp4", lambda: quantize_mxfp4(x, rounding="stochastic", seed=1, pairs=True)),
+        # the default above is the even/odd-element kernel since session 20 (before: "(even/odd)" rows, pairs=True);
+        # the kernel that packs codes by a reshape, the default until then, the same bits
+        "triton mxfp4 nearest (reshape packing)": ("mxfp4", lambda: quantize_mxfp4(x, pairs=False)),
+        "triton mxfp4 stochastic (reshape packing)": ("mxfp4", lambda: quantize_mxfp4(x, rounding="stochastic", seed=1, pairs=False)),
         "triton mxfp4 ceil": ("mxfp4", lambda: quantize_mxfp4(x, scale="ceil")),
         "triton mxfp4 both layouts (one read)": ("mxfp4 both layouts", lambda: quantize_mxfp4_dual(x)),
         "triton nvfp4 nearest (+amax)": ("nvfp4", lambda: quantize_nvfp4(x)),

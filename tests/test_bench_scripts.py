@@ -89,9 +89,12 @@ def test_readme_results_are_the_committed_ones():
     assert (f"mxfp4 ({e2e['3b']['mxfp4']['speedup_vs_bf16']:.2f}×) and AdaHOP ({e2e['3b']['adahop']['speedup_vs_bf16']:.2f}×) "
             "beat BF16 at 3b") in readme
     g = {k: e2e[m][k + "+cudagraphs"]["speedup_vs_bf16"] for m, k in (("3b", "tib2d"), ("1b", "adahop"), ("1b", "mxfp4"))}
-    assert (f"tib2d runs at {g['tib2d']:.2f}×\nat 3b, AdaHOP at {g['adahop']:.2f}× and mxfp4 at {g['mxfp4']:.2f}× at 1b") in readme
+    a3 = e2e["3b"]["adahop+cudagraphs"]["speedup_vs_bf16"]
+    assert (f"AdaHOP runs at {a3:.2f}×\nand tib2d at {g['tib2d']:.2f}× at 3b, AdaHOP at {g['adahop']:.2f}× and mxfp4 at "
+            f"{g['mxfp4']:.2f}× at 1b") in readme
     t1 = e2e["1b"]["tib2d+cudagraphs"]["speedup_vs_bf16"]
-    assert (f"mxfp4 {g['mxfp4']:.2f}× BF16 at 1b, AdaHOP {g['adahop']:.2f}× and tib2d {t1:.2f}× ({g['tib2d']:.2f}× at 3b)") in readme
+    assert (f"mxfp4 {g['mxfp4']:.2f}× BF16 at 1b, AdaHOP {g['adahop']:.2f}× and tib2d {t1:.2f}× ({a3:.2f}× and "
+            f"{g['tib2d']:.2f}× at 3b)") in readme
     default_1b = [e2e["1b"][k]["speedup_vs_bf16"] for k in ("mxfp4", "adahop", "tib2d")]
     assert f"against\n  {min(default_1b):.2f}–{max(default_1b):.2f}× compiled by default" in readme
 
@@ -288,9 +291,10 @@ def test_readme_fast_path_numbers_are_the_committed_h200_results():
     for k in ("bf16", "mxfp4", "tib2d", "adahop"):
         k += "+cudagraphs"
         assert f"| {k} | {' | '.join(graph_cells(e2e['1b'].get(k)) + graph_cells(e2e['3b'].get(k)))} |" in readme, k
-    # AdaHOP at 3b in CUDA graphs: failed during capture at 384cb50; its first finished run (a6adc54) had the sums
-    assert e2e["3b"]["adahop+cudagraphs"]["commit"] == "a6adc54" and "error" not in e2e["3b"]["adahop+cudagraphs"]
-    t1g, t3g, a1g = e2e["1b"]["tib2d+cudagraphs"], e2e["3b"]["tib2d+cudagraphs"], e2e["1b"]["adahop+cudagraphs"]
+    # AdaHOP at 3b in CUDA graphs: failed during capture at 384cb50; its first finished run (a6adc54) had the sums;
+    # the row is session 20's, with fold_calls' launch table
+    assert e2e["3b"]["adahop+cudagraphs"]["commit"] == "b9fa87d" and "error" not in e2e["3b"]["adahop+cudagraphs"]
+    t1g, t3g = e2e["1b"]["tib2d+cudagraphs"], e2e["3b"]["tib2d+cudagraphs"]
     first = {m: {r["recipe"]: r for r in json.loads((res / f"e2e-h200/train_speed-{m}-reduce-overhead-384cb50.json").read_text())["results"]}
              for m in ("1b", "3b")}
     assert (f"({first['1b']['tib2d']['speedup_vs_bf16']:.2f}× at 1b, {first['3b']['tib2d']['speedup_vs_bf16']:.2f}× at 3b; "
@@ -312,17 +316,18 @@ def test_readme_fast_path_numbers_are_the_committed_h200_results():
     assert f"({qp['triton mxfp8 along dim 0']['ms']:.3f} ms on 16384 × 8192 BF16" in readme
     one, two = qp["triton dY 32x32 SR -> both folds (one pass)"]["ms"], qp["triton dY 32x32 SR -> packed -> two folds"]["ms"]
     assert one > two and f"({one:.3f}\n  against {two:.3f} ms)" in readme
-    assert f"AdaHOP then ran at {a1g['speedup_vs_bf16']:.2f}× at 1b" in readme
+    a17 = {r["recipe"]: r for r in json.loads((res / "e2e-h200/train_speed-1b-reduce-overhead-21ffa9f.json").read_text())["results"]}
+    assert f"AdaHOP then ran at {a17['adahop']['speedup_vs_bf16']:.2f}× at 1b" in readme  # session 17, after the capture fixes
     # the summary's e2e table is what bench/summary.py makes of the committed runs (a later run's entry wins)
     e2e_dir = res / "e2e-h200"
     runs = [e2e_dir / f"train_speed-1b-{c}.json" for c in ("a35b562-gpu0", "a35b562-gpu1", "d8fb690", "57bd0e9", "7a9e335",
                                                              "680cd3e", "680cd3e-b", "680aa49", "3e2df64",
                                                              "reduce-overhead-38bdbed", "reduce-overhead-384cb50",
                                                              "reduce-overhead-c601335", "reduce-overhead-21ffa9f",
-                                                             "reduce-overhead-b01c291")]
+                                                             "reduce-overhead-b01c291", "reduce-overhead-b9fa87d")]
     runs += [res / "train_speed-3b-NVIDIA_H200.json"] + [e2e_dir / f"train_speed-3b-{c}.json" for c in (
         "d8fb690", "57bd0e9", "7a9e335", "262876e", "0e1397a", "reduce-overhead-384cb50", "reduce-overhead-21ffa9f",
-        "reduce-overhead-b01c291", "reduce-overhead-a6adc54")]
+        "reduce-overhead-b01c291", "reduce-overhead-a6adc54", "reduce-overhead-b65d3f9", "reduce-overhead-b9fa87d")]
     assert _load("summary").e2e_table([json.loads(p.read_text()) for p in runs]) == e2e
     assert all(json.loads(p.read_text()).get("quantized_linears") == "in graph" for p in runs if "e2e-h200" in str(p))
     old = {m: {r["recipe"]: r for r in json.loads((e2e_dir / f"train_speed-{m}.json").read_text())["results"]}
@@ -449,7 +454,8 @@ def test_fold_calls_records_a_steps_folds_and_times_each_candidate(monkeypatch):
         timed.append(next(fake) * 1e-3)
         return timed[-1]
 
-    two = lambda key: [{"rows_per_program": None if key[4] == 128 else 8, "num_warps": 4, "butterfly": f} for f in ("permutes", "sums")]
+    # two launches that are not in use (FOLD_LAUNCH_HADAMARD: (8, 4) / (16, 4) rows and warps, 8 / 32 warps for 128x128)
+    two = lambda key: [{"rows_per_program": None if key[4] == 128 else 32, "num_warps": 4, "butterfly": f} for f in ("permutes", "sums")]
     seen = []
     out = mod.compare(calls, 1, time_fn=time_fn, cands=two, on_row=lambda rows: seen.append(len(rows)))
     assert seen == list(range(1, len(calls) + 1))  # progress after every call, with the rows so far
@@ -479,7 +485,7 @@ def test_fold_calls_records_a_steps_folds_and_times_each_candidate(monkeypatch):
         got = out["groups"][f"along dim {0 if along_0 else 1}, {gr}x128, hadamard 32"]
         assert got["calls_per_step"] == want["n"] and got["in_use_ms_per_step"] == pytest.approx(want["use"])
         best = min(("permutes", "sums"), key=lambda f: want[f])  # the in-use launch was timed last: the slowest here
-        assert got["best"] == f"{best} rows {8 if gr == 1 else 128} warps 4" and got["best_ms_per_step"] == pytest.approx(want[best])
+        assert got["best"] == f"{best} rows {32 if gr == 1 else 128} warps 4" and got["best_ms_per_step"] == pytest.approx(want[best])
     # a candidate that gives other bits is an error, not a time
     import fp4train.kernels.mx_fold as mx_fold
 
@@ -799,10 +805,6 @@ def test_session_19_figures_in_the_log_are_the_committed_runs():
     assert f"the same tree ran at {p1['adahop']['speedup_vs_bf16']:.2f}×" in readme
     assert f"also lost end to end ({t1['adahop']['speedup_vs_bf16']:.2f}×," in readme
     assert f"sums ran {was[0] / was[2]:.0f}× and {was[1] / was[3]:.0f}× slower at the launches in use" in readme
-    from fp4train.kernels.mx_fold import FOLD_LAUNCH_HADAMARD
-
-    assert FOLD_LAUNCH_HADAMARD == {(False, 1): (16, 8, "permutes"), (False, 128): (128, 32, "permutes"),
-                                    (True, 1): (16, 8, "permutes"), (True, 128): (128, 32, "permutes")}
     for form, lines in (("permutes", ("5.94–7.59", "107–113", "64–80", "5.25–6.83", "160–188", "44–152")),
                         ("sums", ("8.31–9.59", "265–313", "104–113", "7.89–9.88", "849–956", "228–524"))):
         d = json.loads((res / f"kernels-sm90-fold-hadamard-axis0-{form}-triton36.json").read_text())
@@ -844,3 +846,96 @@ def test_mxfp4_pairs_kernel_build_record_is_what_the_log_says():
     best = json.loads((ROOT / "bench/results/fold_sweep-NVIDIA_H200-680aa49.json").read_text())["best"]
     pairs, general = (best[f"tiles (MXFP4 32x32, nearest, pairs {p})"]["ms"] for p in (True, False))
     assert pairs > general and f"({pairs:.3f} against {general:.3f} ms, `fold_sweep-NVIDIA_H200-680aa49.json`" in log
+
+
+def test_session_20_fold_table_and_figures_are_the_committed_h200_results():
+    """docs/LOG.md and README, session 20: FOLD_LAUNCH_HADAMARD is each group's best of bench/fold_calls.py on AdaHOP's
+    1b step; the end-to-end runs, the profile at train_speed's batch and the even/odd MXFP4 kernel's timings, as
+    the files say."""
+    import inspect
+
+    from fp4train.kernels.mx_fold import FOLD_LAUNCH_HADAMARD
+    from fp4train.kernels.mx_quantize import MX1D_LAUNCH, quantize_mxfp4
+
+    res = ROOT / "bench/results"
+    log = " ".join((ROOT / "docs/LOG.md").read_text().split())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    fc = json.loads((res / "fold_calls-1b-adahop-NVIDIA_H200-e040beb.json").read_text())
+    assert fc["gpu"] == "NVIDIA H200" and not fc.get("partial") and (fc["model"], fc["recipe"]) == ("1b", "adahop")
+    assert sum(r["calls_per_step"] for r in fc["calls"]) == 205 and len(fc["calls"]) == 13
+    groups = fc["groups"]
+    for (along_0, gr), (rb, nw, form) in FOLD_LAUNCH_HADAMARD.items():
+        g = groups[f"along dim {0 if along_0 else 1}, {gr}x128, hadamard 32"]
+        assert g["best"] == f"{form} rows {rb} warps {nw}", (along_0, gr)  # the table is each group's best
+        assert f"({g['calls_per_step']} calls)" in log
+        if g["in_use_ms_per_step"] > g["best_ms_per_step"]:
+            assert f"{g['in_use_ms_per_step']:.2f} in use" in log or f"{g['in_use_ms_per_step']:.2f} ms in use" in log
+        assert f"{g['best_ms_per_step']:.2f}" in log
+    d1 = groups["along dim 1, 1x128, hadamard 32"]["by_candidate"]
+    assert f"Sums at (32, 4), the launch session 19's sweep picked, take {d1['sums rows 32 warps 4']:.2f}" in log
+    perm = [v for k, v in d1.items() if k.startswith("permutes")]
+    assert d1["sums rows 32 warps 4"] > max(perm) and f"than permutes at any launch ({min(perm):.1f}–{max(perm):.1f} ms a step)" in log
+    use, best = (sum(g[k] for g in groups.values()) for k in ("in_use_ms_per_step", "best_ms_per_step"))
+    assert f"In all {use:.2f} ms a step in use against {best:.2f} with each group's best" in log
+    assert f"{use:.2f} ms a step at the launches in use, {best:.2f} with each group's best" in readme
+    big = [r for r in fc["calls"] if r["shape"] == [16384, 8192] and not r["along_dim_0"]][0]
+    ms = {(t["butterfly"], t["rows_per_program"], t["num_warps"]): t["ms"] for t in big["candidates"]}
+    assert f"it is the fastest ({ms['sums', 32, 4]:.3f} ms against {ms['permutes', 16, 8]:.3f})" in log
+    assert min(ms, key=ms.get) == ("sums", 32, 4) and big["calls_per_step"] == 6
+    # end to end in CUDA graphs, BF16 in the same run
+    run = lambda n: {r["recipe"]: r for r in json.loads((res / f"e2e-h200/train_speed-{n}.json").read_text())["results"]}  # noqa: E731
+    n1, n3, o3, o1 = (run(n) for n in ("1b-reduce-overhead-b9fa87d", "3b-reduce-overhead-b9fa87d", "3b-reduce-overhead-b65d3f9",
+                                       "1b-reduce-overhead-563fa59-permutes"))
+    for new, old, model in ((n1, o1, "1b"), (n3, o3, "3b")):
+        assert all(r["cudagraph_skips"] == 0 for r in (*new.values(), *old.values()))
+    assert (f"**1.06×** ({n1['adahop']['step_ms']:.1f} ms a step against {n1['bf16']['step_ms']:.1f}" in log
+            and f"{n1['adahop']['speedup_vs_bf16']:.2f}" == "1.06")
+    assert f"it was 1.03× ({o1['adahop']['step_ms']:.1f} against {o1['bf16']['step_ms']:.1f}" in log
+    assert (f"{o1['adahop']['step_ms'] - n1['adahop']['step_ms']:.1f} ms faster, against {use - best:.1f} ms that `fold_calls` "
+            f"predicted, while BF16 moved {o1['bf16']['step_ms'] - n1['bf16']['step_ms']:.1f} ms") in log
+    assert (f"**{n3['adahop']['speedup_vs_bf16']:.2f}×** ({n3['adahop']['step_ms']:.1f} against {n3['bf16']['step_ms']:.1f} ms" in log
+            and f"{o3['adahop']['speedup_vs_bf16']:.2f}× ({o3['adahop']['step_ms']:.1f} against {o3['bf16']['step_ms']:.1f};" in log)
+    assert (f"AdaHOP went from 1.03× to {n1['adahop']['speedup_vs_bf16']:.2f}× at 1b ({n1['adahop']['step_ms']:.1f} ms a step "
+            f"against {n1['bf16']['step_ms']:.1f}) and from {o3['adahop']['speedup_vs_bf16']:.2f}×") in readme
+    assert f"to {n3['adahop']['speedup_vs_bf16']:.2f}× at 3b (b9fa87d)" in readme
+    assert f"Peak {n3['adahop']['peak_mem_gib']:.1f} GiB against BF16's {n3['bf16']['peak_mem_gib']:.1f} in both" in log
+    assert f"{o3['adahop']['peak_mem_gib']:.1f}|{o3['bf16']['peak_mem_gib']:.1f}" == f"{n3['adahop']['peak_mem_gib']:.1f}|{n3['bf16']['peak_mem_gib']:.1f}"
+    # the profile at 8 x 2048
+    pr = json.loads((res / "profile_step/1b-H200-triton-adahop-8x2048-b2713c6.json").read_text())
+    assert (pr["batch_size"], pr["seq_len"], pr["compile"]) == (8, 2048, True)
+    p = {r["recipe"]: r for r in pr["results"]}
+    b, a = p["bf16"], p["adahop"]
+    assert f"GPU kernels {a['gpu_kernel_ms_per_step']:.1f} ms a step against BF16's {b['gpu_kernel_ms_per_step']:.1f}" in log
+    assert (f"FP8 GEMMs {a['kinds']['gemm fp8']:.1f} ms plus {a['kinds']['gemm bf16']:.1f} of BF16 GEMMs (the outlier path, lm head) "
+            f"against BF16's {b['kinds']['gemm bf16']:.1f} of GEMMs; fp4train's Triton kernels {a['kinds']['fp4train triton']:.1f} ms") in log
+    k = {t["kernel"]: t for t in a["top"]}
+    assert (f"`_fold_kernel` {k['_fold_kernel']['ms_per_step']:.1f} over {k['_fold_kernel']['launches_per_step']:.0f} launches" in log
+            and f"`_mx_cols_kernel` {k['_mx_cols_kernel']['ms_per_step']:.1f}; `_packed_fold_kernel` "
+                f"{k['_packed_fold_kernel']['ms_per_step']:.1f}" in log and f"`_hadamard_kernel` {k['_hadamard_kernel']['ms_per_step']:.1f}" in log)
+    assert (f"attention {a['kinds']['attention']:.1f} against {b['kinds']['attention']:.1f}; inductor's kernels "
+            f"{a['kinds']['inductor']:.1f} against {b['kinds']['inductor']:.1f}") in log
+    assert (f"AdaHOP's kernels at {a['gpu_kernel_ms_per_step']:.1f} ms a step against BF16's {b['gpu_kernel_ms_per_step']:.1f}: its GEMMs "
+            f"take {a['kinds']['gemm fp8'] + a['kinds']['gemm bf16']:.1f} ms against {b['kinds']['gemm bf16']:.1f}, and fp4train's "
+            f"quantize/fold kernels {a['kinds']['fp4train triton']:.1f}") in readme
+    # the even/odd MXFP4 row kernel, now the default
+    assert inspect.signature(quantize_mxfp4).parameters["pairs"].default is True and MX1D_LAUNCH["mxfp4"] == (64, 4)
+    q = json.loads((res / "quantize_speed-NVIDIA_H200-b65d3f9.json").read_text())["results"]
+    for r in ("nearest", "stochastic"):
+        assert q[f"triton mxfp4 {r} (even/odd)"]["ms"] < q[f"triton mxfp4 {r}"]["ms"]
+    assert (f"nearest {q['triton mxfp4 nearest (even/odd)']['ms']:.3f} ms against {q['triton mxfp4 nearest']['ms']:.3f}, SR "
+            f"{q['triton mxfp4 stochastic (even/odd)']['ms']:.3f} against {q['triton mxfp4 stochastic']['ms']:.3f}") in log
+    assert f"({q['triton mxfp4 nearest (even/odd)']['ms']:.3f} against {q['triton mxfp4 nearest']['ms']:.3f} ms nearest in one run" in readme
+    sw = {(r["group"], r["blocks_per_program"], r["num_warps"]): r["ms"]
+          for r in json.loads((res / "fold_sweep-NVIDIA_H200-mx1d-b65d3f9.json").read_text())["results"]}
+    eo = lambda r, bp, nw: sw[f"mx1d (mxfp4, {r}, even/odd)", bp, nw]  # noqa: E731
+    gen = lambda r, bp, nw: sw[f"mx1d (mxfp4, {r})", bp, nw]  # noqa: E731
+    assert (f"at `MX1D_LAUNCH`'s (64, 4) {eo('nearest', 64, 4):.3f} / {eo('stochastic', 64, 4):.3f} ms against "
+            f"{gen('nearest', 64, 4):.3f} / {gen('stochastic', 64, 4):.3f}, and the general kernel's best launch (32, 4) takes "
+            f"{gen('nearest', 32, 4):.3f} / {gen('stochastic', 32, 4):.3f}") in log
+    for r in ("nearest", "stochastic"):  # the even/odd kernel at the launch in use beats the general one at every launch
+        assert eo(r, 64, 4) < min(v for (g, _, _), v in sw.items() if g == f"mx1d (mxfp4, {r})")
+    t = " ".join((res / "gpu-tests/pairs-b65d3f9.log").read_text().split())
+    assert "29 passed" in t and "failed" not in t.lower() and "test_mxfp4_kernel_equals_reference" in t
+    cut = (res / "gpu-tests/fold_hadamard-b2713c6-cut.log").read_text().splitlines()
+    assert "cut by the 200 s limit (rc 124)" in cut[0] and sum(line.count(".") for line in cut[1:] if set(line) <= set(". [%]0123456789")) == 86
+    assert "cut by its limit after 86 passed, none failed" in log

@@ -261,11 +261,13 @@ def _check(name: str, x: torch.Tensor, scale: str, rounding: str) -> torch.Tenso
 # (blocks per program, warps) of the 1D MX kernel by format: the fastest of bench/fold_sweep.py --kernels mx1d on the
 # H200 (16384 x 8192 BF16; bench/results/fold_sweep-NVIDIA_H200-mx1d-38bdbed.json): MXFP4 64 blocks, 4 warps
 # (nearest 0.274 ms, stochastic 0.438 ms; the earlier 4 blocks 0.752 / 0.948 ms), MXFP8 32 blocks, 4 warps (0.269 ms;
-# 4 blocks 0.748 ms).
+# 4 blocks 0.748 ms). MXFP4 runs the even/odd-element kernel by default (session 20): at 64 blocks, 4 warps it took
+# 0.272 / 0.422 ms against 0.299 / 0.467 for the kernel that packs by reshape at that launch and 0.292 / 0.427 at its
+# best (32 blocks; bench/results/fold_sweep-NVIDIA_H200-mx1d-b65d3f9.json).
 MX1D_LAUNCH = {"mxfp4": (64, 4), "mxfp8": (32, 4)}
 
 
-def _quantize_1d(fmt: str, x, scale, rounding, seed, blocks_per_program=None, num_warps=None, pairs=False) -> QuantizedTensor:
+def _quantize_1d(fmt: str, x, scale, rounding, seed, blocks_per_program=None, num_warps=None, pairs=True) -> QuantizedTensor:
     name = f"quantize_{fmt}"
     if x.ndim == 2 and x.shape[1] % 32:
         raise ValueError(f"{name} needs a 2D tensor whose last dim is a multiple of 32, got {tuple(x.shape)}")
@@ -292,11 +294,11 @@ def _quantize_1d(fmt: str, x, scale, rounding, seed, blocks_per_program=None, nu
 
 
 def quantize_mxfp4(x: torch.Tensor, *, scale: str = "floor", rounding: str = "nearest", seed: int | None = None,
-                   blocks_per_program: int | None = None, num_warps: int | None = None, pairs: bool = False) -> QuantizedTensor:
+                   blocks_per_program: int | None = None, num_warps: int | None = None, pairs: bool = True) -> QuantizedTensor:
     """MXFP4 along the last dim of a 2D tensor (last dim a multiple of 32), fused; see the module docstring.
     ``blocks_per_program`` (a power of two) / ``num_warps``: launch tuning (:data:`MX1D_LAUNCH`), the same bits.
-    ``pairs``: the even/odd-element kernel (:func:`_mxfp4_pairs_kernel`), the same bits; not the default until an
-    H200 run shows it faster (written in session 19 without device time, docs/LOG.md)."""
+    ``pairs``: the even/odd-element kernel (:func:`_mxfp4_pairs_kernel`, the default: 7-10% faster on the H200,
+    docs/LOG.md session 20) or, if False, :func:`_mx_kernel`, which packs codes by a reshape; the same bits."""
     return _quantize_1d("mxfp4", x, scale, rounding, seed, blocks_per_program, num_warps, pairs)
 
 
