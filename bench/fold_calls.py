@@ -14,7 +14,11 @@ launch in use (``FOLD_LAUNCH`` / ``FOLD_LAUNCH_HADAMARD``).
 
     python bench/fold_calls.py [--model 1b --recipe adahop --batch-size 8 --seq-len 2048 --repeats 10 --json F]
 
-Writes ``bench/results/fold_calls-<model>-<recipe>-<gpu>.json`` (or ``--json``).
+Writes ``bench/results/fold_calls-<model>-<recipe>-<gpu>.json`` (or ``--json``), with the GPU's copy bandwidth
+measured in the same run; each call is then set against its memory floor (the bytes it must move at that
+bandwidth), also for a committed file without a GPU::
+
+    python bench/fold_calls.py --explain FILE [--copy-from bench/results/quantize_speed-....json]
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: the launches tried per group size: (rows per program, warps); 128x128 groups take 128 rows
 LAUNCHES = {1: [(rb, nw) for rb in (8, 16, 32) for nw in (4, 8)], 128: [(128, nw) for nw in (4, 8, 16, 32)]}
+#: and, without a fused transform, taller programs for 1x128 groups (FOLD_LAUNCH takes 128 rows along dim 0)
+PLAIN_TALL = [(64, 4), (128, 4), (128, 8)]
 
 
 def call_key(x: torch.Tensor, kw: dict) -> tuple:
@@ -79,8 +85,9 @@ def candidates(key: tuple, dim0_sums: bool = False) -> list[dict]:
     (``bench/results/fold_sweep-NVIDIA_H200-hadamard-1e006b7.json``), and each candidate costs a compile."""
     along_0, gr, had = key[3], key[4], key[5]
     forms = ("permutes",) if had and along_0 and not dim0_sums else ("permutes", "sums") if had else (None,)
+    launches = LAUNCHES[gr] + (PLAIN_TALL if gr == 1 and not had else [])
     return [{"rows_per_program": rb if gr == 1 else None, "num_warps": nw, "butterfly": form}
-            for form in forms for rb, nw in LAUNCHES[gr]]
+            for form in forms for rb, nw in launches]
 
 
 def in_use(key: tuple) -> dict:
@@ -145,6 +152,58 @@ def group_totals(rows: list[dict]) -> dict:
     return groups
 
 
+def moved_bytes(call: dict) -> int:
+    """The bytes a fold call must move at the least: x read once (its dtype), one FP8 code byte written per
+    element and one FP32 scale per group (128 elements of a row, or 128 x 128)."""
+    n = call["shape"][0] * call["shape"][1]
+    return n * {"float32": 4, "bfloat16": 2, "float16": 2}[call["dtype"]] + n + 4 * n // (128 * call["group_rows"])
+
+
+def floors(result: dict, copy_gbps: float) -> dict:
+    """How far the step's fold calls are from their memory floor (``moved_bytes`` at the copy bandwidth
+    ``copy_gbps``, read + write bytes per second as ``bench/quantize_speed.py`` counts them): per call its floor and
+    its times in use and at its own best candidate; per step the totals, and with each group's best (one launch a
+    group, as ``FOLD_LAUNCH_HADAMARD`` sets) against each call's own best (a launch per call shape)."""
+    calls, step = [], {"floor_ms": 0.0, "in_use_ms": 0.0, "group_best_ms": sum(g["best_ms_per_step"] for g in result["groups"].values()),
+                       "call_best_ms": 0.0}
+    for r in result["calls"]:
+        floor = moved_bytes(r) / (copy_gbps * 1e9) * 1e3
+        use = next(t["ms"] for t in r["candidates"] if t["in_use"])
+        best = min(t["ms"] for t in r["candidates"])
+        calls.append({"shape": r["shape"], "dtype": r["dtype"], "along_dim_0": r["along_dim_0"], "group_rows": r["group_rows"],
+                      "calls_per_step": r["calls_per_step"], "floor_ms": floor, "in_use_ms": use, "best_ms": best})
+        n = r["calls_per_step"]
+        step["floor_ms"] += n * floor
+        step["in_use_ms"] += n * use
+        step["call_best_ms"] += n * best
+    return {"copy_GBps": copy_gbps, "calls": calls, "per_step": step}
+
+
+def explain(path: Path, copy_gbps: float | None) -> None:
+    """Print a committed result's calls against their memory floor (``--explain``)."""
+    d = json.loads(path.read_text())
+    copy_gbps = copy_gbps or d.get("copy_GBps")
+    if not copy_gbps:
+        raise SystemExit(f"{path} has no copy bandwidth of its own (runs before session 20's second commit): "
+                         "give --copy-gbps or --copy-from a quantize_speed JSON of the same GPU")
+    f = floors(d, copy_gbps)
+    print(f"{d['model']} {d['recipe']} on {d['gpu']} ({d['commit']}), copy {copy_gbps:.1f} GB/s")
+    for c in f["calls"]:
+        print(f"  {str(c['shape']):>15} {c['dtype']:>8} along dim {0 if c['along_dim_0'] else 1} {c['group_rows']:>3}x128 "
+              f"x{c['calls_per_step']:<3} floor {c['floor_ms']:.3f} ms, in use {c['in_use_ms']:.3f} ({c['in_use_ms'] / c['floor_ms']:.1f}x), "
+              f"best {c['best_ms']:.3f} ({c['best_ms'] / c['floor_ms']:.1f}x)")
+    s = f["per_step"]
+    print(f"per step: floor {s['floor_ms']:.2f} ms, in use {s['in_use_ms']:.2f}, each group's best {s['group_best_ms']:.2f}, "
+          f"each call's best {s['call_best_ms']:.2f}")
+
+
+def copy_bandwidth(device: torch.device, repeats: int) -> float:
+    """GB/s of ``y.copy_(x)`` on 16384 x 8192 BF16, read + write bytes (as ``bench/quantize_speed.py``)."""
+    x = torch.randn(16384, 8192, device=device, dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    return 2 * x.numel() * 2 / median_time(lambda: y.copy_(x), repeats) / 1e9
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="1b")
@@ -156,7 +215,13 @@ def main(argv=None):
     ap.add_argument("--dim0-sums", action="store_true", help="also time sums along dim 0 (slower in every sweep so far)")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--explain", type=Path, metavar="FILE", help="print a committed result's calls against their memory floor, and exit")
+    ap.add_argument("--copy-gbps", type=float, help="with --explain: the copy bandwidth (GB/s) if FILE has none")
+    ap.add_argument("--copy-from", type=Path, metavar="QUANTIZE_SPEED_JSON", help="with --explain: take it from a quantize_speed run")
     args = ap.parse_args(argv)
+    if args.explain:
+        gbps = args.copy_gbps or (json.loads(args.copy_from.read_text())["results"]["copy"]["GBps"] if args.copy_from else None)
+        return explain(args.explain, gbps)
     if not torch.cuda.is_available():
         raise SystemExit("fold_calls needs a CUDA GPU (its timings are CUDA events)")
     device = torch.device("cuda")
@@ -167,7 +232,8 @@ def main(argv=None):
     print(f"{sum(c['count'] for c in calls.values())} fold calls a step, {len(calls)} distinct", flush=True)
     gpu = torch.cuda.get_device_name()
     head = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit() or "unknown", "torch": torch.__version__,
-            "model": args.model, "recipe": args.recipe, "batch_size": args.batch_size, "seq_len": args.seq_len}
+            "model": args.model, "recipe": args.recipe, "batch_size": args.batch_size, "seq_len": args.seq_len,
+            "copy_GBps": copy_bandwidth(device, args.repeats)}  # the floor each call is measured against (--explain)
     path = args.json or ROOT / "bench/results" / f"fold_calls-{args.model}-{args.recipe}-{gpu.replace(' ', '_')}.json"
 
     def on_row(rows):  # a cut run keeps what it timed: the file is rewritten after each call, marked partial
@@ -186,6 +252,7 @@ def main(argv=None):
         print(f"{name}: {g['calls_per_step']} calls, in use {g['in_use_ms_per_step']:.2f} ms/step, "
               f"best {g['best']}: {g['best_ms_per_step']:.2f} ms/step")
     print(f"fold calls in all: {total_use:.2f} ms/step in use, {total_best:.2f} with each group's best")
+    explain(path, None)
 
 
 if __name__ == "__main__":

@@ -456,6 +456,8 @@ def test_fold_calls_records_a_steps_folds_and_times_each_candidate(monkeypatch):
 
     # two launches that are not in use (FOLD_LAUNCH_HADAMARD: (8, 4) / (16, 4) rows and warps, 8 / 32 warps for 128x128)
     two = lambda key: [{"rows_per_program": None if key[4] == 128 else 32, "num_warps": 4, "butterfly": f} for f in ("permutes", "sums")]
+    plain = mod.candidates(((256, 128), (128, 1), "bfloat16", True, 1, 0, False, "nearest", "floor"))  # no fused transform
+    assert {c["butterfly"] for c in plain} == {None} and (128, 4) in {(c["rows_per_program"], c["num_warps"]) for c in plain}
     seen = []
     out = mod.compare(calls, 1, time_fn=time_fn, cands=two, on_row=lambda rows: seen.append(len(rows)))
     assert seen == list(range(1, len(calls) + 1))  # progress after every call, with the rows so far
@@ -486,6 +488,17 @@ def test_fold_calls_records_a_steps_folds_and_times_each_candidate(monkeypatch):
         assert got["calls_per_step"] == want["n"] and got["in_use_ms_per_step"] == pytest.approx(want["use"])
         best = min(("permutes", "sums"), key=lambda f: want[f])  # the in-use launch was timed last: the slowest here
         assert got["best"] == f"{best} rows {32 if gr == 1 else 128} warps 4" and got["best_ms_per_step"] == pytest.approx(want[best])
+    # against the memory floor: each call's bytes (x read, a code byte an element, an FP32 scale a group) at the copy
+    # bandwidth; per step the totals, one launch a group (the table) never faster than a launch per call
+    f = mod.floors(out, 100.0)
+    for c, r in zip(f["calls"], out["calls"]):
+        n = r["shape"][0] * r["shape"][1]
+        want = n * (4 if r["dtype"] == "float32" else 2) + n + 4 * n // (128 * r["group_rows"])
+        assert c["floor_ms"] == pytest.approx(want / 100e9 * 1e3) and c["best_ms"] == min(t["ms"] for t in r["candidates"])
+    s = f["per_step"]
+    assert s["floor_ms"] == pytest.approx(sum(c["calls_per_step"] * c["floor_ms"] for c in f["calls"]))
+    assert s["in_use_ms"] == pytest.approx(sum(g["in_use_ms_per_step"] for g in out["groups"].values()))
+    assert s["call_best_ms"] <= s["group_best_ms"] + 1e-9 and s["group_best_ms"] == pytest.approx(sum(g["best_ms_per_step"] for g in out["groups"].values()))
     # a candidate that gives other bits is an error, not a time
     import fp4train.kernels.mx_fold as mx_fold
 
@@ -878,6 +891,11 @@ def test_session_20_fold_table_and_figures_are_the_committed_h200_results():
     use, best = (sum(g[k] for g in groups.values()) for k in ("in_use_ms_per_step", "best_ms_per_step"))
     assert f"In all {use:.2f} ms a step in use against {best:.2f} with each group's best" in log
     assert f"{use:.2f} ms a step at the launches in use, {best:.2f} with each group's best" in readme
+    # against the memory floor (bench/fold_calls.py --explain, with the copy bandwidth of the same session's quantize_speed)
+    copy = json.loads((res / "quantize_speed-NVIDIA_H200-b65d3f9.json").read_text())["results"]["copy"]["GBps"]
+    fl = _load("fold_calls").floors(fc, copy)["per_step"]
+    assert (f"memory floor of {fl['floor_ms']:.2f} ms a step" in log and f"{fl['call_best_ms']:.2f} ms with each call's own best launch" in log
+            and f"{fl['group_best_ms'] / fl['floor_ms']:.1f}× the floor" in log)
     big = [r for r in fc["calls"] if r["shape"] == [16384, 8192] and not r["along_dim_0"]][0]
     ms = {(t["butterfly"], t["rows_per_program"], t["num_warps"]): t["ms"] for t in big["candidates"]}
     assert f"it is the fastest ({ms['sums', 32, 4]:.3f} ms against {ms['permutes', 16, 8]:.3f})" in log
@@ -939,3 +957,75 @@ def test_session_20_fold_table_and_figures_are_the_committed_h200_results():
     cut = (res / "gpu-tests/fold_hadamard-b2713c6-cut.log").read_text().splitlines()
     assert "cut by the 200 s limit (rc 124)" in cut[0] and sum(line.count(".") for line in cut[1:] if set(line) <= set(". [%]0123456789")) == 86
     assert "cut by its limit after 86 passed, none failed" in log
+
+
+def test_fast_path_doc_is_the_committed_results():
+    """docs/fast_path.md: each target's figure, the profile, the fold calls against their floor and the memory
+    bound, as the committed files give them."""
+    doc = " ".join((ROOT / "docs/fast_path.md").read_text().split())
+    res = ROOT / "bench/results"
+    summ = json.loads((res / "summary.json").read_text())
+    t = {x["target"]: x for x in summ["targets"]}
+    pct = lambda x: f"{100 * x:.0f}%"  # noqa: E731
+    gemm = t["FP4 GEMM at 8192^3 vs cuBLAS BF16"]["measured"]
+    lin = {v: t[f"linear fwd+bwd at the Llama-3-8B shapes, {v}:triton:triton: speedup vs BF16 (geometric mean)"]["measured"] for v in ("mxfp4", "tib2d")}
+    saved = {v: t[f"saved activation bytes, {v}:triton:triton: BF16 / quantized (min over the 8B shapes)"]["measured"] for v in ("mxfp4", "tib2d")}
+    assert f"| 1.4× | {gemm:.2f}× | yes |" in doc
+    assert f"mxfp4 {lin['mxfp4']:.2f}×, tib2d {lin['tib2d']:.2f}× | yes |" in doc
+    assert f"{saved['mxfp4']:.1f}× (MXFP4), {saved['tib2d']:.1f}× (tib2d) | yes |" in doc
+    e = lambda m, r, what="BF16": t[f"end to end {m}, {r}: tokens/s vs {what}"]["measured"]  # noqa: E731
+    for m, goal in (("1b", "1.15×"), ("3b", "1.25×")):
+        assert f"| end to end {m}, AdaHOP / tib2d (CUDA graphs) | {goal} | {e(m, 'adahop+cudagraphs'):.2f}× / {e(m, 'tib2d+cudagraphs'):.2f}× | no |" in doc
+    peer = [e(m, f"{r}+cudagraphs", "torchao_fp8_rowwise") for m in ("1b", "3b") for r in ("adahop", "tib2d")]
+    assert all(p >= 1 for p in peer) and f"{peer[0]:.2f}× / {peer[1]:.2f}× at 1b, {peer[2]:.2f}× / {peer[3]:.2f}× at 3b" in doc
+    q = {k.removeprefix("quantize ").removesuffix(": fraction of copy bandwidth"): x["measured"] for k, x in t.items() if k.startswith("quantize triton")}
+    assert f"| 60% | {pct(min(q.values()))[:-1]}–{pct(max(q.values()))} (the 1D MXFP4 kernel {pct(q['triton mxfp4 nearest'])}) | no |" in doc
+    assert f"The block Hadamard kernel alone reaches {pct(q['triton hadamard 32'])}" in doc
+    heavy = [q[k] for k in ("triton mxfp4 stochastic", "triton nvfp4 nearest (+amax)", "triton hadamard 32 + mxfp4 -> fp8 1x128 (fused)",
+                            "triton mxfp8 stochastic")]
+    assert f"are further off ({pct(min(heavy))[:-1]}–{pct(max(heavy))})" in doc
+    mem = lambda m: t[f"end to end {m}, adahop+cudagraphs: peak memory BF16 / recipe (same batch)"]["measured"]  # noqa: E731
+    assert f"| 1.3× lower | AdaHOP {mem('1b'):.2f}× at 1b, {mem('3b'):.2f}× at 3b | no |" in doc
+    assert f"(AdaHOP {e('1b', 'adahop'):.2f}× at 1b, {e('3b', 'adahop'):.2f}× at 3b)" in doc
+    # the profile
+    p = {r["recipe"]: r for r in json.loads((res / "profile_step/1b-H200-triton-adahop-8x2048-b2713c6.json").read_text())["results"]}
+    a, b = p["adahop"], p["bf16"]
+    assert a["kernels_per_step"] > 2000
+    assert f"takes {a['gpu_kernel_ms_per_step']:.1f} ms of GPU kernels against BF16's {b['gpu_kernel_ms_per_step']:.1f}" in doc
+    assert (f"{a['kinds']['gemm fp8'] + a['kinds']['gemm bf16']:.1f} ms ({a['kinds']['gemm fp8']:.1f} of FP8 GEMMs, "
+            f"{a['kinds']['gemm bf16']:.1f} of BF16 for the outlier path and the head) against BF16's {b['kinds']['gemm bf16']:.1f}") in doc
+    fold = {k["kernel"]: k for k in a["top"]}["_fold_kernel"]["ms_per_step"]
+    assert f"give {a['kinds']['fp4train triton']:.1f} ms of that back, {fold:.1f} of it in `_fold_kernel`" in doc
+    g1 = {r["recipe"]: r for r in json.loads((res / "e2e-h200/train_speed-1b-reduce-overhead-b9fa87d.json").read_text())["results"]}
+    assert f"needs a step of about {g1['bf16']['step_ms'] / 1.15:.0f} ms in CUDA graphs, where the AdaHOP step now takes {g1['adahop']['step_ms']:.1f}" in doc
+    # the fold calls against their floor
+    fc = json.loads((res / "fold_calls-1b-adahop-NVIDIA_H200-e040beb.json").read_text())
+    copy = json.loads((res / "quantize_speed-NVIDIA_H200-b65d3f9.json").read_text())["results"]["copy"]
+    f = _load("fold_calls").floors(fc, copy["GBps"])
+    s = f["per_step"]
+    assert f"the 205 folds" in doc and f"they take {s['group_best_ms']:.2f} ms a step at the launches in use, against a floor of {s['floor_ms']:.2f} ms" in doc
+    x = [c["best_ms"] / c["floor_ms"] for c in f["calls"]]
+    big = max(f["calls"], key=lambda c: c["floor_ms"] * (not c["along_dim_0"]))
+    assert f"The largest call is at {big['best_ms'] / big['floor_ms']:.1f}× its floor" in doc and f"up to {max(x):.0f}×" in doc
+    assert f"({s['call_best_ms']:.2f} against {s['group_best_ms']:.2f} ms a step" in doc
+    same = {}
+    for c in f["calls"]:
+        same.setdefault((tuple(c["shape"]), c["dtype"], c["group_rows"]), {})[c["along_dim_0"]] = c["best_ms"]
+    ratio = max(v[True] / v[False] for v in same.values() if len(v) == 2)
+    assert f"takes up to {ratio:.1f}× as long along dim 0 as along dim 1 on the same shape" in doc
+    # the quantize kernel against copy, and its issue estimate from the sm90 build (warp instructions per element)
+    qs = json.loads((res / "quantize_speed-NVIDIA_H200-b65d3f9.json").read_text())["results"]
+    assert f"takes {qs['triton mxfp4 nearest (even/odd)']['ms']:.3f} ms against the copy's {copy['ms']:.3f} ms" in doc
+    k = json.loads((res / "kernels-sm90-mx1d-pairs-triton36.json").read_text())
+    wpe = [r["warp_instructions_per_element"] for r in k["results"] if r["kernel"] == "mx_quantize._mxfp4_pairs_kernel" and not r["constexprs"]["SR"]]
+    issue_ms = max(wpe) * 16384 * 8192 / (132 * 4 * 1.98e9) * 1e3
+    assert f"about {max(wpe):.1f} warp instructions per element nearest" in doc and f"is about {issue_ms:.2f} ms" in doc
+    assert f"near {round(copy['ms'] / issue_ms * 10) * 10}% of copy" in doc  # issue time alone, to the nearest 10%
+    # the memory bound
+    for m in ("1b", "3b"):
+        bud = json.loads((res / f"probes/activation_budget-{m}.json").read_text())
+        assert f"from {bud['bf16_peak_gib']:.1f} to {bud['floor_gib']:.1f} GiB ({bud['floor_ratio']:.2f}×)" in doc
+        assert bud["quantized_inputs_bf16_gib"] == {"1b": 6.0, "3b": 12.25}[m]
+        ada = summ["e2e"][m]["adahop+cudagraphs"]["peak_mem_gib"]
+        assert ada < bud["floor_gib"]  # AdaHOP's peak is past the bound
+    assert "6.0 GiB at 1b, 12.25 GiB at 3b" in doc and "(29.2 and 69.9 GiB) are already past those bounds" in doc
