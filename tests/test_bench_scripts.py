@@ -1029,3 +1029,15 @@ def test_fast_path_doc_is_the_committed_results():
         ada = summ["e2e"][m]["adahop+cudagraphs"]["peak_mem_gib"]
         assert ada < bud["floor_gib"]  # AdaHOP's peak is past the bound
     assert "6.0 GiB at 1b, 12.25 GiB at 3b" in doc and "(29.2 and 69.9 GiB) are already past those bounds" in doc
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="the kernels run on a GPU or under Triton's interpreter")
+def test_ncu_cases_probe_runs_every_case():
+    """scripts/probes/ncu_cases.py (for Nsight Compute on the device): every case runs, at small shapes here."""
+    spec = importlib.util.spec_from_file_location("ncu_cases", ROOT / "scripts/probes/ncu_cases.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    ran = mod.main(["--small"])
+    assert len(ran) == 4 + len(mod.FOLD_CASES) and sum(n.startswith("fold") for n in ran) == 5
+    assert mod.main(["--small", "--only", "copy,SR"]) == ["copy 16384x8192", "mxfp4 even/odd SR 16384x8192"]
