@@ -11,6 +11,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _readme_and_fast_path() -> str:
+    """The README and docs/fast_path.md, where the README's fast-path session notes moved in session 20: the figures
+    of both come from committed files."""
+    return (ROOT / "README.md").read_text() + "\n" + (ROOT / "docs/fast_path.md").read_text()
+
+
 def _load(name):
     spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
@@ -42,7 +48,7 @@ def test_docs_table_is_from_the_script():
 
 
 def test_readme_table_is_from_the_script():
-    readme = (ROOT / "README.md").read_text()
+    readme = _readme_and_fast_path()
     committed = json.loads((ROOT / "bench/results/sqnr_formats.json").read_text())
     nearest = {r["variant"]: r for r in committed["results"] if r["rounding"] == "nearest"}
     rows = [ln for ln in readme.splitlines() if ln.startswith("| ") and ln.split("|")[1].strip() in nearest]
@@ -61,7 +67,7 @@ def test_sqnr_linear_script_small(tmp_path):
 
 
 def test_readme_results_are_the_committed_ones():
-    readme = (ROOT / "README.md").read_text()
+    readme = _readme_and_fast_path()
     quick = (ROOT / "bench/results/quickstart-cpu/report.md").read_text()
     for row in (ln for ln in quick.splitlines() if ln.startswith("| ")):
         assert row in readme, row
@@ -103,7 +109,7 @@ def test_adahop_numbers_in_docs_are_the_committed_analysis():
     d = ROOT / "bench/results/analyze-60m-enwiki"
     an = json.loads((d / "analysis.json").read_text())
     rs = json.loads((d / "rescored.json").read_text())
-    readme, doc = (ROOT / "README.md").read_text(), (ROOT / "docs/adahop.md").read_text()
+    readme, doc = _readme_and_fast_path(), (ROOT / "docs/adahop.md").read_text()
     for m in ("fp8_rowwise", "nvfp4", "adahop_measured", "mxfp4", "hadamard_mxfp4", "tib2d"):
         assert f"{m} {an['mean_relative_error'][m]:.4f}" in readme
         assert f"| {an['mean_relative_error'][m]:.4f} | {an['mean_sqnr_db'][m]:.2f} |" in doc
@@ -227,7 +233,7 @@ def test_bf16_repeat_numbers_in_readme_and_log_are_the_committed_runs():
     finals = [json.loads((d / "summary.json").read_text())["final_val_loss"] for d in dirs]
     step64 = [next(json.loads(ln)["loss"] for ln in (d / "metrics.jsonl").read_text().splitlines() if json.loads(ln)["step"] == 64)
               for d in dirs]
-    readme, log = (ROOT / "README.md").read_text(), (ROOT / "docs/LOG.md").read_text()
+    readme, log = _readme_and_fast_path(), (ROOT / "docs/LOG.md").read_text()
     spread = (max(finals) - min(finals)) / min(finals) * 100
     assert f"{finals[0]:.4f}, {finals[1]:.4f} (lr sweep) and {finals[2]:.4f}" in readme
     assert f"{finals[0]:.4f} (here), {finals[1]:.4f} (lr sweep), {finals[2]:.4f}" in log
@@ -265,7 +271,7 @@ def test_readme_reading_of_the_finished_comparison_follows_its_report():
     a, n = r["adahop"]["val_loss_per_seed"], r["nvfp4"]["val_loss_per_seed"]
     assert min(a.values()) < min(n.values()) and max(a.values()) > max(n.values())
     assert all(-0.83 < g < 0 for g in r["fp8_rowwise"]["gap_pct_per_seed"].values())
-    readme = (ROOT / "README.md").read_text()
+    readme = _readme_and_fast_path()
     assert "(AdaHOP's seeds\nstraddle NVFP4's)" in readme or "(AdaHOP's seeds straddle NVFP4's)" in readme
 
 
@@ -273,7 +279,7 @@ def test_readme_fast_path_numbers_are_the_committed_h200_results():
     """Every figure of the README's fast-path paragraph comes from a committed result file."""
     import math
 
-    readme = (ROOT / "README.md").read_text()
+    readme = _readme_and_fast_path()
     res = ROOT / "bench/results"
     summary = json.loads((res / "summary.json").read_text())
     e2e = summary["e2e"]
@@ -593,7 +599,7 @@ def test_profile_step_charges_copies_to_the_fp4train_line_that_asked_for_them():
 def test_readme_session_16_host_figures_are_the_committed_h200_results():
     """The README's session-16 paragraph: GPU time by kind, step times, host time per step, the run-to-run spread
     and the CUDA-graph run, each from a committed result file."""
-    readme = " ".join((ROOT / "README.md").read_text().split())  # one line: the paragraph's wrapping does not matter
+    readme = " ".join(_readme_and_fast_path().split())  # one line: the paragraph's wrapping does not matter
     res = ROOT / "bench/results"
     prof = _load("profile_step")
     old = prof.explain(json.loads((res / "profile_step/1b-H200-triton-490b414.json").read_text()))["tib2d"]
@@ -674,7 +680,7 @@ def test_seed_ops_probe_counts_what_the_docs_say():
     ref, ker = mod.seed_ops_per_call("tib2d", False), mod.seed_ops_per_call("tib2d", True)
     assert committed[("tib2d", ref["path"])] == ref and committed[("tib2d", ker["path"])] == ker
     assert ker["ops"] == 2 * ker["derivations"]  # a launch and its output tensor per derivation
-    readme, log = (ROOT / "README.md").read_text(), (ROOT / "docs/LOG.md").read_text().replace("\n", " ")
+    readme, log = _readme_and_fast_path(), (ROOT / "docs/LOG.md").read_text().replace("\n", " ")
     assert f"device took {ref['ops']} tensor ops per layer call" in readme and f"{ker['ops']} ops a call)" in readme
     nv = committed[("nvfp4", ref["path"])]
     assert f"that is {ref['ops']} tensor ops in {ref['derivations']} derivations per call (nvfp4: {nv['ops']} in {nv['derivations']})" in log
@@ -812,7 +818,7 @@ def test_session_19_figures_in_the_log_are_the_committed_runs():
     was = [ms(0, g, form, 16 if g == 1 else 128, 8 if g == 1 else 32)[0] for form in ("sums", "permutes") for g in (1, 128)]
     assert (f"along dim 0 took {was[0]:.2f} ms and {was[1]:.2f} ms with sums, against {was[2]:.2f} and {was[3]:.2f} ms "
             f"with permutes") in log
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join(_readme_and_fast_path().split())
     assert (f"({q[fused]['ms']:.3f} against {q0[fused]['ms']:.3f} ms, `quantize_speed-NVIDIA_H200-a6adc54.json`), but AdaHOP "
             f"in CUDA graphs fell to {s1['adahop']['speedup_vs_bf16']:.2f}× BF16 at 1b") in readme
     assert f"the same tree ran at {p1['adahop']['speedup_vs_bf16']:.2f}×" in readme
@@ -872,7 +878,7 @@ def test_session_20_fold_table_and_figures_are_the_committed_h200_results():
 
     res = ROOT / "bench/results"
     log = " ".join((ROOT / "docs/LOG.md").read_text().split())
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join(_readme_and_fast_path().split())
     fc = json.loads((res / "fold_calls-1b-adahop-NVIDIA_H200-e040beb.json").read_text())
     assert fc["gpu"] == "NVIDIA H200" and not fc.get("partial") and (fc["model"], fc["recipe"]) == ("1b", "adahop")
     assert sum(r["calls_per_step"] for r in fc["calls"]) == 205 and len(fc["calls"]) == 13
