@@ -297,7 +297,7 @@ def quantize_mxfp4(x: torch.Tensor, *, scale: str = "floor", rounding: str = "ne
                    blocks_per_program: int | None = None, num_warps: int | None = None, pairs: bool = True) -> QuantizedTensor:
     """MXFP4 along the last dim of a 2D tensor (last dim a multiple of 32), fused; see the module docstring.
     ``blocks_per_program`` (a power of two) / ``num_warps``: launch tuning (:data:`MX1D_LAUNCH`), the same bits.
-    ``pairs``: the even/odd-element kernel (:func:`_mxfp4_pairs_kernel`, the default: 7-10% faster on the H200,
+    ``pairs``: the even/odd-element kernel (:func:`_mxfp4_pairs_kernel`, the default: 4-10% faster on the H200,
     docs/LOG.md session 20) or, if False, :func:`_mx_kernel`, which packs codes by a reshape; the same bits."""
     return _quantize_1d("mxfp4", x, scale, rounding, seed, blocks_per_program, num_warps, pairs)
 
