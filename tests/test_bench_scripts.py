@@ -983,7 +983,10 @@ def test_fast_path_doc_is_the_committed_results():
     for m, goal in (("1b", "1.15×"), ("3b", "1.25×")):
         assert f"| end to end {m}, AdaHOP / tib2d (CUDA graphs) | {goal} | {e(m, 'adahop+cudagraphs'):.2f}× / {e(m, 'tib2d+cudagraphs'):.2f}× | no |" in doc
     peer = [e(m, f"{r}+cudagraphs", "torchao_fp8_rowwise") for m in ("1b", "3b") for r in ("adahop", "tib2d")]
-    assert all(p >= 1 for p in peer) and f"{peer[0]:.2f}× / {peer[1]:.2f}× at 1b, {peer[2]:.2f}× / {peer[3]:.2f}× at 3b" in doc
+    assert all(p >= 1 for p in peer) and f"{peer[0]:.2f}× / {peer[1]:.2f}× and {peer[2]:.2f}× / {peer[3]:.2f}× |" in doc
+    like = [e(m, r, "torchao_fp8_rowwise") for m in ("1b", "3b") for r in ("adahop", "tib2d")]  # both compiled by default
+    assert all(p < 1 for p in like) and f"like for like: {like[0]:.2f}× / {like[1]:.2f}× at 1b, {like[2]:.2f}× / {like[3]:.2f}× at 3b" in doc
+    assert "torchao_fp8_rowwise+cudagraphs" not in summ["e2e"]["1b"] and "no, like for like (torchao not yet run in CUDA graphs)" in doc
     q = {k.removeprefix("quantize ").removesuffix(": fraction of copy bandwidth"): x["measured"] for k, x in t.items() if k.startswith("quantize triton")}
     assert f"| 60% | {pct(min(q.values()))[:-1]}–{pct(max(q.values()))} (the 1D MXFP4 kernel {pct(q['triton mxfp4 nearest'])}) | no |" in doc
     assert f"The block Hadamard kernel alone reaches {pct(q['triton hadamard 32'])}" in doc
@@ -1047,3 +1050,24 @@ def test_ncu_cases_probe_runs_every_case():
     ran = mod.main(["--small"])
     assert len(ran) == 4 + len(mod.FOLD_CASES) and sum(n.startswith("fold") for n in ran) == 5
     assert mod.main(["--small", "--only", "copy,SR"]) == ["copy 16384x8192", "mxfp4 even/odd SR 16384x8192"]
+
+
+def test_summary_rates_against_torchao_only_like_for_like():
+    """A recipe's figure in CUDA graphs against torchao compiled by default is a figure without a verdict; with
+    torchao also run in CUDA graphs, it is against that run."""
+    mod = _load("summary")
+    meta = {"gpu": "NVIDIA H200", "date": "2026-12-01", "commit": "abc1234"}
+    default = {**meta, "model": "1b", "results": [{"recipe": "bf16", "tokens_per_s": 100.0}, {"recipe": "adahop", "tokens_per_s": 90.0},
+                                                  {"recipe": "torchao_fp8_rowwise", "tokens_per_s": 95.0}]}
+    graphs = {**meta, "model": "1b", "compile_mode": "reduce-overhead",
+              "results": [{"recipe": "bf16", "tokens_per_s": 100.0}, {"recipe": "adahop", "tokens_per_s": 110.0}]}
+    t = {x["target"]: x for x in mod.build([default, graphs], None, None, None)["targets"]}
+    x = t["end to end 1b, adahop+cudagraphs: tokens/s vs torchao_fp8_rowwise"]
+    assert x["measured"] == pytest.approx(1.1 / 0.95) and x["met"] is None and x["note"].startswith("not like for like")
+    assert t["end to end 1b, adahop: tokens/s vs torchao_fp8_rowwise"]["met"] is False  # 0.90 / 0.95, like for like
+    peer_graphs = {**graphs, "results": graphs["results"] + [{"recipe": "torchao_fp8_rowwise", "tokens_per_s": 120.0}]}
+    t = {x["target"]: x for x in mod.build([default, peer_graphs], None, None, None)["targets"]}
+    x = t["end to end 1b, adahop+cudagraphs: tokens/s vs torchao_fp8_rowwise"]
+    assert x["measured"] == pytest.approx(1.1 / 1.2) and x["met"] is False and "note" not in x
+    md = mod.markdown(mod.build([default, graphs], None, None, None))
+    assert "| end to end 1b, adahop+cudagraphs: tokens/s vs torchao_fp8_rowwise | 1.00 | 1.16 | not like for like |" in md
