@@ -963,6 +963,15 @@ def test_session_20_fold_table_and_figures_are_the_committed_h200_results():
     cut = (res / "gpu-tests/fold_hadamard-b2713c6-cut.log").read_text().splitlines()
     assert "cut by the 200 s limit (rc 124)" in cut[0] and sum(line.count(".") for line in cut[1:] if set(line) <= set(". [%]0123456789")) == 86
     assert "cut by its limit after 86 passed, none failed" in log
+    # after the device time: torchao like for like, and the memory bound at 3b
+    t = {x["target"]: x for x in json.loads((res / "summary.json").read_text())["targets"]}
+    rate = lambda m, r: t[f"end to end {m}, {r}: tokens/s vs torchao_fp8_rowwise"]["measured"]  # noqa: E731
+    graphs = [rate(m, f"{r}+cudagraphs") for m in ("1b", "3b") for r in ("adahop", "tib2d")]
+    like = [rate(m, r) for m in ("1b", "3b") for r in ("adahop", "tib2d")]
+    assert f"and called them met ({min(graphs):.2f}–{max(graphs):.2f}×)" in log and f"we are behind it ({min(like):.2f}–{max(like):.2f}×)" in log
+    bud = json.loads((res / "probes/activation_budget-3b.json").read_text())
+    assert (f"counts {bud['quantized_inputs_bf16_gib']:.2f} GiB of BF16 inputs" in log and f"BF16's {bud['bf16_peak_gib']:.1f} GiB peak would "
+            f"fall to {bud['floor_gib']:.1f} GiB, {bud['floor_ratio']:.2f}×" in log)
 
 
 def test_fast_path_doc_is_the_committed_results():
