@@ -1021,10 +1021,14 @@ def test_fast_path_doc_is_the_committed_results():
     copy = json.loads((res / "quantize_speed-NVIDIA_H200-b65d3f9.json").read_text())["results"]["copy"]
     f = _load("fold_calls").floors(fc, copy["GBps"])
     s = f["per_step"]
-    assert f"the 205 folds" in doc and f"they take {s['group_best_ms']:.2f} ms a step at the launches in use, against a floor of {s['floor_ms']:.2f} ms" in doc
+    assert "the 205 folds" in doc and (f"they take {s['group_best_ms']:.2f} ms a step at the launches now in use ({s['in_use_ms']:.2f} at the "
+                                       f"former ones), against a floor of {s['floor_ms']:.2f} ms") in doc
     x = [c["best_ms"] / c["floor_ms"] for c in f["calls"]]
     big = max(f["calls"], key=lambda c: c["floor_ms"] * (not c["along_dim_0"]))
-    assert f"The largest call is at {big['best_ms'] / big['floor_ms']:.1f}× its floor" in doc and f"up to {max(x):.0f}×" in doc
+    assert f"the largest call is at {big['best_ms'] / big['floor_ms']:.1f}× its floor" in doc and f"up to {max(x):.0f}× (64 programs" in doc
+    worst = max(f["calls"], key=lambda c: c["best_ms"] / c["floor_ms"])
+    assert (worst["shape"], worst["dtype"], worst["along_dim_0"], worst["group_rows"]) == ([512, 2048], "float32", True, 128)
+    assert (2048 // 128) * (512 // 128) == 64  # along dim 0 the operand is W^T [2048, 512]: one program per 128x128 group
     assert f"({s['call_best_ms']:.2f} against {s['group_best_ms']:.2f} ms a step" in doc
     same = {}
     for c in f["calls"]:
