@@ -8,7 +8,7 @@ to end (docs/LOG.md, session 19). This script runs one eager training step of
 of ``quantize_mxfp4_fp8`` (with ``--hadamard-only``, those with a fused Hadamard transform). Each
 distinct call is then timed with CUDA events (median of ``--repeats``) under every candidate - the
 fused transform's butterflies by permutes or sums, times (rows per program, warps) - after checking
-that the candidate gives the default's bits. Per (blocks along dim 0, group rows, fused transform)
+that the candidate gives the default's bits. Per (block dim read with a stride or not, group rows, fused transform)
 it sums ms per step (calls per step x median) for each candidate and sets the best against the
 launch in use (``FOLD_LAUNCH`` / ``FOLD_LAUNCH_HADAMARD``).
 
@@ -53,6 +53,12 @@ def call_key(x: torch.Tensor, kw: dict) -> tuple:
             kw.get("rounding", "nearest"), kw.get("scale", "floor"))
 
 
+def strided(strides, along_dim_0: bool) -> bool:
+    """Whether a call reads its block dim with a stride (``mx_fold.block_dim_strided``): what its launch follows.
+    A row-major x along dim 0 and a transposed view along dim 1 are the same reads."""
+    return strides[0 if along_dim_0 else 1] != 1
+
+
 def record_calls(model: str, recipe: str, batch: int, seq: int, device: torch.device, *, backend: str | None = None,
                  calibration_steps: int = 3, hadamard_only: bool = False) -> dict[tuple, dict]:
     """The ``quantize_mxfp4_fp8`` calls of one eager training step of ``setup``'s run, by :func:`call_key`:
@@ -80,11 +86,11 @@ def record_calls(model: str, recipe: str, batch: int, seq: int, device: torch.de
 
 def candidates(key: tuple, dim0_sums: bool = False) -> list[dict]:
     """The keyword sets tried for a call: every launch of :data:`LAUNCHES` for its group size, each with
-    both butterfly forms when it fuses a transform - but along dim 0 only permutes unless ``dim0_sums``:
-    there sums ran 1.2-18x slower at every launch of the H200 sweep
+    both butterfly forms when it fuses a transform - but on strided reads (along dim 0) only permutes unless
+    ``dim0_sums``: there sums ran 1.2-18x slower at every launch of the H200 sweep
     (``bench/results/fold_sweep-NVIDIA_H200-hadamard-1e006b7.json``), and each candidate costs a compile."""
-    along_0, gr, had = key[3], key[4], key[5]
-    forms = ("permutes",) if had and along_0 and not dim0_sums else ("permutes", "sums") if had else (None,)
+    gr, had = key[4], key[5]
+    forms = ("permutes",) if had and strided(key[1], key[3]) and not dim0_sums else ("permutes", "sums") if had else (None,)
     launches = LAUNCHES[gr] + (PLAIN_TALL if gr == 1 and not had else [])
     return [{"rows_per_program": rb if gr == 1 else None, "num_warps": nw, "butterfly": form}
             for form in forms for rb, nw in launches]
@@ -95,7 +101,7 @@ def in_use(key: tuple) -> dict:
     from fp4train.kernels.mx_fold import fold_launch
 
     gr = key[4]
-    rb, nw, form = fold_launch(key[3], gr, key[5] > 0)
+    rb, nw, form = fold_launch(strided(key[1], key[3]), gr, key[5] > 0)
     return {"rows_per_program": rb if gr == 1 else None, "num_warps": nw, "butterfly": form}
 
 
@@ -124,7 +130,8 @@ def compare(calls: dict[tuple, dict], repeats: int, time_fn: Callable = median_t
         if not any(t["in_use"] for t in times):  # the launch in use is not among the candidates: time it too
             counter = torch.zeros((), dtype=torch.int32, device=x.device)
             times.append({**use, "ms": time_fn(lambda: quantize_mxfp4_fp8(x, counter=counter, **kw), repeats) * 1e3, "in_use": True})
-        rows.append({"shape": list(key[0]), "strides": list(key[1]), "dtype": key[2], "along_dim_0": key[3], "group_rows": key[4],
+        rows.append({"shape": list(key[0]), "strides": list(key[1]), "dtype": key[2], "along_dim_0": key[3],
+                     "block_dim_strided": strided(key[1], key[3]), "group_rows": key[4],
                      "hadamard_block": key[5], "signs": key[6], "rounding": key[7], "scale": key[8],
                      "calls_per_step": c["count"], "candidates": times})
         if on_row is not None:
@@ -133,20 +140,26 @@ def compare(calls: dict[tuple, dict], repeats: int, time_fn: Callable = median_t
 
 
 def group_totals(rows: list[dict]) -> dict:
-    """Per group of calls (blocks along dim 0, group rows, transform): calls per step, ms per step at the
+    """Per group of calls (block dim strided or contiguous, group rows, transform; ``FOLD_LAUNCH_HADAMARD``'s key, and
+    for files written before that key, from the rows' strides): calls per step, ms per step at the
     launches in use and under each candidate, and the best candidate."""
     groups = {}
     for r in rows:
-        g = groups.setdefault(f"along dim {0 if r['along_dim_0'] else 1}, {r['group_rows']}x128, hadamard {r['hadamard_block']}",
-                              {"calls_per_step": 0, "in_use_ms_per_step": 0.0, "by_candidate": {}})
+        reads = "strided" if r.get("block_dim_strided", strided(r["strides"], r["along_dim_0"])) else "contiguous"
+        g = groups.setdefault(f"block dim {reads}, {r['group_rows']}x128, hadamard {r['hadamard_block']}",
+                              {"calls_per_step": 0, "in_use_ms_per_step": 0.0, "by_candidate": {}, "calls": 0, "_timed": {}})
         g["calls_per_step"] += r["calls_per_step"]
+        g["calls"] += 1
         for t in r["candidates"]:
             ms = r["calls_per_step"] * t["ms"]
             if t["in_use"]:
                 g["in_use_ms_per_step"] += ms
             name = f"{t['butterfly'] or 'plain'} rows {t['rows_per_program'] or 128} warps {t['num_warps']}"
             g["by_candidate"][name] = g["by_candidate"].get(name, 0.0) + ms
-    for g in groups.values():  # every call of a group has the same candidates (they depend on its key's group part)
+            g["_timed"][name] = g["_timed"].get(name, 0) + 1
+    for g in groups.values():  # a candidate's total counts only if every call of the group timed it
+        timed = g.pop("_timed")
+        g["by_candidate"] = {n: ms for n, ms in g["by_candidate"].items() if timed[n] == g["calls"]}
         name, ms = min(g["by_candidate"].items(), key=lambda kv: kv[1])
         g["best"], g["best_ms_per_step"] = name, ms
     return groups
@@ -163,8 +176,10 @@ def floors(result: dict, copy_gbps: float) -> dict:
     """How far the step's fold calls are from their memory floor (``moved_bytes`` at the copy bandwidth
     ``copy_gbps``, read + write bytes per second as ``bench/quantize_speed.py`` counts them): per call its floor and
     its times in use and at its own best candidate; per step the totals, and with each group's best (one launch a
-    group, as ``FOLD_LAUNCH_HADAMARD`` sets) against each call's own best (a launch per call shape)."""
+    group, as ``FOLD_LAUNCH_HADAMARD`` sets; the file's groups, and the calls grouped by their reads as the table is
+    keyed now, which differ for files written before that key) against each call's own best (a launch per call shape)."""
     calls, step = [], {"floor_ms": 0.0, "in_use_ms": 0.0, "group_best_ms": sum(g["best_ms_per_step"] for g in result["groups"].values()),
+                       "group_best_by_reads_ms": sum(g["best_ms_per_step"] for g in group_totals(result["calls"]).values()),
                        "call_best_ms": 0.0}
     for r in result["calls"]:
         floor = moved_bytes(r) / (copy_gbps * 1e9) * 1e3
@@ -193,8 +208,10 @@ def explain(path: Path, copy_gbps: float | None) -> None:
               f"x{c['calls_per_step']:<3} floor {c['floor_ms']:.3f} ms, in use {c['in_use_ms']:.3f} ({c['in_use_ms'] / c['floor_ms']:.1f}x), "
               f"best {c['best_ms']:.3f} ({c['best_ms'] / c['floor_ms']:.1f}x)")
     s = f["per_step"]
-    print(f"per step: floor {s['floor_ms']:.2f} ms, in use {s['in_use_ms']:.2f}, each group's best {s['group_best_ms']:.2f}, "
-          f"each call's best {s['call_best_ms']:.2f}")
+    print(f"per step: floor {s['floor_ms']:.2f} ms, in use {s['in_use_ms']:.2f}, each group's best {s['group_best_ms']:.2f} "
+          f"({s['group_best_by_reads_ms']:.2f} grouped by reads), each call's best {s['call_best_ms']:.2f}")
+    for name, g in group_totals(d["calls"]).items():
+        print(f"  {name}: best {g['best']}, {g['best_ms_per_step']:.2f} ms a step")
 
 
 def copy_bandwidth(device: torch.device, repeats: int) -> float:

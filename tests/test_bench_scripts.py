@@ -460,17 +460,19 @@ def test_fold_calls_records_a_steps_folds_and_times_each_candidate(monkeypatch):
         timed.append(next(fake) * 1e-3)
         return timed[-1]
 
-    # two launches that are not in use (FOLD_LAUNCH_HADAMARD: (8, 4) / (16, 4) rows and warps, 8 / 32 warps for 128x128)
+    # two launches that are not in use (FOLD_LAUNCH_HADAMARD: (16, 4) / (8, 4) rows and warps, 8 / 16 warps for 128x128)
     two = lambda key: [{"rows_per_program": None if key[4] == 128 else 32, "num_warps": 4, "butterfly": f} for f in ("permutes", "sums")]
     plain = mod.candidates(((256, 128), (128, 1), "bfloat16", True, 1, 0, False, "nearest", "floor"))  # no fused transform
     assert {c["butterfly"] for c in plain} == {None} and (128, 4) in {(c["rows_per_program"], c["num_warps"]) for c in plain}
     seen = []
     out = mod.compare(calls, 1, time_fn=time_fn, cands=two, on_row=lambda rows: seen.append(len(rows)))
     assert seen == list(range(1, len(calls) + 1))  # progress after every call, with the rows so far
-    # the default candidates: along dim 0 permutes only unless asked (sums lost there at every launch on the H200)
+    # the default candidates: on strided reads permutes only unless asked (sums lost there at every launch on the H200)
+    assert {mod.strided(k[1], k[3]) for k in keys} == {False, True}
     for k in keys:
         forms = {c["butterfly"] for c in mod.candidates(k)}
-        assert forms == ({"permutes"} if k[3] else {"permutes", "sums"}) and {c["butterfly"] for c in mod.candidates(k, True)} == {"permutes", "sums"}
+        assert forms == ({"permutes"} if mod.strided(k[1], k[3]) else {"permutes", "sums"})
+        assert {c["butterfly"] for c in mod.candidates(k, True)} == {"permutes", "sums"}
     # every call timed under both candidates and, since neither is the launch in use, under that one too: in that order
     assert len(out["calls"]) == len(calls) and [len(r["candidates"]) for r in out["calls"]] == [3] * len(calls)
     assert [t["ms"] for r in out["calls"] for t in r["candidates"]] == [t * 1e3 for t in timed]
@@ -478,19 +480,20 @@ def test_fold_calls_records_a_steps_folds_and_times_each_candidate(monkeypatch):
 
     for r in out["calls"]:
         use = [t for t in r["candidates"] if t["in_use"]]
-        rb, nw, form = fold_launch(r["along_dim_0"], r["group_rows"], True)
+        assert r["block_dim_strided"] == mod.strided(r["strides"], r["along_dim_0"])
+        rb, nw, form = fold_launch(r["block_dim_strided"], r["group_rows"], True)
         assert len(use) == 1 and use[0] is r["candidates"][-1] and (use[0]["num_warps"], use[0]["butterfly"]) == (nw, form)
     # the groups' totals, recomputed from the per-call times: calls per step x ms, summed over a group's calls
     groups = {}
     for r in out["calls"]:
-        g = groups.setdefault((r["along_dim_0"], r["group_rows"]), {"n": 0, "use": 0.0, "permutes": 0.0, "sums": 0.0})
+        g = groups.setdefault((r["block_dim_strided"], r["group_rows"]), {"n": 0, "use": 0.0, "permutes": 0.0, "sums": 0.0})
         g["n"] += r["calls_per_step"]
         g["use"] += r["calls_per_step"] * r["candidates"][2]["ms"]
         for t in r["candidates"][:2]:
             g[t["butterfly"]] += r["calls_per_step"] * t["ms"]
     assert len(groups) == len(out["groups"]) == 4
-    for (along_0, gr), want in groups.items():
-        got = out["groups"][f"along dim {0 if along_0 else 1}, {gr}x128, hadamard 32"]
+    for (reads_strided, gr), want in groups.items():
+        got = out["groups"][f"block dim {'strided' if reads_strided else 'contiguous'}, {gr}x128, hadamard 32"]
         assert got["calls_per_step"] == want["n"] and got["in_use_ms_per_step"] == pytest.approx(want["use"])
         best = min(("permutes", "sums"), key=lambda f: want[f])  # the in-use launch was timed last: the slowest here
         assert got["best"] == f"{best} rows {32 if gr == 1 else 128} warps 4" and got["best_ms_per_step"] == pytest.approx(want[best])
@@ -505,6 +508,7 @@ def test_fold_calls_records_a_steps_folds_and_times_each_candidate(monkeypatch):
     assert s["floor_ms"] == pytest.approx(sum(c["calls_per_step"] * c["floor_ms"] for c in f["calls"]))
     assert s["in_use_ms"] == pytest.approx(sum(g["in_use_ms_per_step"] for g in out["groups"].values()))
     assert s["call_best_ms"] <= s["group_best_ms"] + 1e-9 and s["group_best_ms"] == pytest.approx(sum(g["best_ms_per_step"] for g in out["groups"].values()))
+    assert s["group_best_by_reads_ms"] == pytest.approx(s["group_best_ms"])  # written with the reads key: the same groups
     # a candidate that gives other bits is an error, not a time
     import fp4train.kernels.mx_fold as mx_fold
 
@@ -883,13 +887,30 @@ def test_session_20_fold_table_and_figures_are_the_committed_h200_results():
     assert fc["gpu"] == "NVIDIA H200" and not fc.get("partial") and (fc["model"], fc["recipe"]) == ("1b", "adahop")
     assert sum(r["calls_per_step"] for r in fc["calls"]) == 205 and len(fc["calls"]) == 13
     groups = fc["groups"]
-    for (along_0, gr), (rb, nw, form) in FOLD_LAUNCH_HADAMARD.items():
+    # the table that ran end to end at b9fa87d: each group's best with the calls grouped by the axis argument (the file)
+    by_axis = {(False, 1): (8, 4, "sums"), (False, 128): (128, 8, "permutes"), (True, 1): (16, 4, "permutes"), (True, 128): (128, 32, "permutes")}
+    for (along_0, gr), (rb, nw, form) in by_axis.items():
         g = groups[f"along dim {0 if along_0 else 1}, {gr}x128, hadamard 32"]
-        assert g["best"] == f"{form} rows {rb} warps {nw}", (along_0, gr)  # the table is each group's best
+        assert g["best"] == f"{form} rows {rb} warps {nw}", (along_0, gr)
         assert f"({g['calls_per_step']} calls)" in log
         if g["in_use_ms_per_step"] > g["best_ms_per_step"]:
             assert f"{g['in_use_ms_per_step']:.2f} in use" in log or f"{g['in_use_ms_per_step']:.2f} ms in use" in log
         assert f"{g['best_ms_per_step']:.2f}" in log
+    # the table now: each group's best with the calls grouped by their reads (block dim strided or not), the same file
+    fcm = _load("fold_calls")
+    by_reads = fcm.group_totals(fc["calls"])
+    for (reads_strided, gr), (rb, nw, form) in FOLD_LAUNCH_HADAMARD.items():
+        g = by_reads[f"block dim {'strided' if reads_strided else 'contiguous'}, {gr}x128, hadamard 32"]
+        assert g["best"] == f"{form} rows {rb} warps {nw}", (reads_strided, gr)
+    views = [r for r in fc["calls"] if not r["along_dim_0"] and fcm.strided(r["strides"], False)]
+    assert sum(r["calls_per_step"] for r in views) == 16 and all(r["shape"] == [2048, 16384] for r in views)
+    v1 = {(t["butterfly"], t["rows_per_program"], t["num_warps"]): t["ms"] for t in next(r for r in views if r["group_rows"] == 1)["candidates"]}
+    assert f"sums at (8, 4), {v1['sums', 8, 4]:.3f} ms, where permutes at (8, 4) take {v1['permutes', 8, 4]:.3f}" in log
+    new_total = sum(g["best_ms_per_step"] for g in by_reads.values())
+    assert f"{new_total:.2f} ms a step against {sum(g['best_ms_per_step'] for g in groups.values()):.2f}" in log
+    for name, want in (("block dim contiguous, 1x128, hadamard 32", "sums at (16, 4), {:.2f}"),
+                       ("block dim strided, 1x128, hadamard 32", "permutes at (8, 4), {:.2f}")):
+        assert want.format(by_reads[name]["best_ms_per_step"]) in log
     d1 = groups["along dim 1, 1x128, hadamard 32"]["by_candidate"]
     assert f"Sums at (32, 4), the launch session 19's sweep picked, take {d1['sums rows 32 warps 4']:.2f}" in log
     perm = [v for k, v in d1.items() if k.startswith("permutes")]
@@ -1021,15 +1042,17 @@ def test_fast_path_doc_is_the_committed_results():
     copy = json.loads((res / "quantize_speed-NVIDIA_H200-b65d3f9.json").read_text())["results"]["copy"]
     f = _load("fold_calls").floors(fc, copy["GBps"])
     s = f["per_step"]
-    assert "the 205 folds" in doc and (f"they take {s['group_best_ms']:.2f} ms a step at the launches now in use ({s['in_use_ms']:.2f} at the "
-                                       f"former ones), against a floor of {s['floor_ms']:.2f} ms") in doc
+    now = s["group_best_by_reads_ms"]
+    assert "the 205 folds" in doc and (f"they take {s['group_best_ms']:.2f} ms a step at the launches measured end to end at b9fa87d "
+                                       f"({s['in_use_ms']:.2f} at the former ones; {now:.2f} predicted for the table now in use, which "
+                                       f"follows each call's reads), against a floor of {s['floor_ms']:.2f} ms") in doc
     x = [c["best_ms"] / c["floor_ms"] for c in f["calls"]]
     big = max(f["calls"], key=lambda c: c["floor_ms"] * (not c["along_dim_0"]))
     assert f"the largest call is at {big['best_ms'] / big['floor_ms']:.1f}× its floor" in doc and f"up to {max(x):.0f}× (64 programs" in doc
     worst = max(f["calls"], key=lambda c: c["best_ms"] / c["floor_ms"])
     assert (worst["shape"], worst["dtype"], worst["along_dim_0"], worst["group_rows"]) == ([512, 2048], "float32", True, 128)
     assert (2048 // 128) * (512 // 128) == 64  # along dim 0 the operand is W^T [2048, 512]: one program per 128x128 group
-    assert f"({s['call_best_ms']:.2f} against {s['group_best_ms']:.2f} ms a step" in doc
+    assert f"({s['call_best_ms']:.2f} against {now:.2f} ms a step predicted" in doc
     same = {}
     for c in f["calls"]:
         same.setdefault((tuple(c["shape"]), c["dtype"], c["group_rows"]), {})[c["along_dim_0"]] = c["best_ms"]

@@ -640,6 +640,37 @@ def test_fold_kernel_launch_tuning_does_not_change_the_bits(axis):
         quantize_mxfp4_fp8(x, group_rows=1, rows_per_program=12)
 
 
+def test_fold_launch_follows_the_reads_not_the_axis(monkeypatch):
+    """The default launch is chosen by whether the block dim is read with a stride (FOLD_LAUNCH*'s key): a transposed
+    view folded along dim 1 reads memory as the row-major tensor folded along dim 0 does, and takes its launch (and
+    gives its bits); a row-major tensor along dim 1 takes the contiguous launch."""
+    from fp4train.kernels import mx_fold
+
+    x = _special(256, 128, 3).to(torch.bfloat16).to(DEV)
+    assert mx_fold.block_dim_strided(x, 0) and mx_fold.block_dim_strided(x.t(), 1)
+    assert not mx_fold.block_dim_strided(x, 1) and not mx_fold.block_dim_strided(x.t(), 0)
+    launches = []
+    real = mx_fold._fold_kernel
+
+    class Spy:  # records each launch's rows per program, warps and butterfly form, then runs the kernel
+        def __getitem__(self, grid):
+            def run(*args, **kw):
+                launches.append((kw["RB"], kw["num_warps"], "sums" if kw["SUMS"] else "permutes"))
+                return real[grid](*args, **kw)
+            return run
+
+    monkeypatch.setattr(mx_fold, "_fold_kernel", Spy())
+    for gr in (1, 128):
+        launches.clear()
+        a = mx_fold.quantize_mxfp4_fp8(x, axis=0, group_rows=gr, hadamard_block=32)
+        b = mx_fold.quantize_mxfp4_fp8(x.t(), axis=1, group_rows=gr, hadamard_block=32)
+        c = mx_fold.quantize_mxfp4_fp8(x.t().contiguous(), axis=1, group_rows=gr, hadamard_block=32)
+        assert launches[0] == launches[1] == mx_fold.fold_launch(True, gr, True) and launches[2] == mx_fold.fold_launch(False, gr, True)
+        for got in (b, c):  # the same bits (the scales hold NaN for _special's NaN blocks)
+            assert torch.equal(got.codes, a.codes) and int(got.inexact) == int(a.inexact)
+            torch.testing.assert_close(got.scales, a.scales, rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.parametrize("had", [None, 32])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("group_rows", [1, 128])

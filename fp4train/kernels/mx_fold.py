@@ -463,7 +463,9 @@ def _packed_fold(codes, scales, R: int, K: int, group_rows: int, counter, *, til
     return FoldedFP8(out, out_s, 1 if scale_per_row else group_rows, counter)
 
 
-# (rows per program, warps) of quantize_mxfp4_fp8 by (blocks along dim 0, group rows): the fastest of
+# (rows per program, warps) of quantize_mxfp4_fp8 by (block dim strided, group rows) - whether the operand's block dim
+# is read with a stride (blocks along dim 0 of a row-major x, or along dim 1 of a transposed view: the same reads,
+# the same kernel call) or contiguously; the launch follows the reads, not the axis argument. The fastest of
 # bench/fold_sweep.py on the H200 (16384 x 8192 BF16, nearest; bench/results/fold_sweep-NVIDIA_H200-680aa49.json):
 # along dim 1, 1x128 groups 32 rows, 4 warps (0.196 ms, 51% of copy; 16 rows 0.224), 128x128 groups 16 warps
 # (0.227 ms; 4 warps 0.276); along dim 0 (read down x's columns) 128 rows, 4 warps (0.346 ms for 1x128 groups,
@@ -471,7 +473,7 @@ def _packed_fold(codes, scales, R: int, K: int, group_rows: int, counter, *, til
 # dim 0 (best 0.426 ms at 93647de).
 FOLD_LAUNCH = {(False, 1): (32, 4), (False, 128): (128, 16), (True, 1): (128, 4), (True, 128): (128, 4)}
 # With a fused Hadamard transform (AdaHOP's IHT GEMMs, hadamard_mxfp4): (rows per program, warps, butterflies) by
-# (blocks along dim 0, group rows). On the 16384 x 8192 BF16 tensor of bench/fold_sweep.py --kernels hadamard
+# (block dim strided, group rows). On the 16384 x 8192 BF16 tensor of bench/fold_sweep.py --kernels hadamard
 # (bench/results/fold_sweep-NVIDIA_H200-hadamard-1e006b7.json) butterflies by sums were fastest along dim 1 (0.320 ms
 # at (32, 4) for 1x128 groups, 0.355 at (128, 16) for 128x128, against 0.616 / 0.598 here) and 1.2-18x slower along
 # dim 0 (4x / 16x at these launches), where permutes at (8, 4) / (128, 16) led (0.566 / 0.506 against 0.721 / 0.592).
@@ -480,16 +482,29 @@ FOLD_LAUNCH = {(False, 1): (32, 4), (False, 128): (128, 16), (True, 1): (128, 4)
 # calls of AdaHOP's own 1b step (13 distinct; bench/results/fold_calls-1b-adahop-NVIDIA_H200-e040beb.json): per group,
 # ms per step against (16, 8) / (128, 32) permutes: along dim 1, 1x128, sums at (8, 4) 11.45 against 15.28 (sums at
 # (32, 4), the sweep's choice, 17.61: the step's tensors are small); 128x128 permutes at 8 warps 2.06 against 2.34;
-# along dim 0, 1x128, permutes at (16, 4) 9.21 against 10.70; 128x128 permutes at 32 warps stays best (4.22).
-FOLD_LAUNCH_HADAMARD = {(False, 1): (8, 4, "sums"), (False, 128): (128, 8, "permutes"),
-                        (True, 1): (16, 4, "permutes"), (True, 128): (128, 32, "permutes")}
+# along dim 0, 1x128, permutes at (16, 4) 9.21 against 10.70; 128x128 permutes at 32 warps stays best (4.22). That
+# table (session 20, measured end to end: AdaHOP 1.06x at 1b, 1.18x at 3b) grouped the calls by the axis argument; 16
+# of them pass a transposed view along dim 1, which reads x as a call along dim 0 does. Grouped by the reads (the
+# same file, `python bench/fold_calls.py --explain ...`), each group's best is this table: contiguous 1x128 sums at
+# (16, 4), 7.27 ms a step; strided 1x128 permutes at (8, 4), 10.58 ((16, 4) within 0.01); 128x128 permutes at 8 warps
+# (0.46) and 16 warps (5.89): 24.20 ms a step against 26.94 - predicted from the per-call times, not yet measured end
+# to end (scripts/gpu/layout_table_1b_3b.sh).
+FOLD_LAUNCH_HADAMARD = {(False, 1): (16, 4, "sums"), (False, 128): (128, 8, "permutes"),
+                        (True, 1): (8, 4, "permutes"), (True, 128): (128, 16, "permutes")}
 
 
-def fold_launch(along_0: bool, group_rows: int, hadamard: bool) -> tuple[int, int, str | None]:
-    """The default launch of :func:`quantize_mxfp4_fp8`: (rows per program - 128 for 128x128 groups -, warps, the
-    fused transform's butterfly form or None without one), from :data:`FOLD_LAUNCH` / :data:`FOLD_LAUNCH_HADAMARD`."""
-    rb, warps, form = FOLD_LAUNCH_HADAMARD[(along_0, group_rows)] if hadamard else (*FOLD_LAUNCH[(along_0, group_rows)], None)
+def fold_launch(strided: bool, group_rows: int, hadamard: bool) -> tuple[int, int, str | None]:
+    """The default launch of :func:`quantize_mxfp4_fp8` for an operand whose block dim is read with a stride
+    (``strided``) or contiguously: (rows per program - 128 for 128x128 groups -, warps, the fused transform's
+    butterfly form or None without one), from :data:`FOLD_LAUNCH` / :data:`FOLD_LAUNCH_HADAMARD`."""
+    rb, warps, form = FOLD_LAUNCH_HADAMARD[(strided, group_rows)] if hadamard else (*FOLD_LAUNCH[(strided, group_rows)], None)
     return (rb if group_rows == 1 else 128), warps, form
+
+
+def block_dim_strided(x: torch.Tensor, axis: int) -> bool:
+    """Whether :func:`quantize_mxfp4_fp8` reads the block dim of ``x`` (``axis``) with a stride: what its launch
+    follows (a row-major x along dim 0 and a transposed view along dim 1 read memory alike)."""
+    return x.stride(axis % 2) != 1
 
 
 def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor", rounding: str = "nearest",
@@ -529,7 +544,7 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     codes, scales = empty_folded(R, K, group_rows, device=x.device)
     counter = torch.zeros((), dtype=torch.int32, device=x.device) if counter is None else counter
     sr, key, key2, kp = _keys(rounding, seed, x.device)
-    rb_default, warps_default, form = fold_launch(along_0, group_rows, had > 0)
+    rb_default, warps_default, form = fold_launch(block_dim_strided(x, axis), group_rows, had > 0)
     butterfly = butterfly or form
     rb = (rows_per_program or rb_default) if group_rows == 1 else 128
     if rb < 1 or rb & (rb - 1):
