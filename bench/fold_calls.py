@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: the launches tried per group size: (rows per program, warps); 128x128 groups take 128 rows
 LAUNCHES = {1: [(rb, nw) for rb in (8, 16, 32) for nw in (4, 8)], 128: [(128, nw) for nw in (4, 8, 16, 32)]}
-#: and, without a fused transform, taller programs for 1x128 groups (FOLD_LAUNCH takes 128 rows along dim 0)
+#: and, without a fused transform, taller programs for 1x128 groups (FOLD_LAUNCH takes 128 rows on strided reads)
 PLAIN_TALL = [(64, 4), (128, 4), (128, 8)]
 
 
@@ -54,9 +54,11 @@ def call_key(x: torch.Tensor, kw: dict) -> tuple:
 
 
 def strided(strides, along_dim_0: bool) -> bool:
-    """Whether a call reads its block dim with a stride (``mx_fold.block_dim_strided``): what its launch follows.
-    A row-major x along dim 0 and a transposed view along dim 1 are the same reads."""
-    return strides[0 if along_dim_0 else 1] != 1
+    """Whether a recorded call reads its block dim with a stride: :func:`~fp4train.kernels.mx_fold.block_dim_strided`,
+    what its launch follows, of the strides and axis a key or a result row holds."""
+    from fp4train.kernels.mx_fold import block_dim_strided
+
+    return block_dim_strided(strides, 0 if along_dim_0 else 1)
 
 
 def record_calls(model: str, recipe: str, batch: int, seq: int, device: torch.device, *, backend: str | None = None,
@@ -84,13 +86,13 @@ def record_calls(model: str, recipe: str, batch: int, seq: int, device: torch.de
     return calls
 
 
-def candidates(key: tuple, dim0_sums: bool = False) -> list[dict]:
+def candidates(key: tuple, strided_sums: bool = False) -> list[dict]:
     """The keyword sets tried for a call: every launch of :data:`LAUNCHES` for its group size, each with
     both butterfly forms when it fuses a transform - but on strided reads (along dim 0) only permutes unless
-    ``dim0_sums``: there sums ran 1.2-18x slower at every launch of the H200 sweep
+    ``strided_sums``: there sums ran 1.2-18x slower at every launch of the H200 sweep
     (``bench/results/fold_sweep-NVIDIA_H200-hadamard-1e006b7.json``), and each candidate costs a compile."""
     gr, had = key[4], key[5]
-    forms = ("permutes",) if had and strided(key[1], key[3]) and not dim0_sums else ("permutes", "sums") if had else (None,)
+    forms = ("permutes",) if had and strided(key[1], key[3]) and not strided_sums else ("permutes", "sums") if had else (None,)
     launches = LAUNCHES[gr] + (PLAIN_TALL if gr == 1 and not had else [])
     return [{"rows_per_program": rb if gr == 1 else None, "num_warps": nw, "butterfly": form}
             for form in forms for rb, nw in launches]
@@ -209,7 +211,8 @@ def explain(path: Path, copy_gbps: float | None) -> None:
               f"best {c['best_ms']:.3f} ({c['best_ms'] / c['floor_ms']:.1f}x)")
     s = f["per_step"]
     print(f"per step: floor {s['floor_ms']:.2f} ms, in use {s['in_use_ms']:.2f}, each group's best {s['group_best_ms']:.2f} "
-          f"({s['group_best_by_reads_ms']:.2f} grouped by reads), each call's best {s['call_best_ms']:.2f}")
+          f"({s['group_best_ms'] / s['floor_ms']:.1f}x the floor; {s['group_best_by_reads_ms']:.2f} grouped by reads), "
+          f"each call's best {s['call_best_ms']:.2f}")
     for name, g in group_totals(d["calls"]).items():
         print(f"  {name}: best {g['best']}, {g['best_ms_per_step']:.2f} ms a step")
 
@@ -229,7 +232,7 @@ def main(argv=None):
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--calibration-steps", type=int, default=3, help="AdaHOP: BF16 calibration steps before converting")
     ap.add_argument("--hadamard-only", action="store_true", help="only the calls with a fused Hadamard transform")
-    ap.add_argument("--dim0-sums", action="store_true", help="also time sums along dim 0 (slower in every sweep so far)")
+    ap.add_argument("--strided-sums", action="store_true", help="also time sums on strided reads (slower there in every sweep so far)")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--explain", type=Path, metavar="FILE", help="print a committed result's calls against their memory floor, and exit")
@@ -262,7 +265,7 @@ def main(argv=None):
               f"rows {best['rows_per_program'] or 128} warps {best['num_warps']} {best['ms']:.3f} ms", flush=True)
         path.write_text(json.dumps({**head, "partial": len(rows) < len(calls), "calls": rows, "groups": group_totals(rows)}, indent=1) + "\n")
 
-    result = compare(calls, args.repeats, cands=lambda k: candidates(k, args.dim0_sums), on_row=on_row)
+    result = compare(calls, args.repeats, cands=lambda k: candidates(k, args.strided_sums), on_row=on_row)
     total_use = sum(g["in_use_ms_per_step"] for g in result["groups"].values())
     total_best = sum(g["best_ms_per_step"] for g in result["groups"].values())
     for name, g in result["groups"].items():

@@ -132,8 +132,9 @@ def build(e2e: list[dict], gemm: dict | None, linear: dict | None, quantize: dic
             targets.append(_target(f"end to end {model}, {recipe}: tokens/s vs BF16", speed, goal, note=r.get("error", "")))
             # the peer in the same mode where measured; a figure in CUDA graphs against torchao compiled by default is
             # not like for like, and the target says so
-            tag = recipe[len(recipe.split("+")[0]):]
-            peer, unlike = (table[PEER + tag], "") if PEER + tag in table else (table.get(PEER, {}), tag)
+            _, plus, mode = recipe.partition("+")
+            tag = plus + mode  # "" or "+cudagraphs"
+            peer, unlike = (table[PEER + tag], False) if PEER + tag in table else (table.get(PEER, {}), bool(tag))
             vs_peer = speed / peer["speedup_vs_bf16"] if speed and peer.get("speedup_vs_bf16") else None  # each over its run's BF16
             note = "" if vs_peer is not None else peer.get("error", "")
             t = _target(f"end to end {model}, {recipe}: tokens/s vs {PEER}", vs_peer, 1.0, note=note)
@@ -172,8 +173,10 @@ def markdown(summary: dict) -> str:
              "| target | goal | measured | met |", "|---|---:|---:|---|"]
     for t in summary["targets"]:
         meas = "—" if t["measured"] is None else f"{t['measured']:.2f}"
-        met = ("not like for like" if t.get("note", "").startswith("not like for like") else "not measured") if t["met"] is None \
-            else "yes" if t["met"] else f"no ({t['short_by_pct']:+.0f}%)"
+        if t["met"] is None:  # no verdict: nothing measured, or a figure that is not like for like (its note says why)
+            met = "not measured" if t["measured"] is None else "not like for like"
+        else:
+            met = "yes" if t["met"] else f"no ({t['short_by_pct']:+.0f}%)"
         lines.append(f"| {t['target']} | {t['goal']:.2f} | {meas} | {met} |")
     return "\n".join(lines) + "\n"
 

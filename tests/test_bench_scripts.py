@@ -1051,7 +1051,8 @@ def test_fast_path_doc_is_the_committed_results():
     assert f"the largest call is at {big['best_ms'] / big['floor_ms']:.1f}× its floor" in doc and f"up to {max(x):.0f}× (64 programs" in doc
     worst = max(f["calls"], key=lambda c: c["best_ms"] / c["floor_ms"])
     assert (worst["shape"], worst["dtype"], worst["along_dim_0"], worst["group_rows"]) == ([512, 2048], "float32", True, 128)
-    assert (2048 // 128) * (512 // 128) == 64  # along dim 0 the operand is W^T [2048, 512]: one program per 128x128 group
+    n, k = worst["shape"]  # along dim 0 the operand is x^T [k, n]: one program per 128x128 group, for 132 SMs
+    assert f"up to {max(x):.0f}× ({(k // 128) * (n // 128)} programs for 132 SMs" in doc
     assert f"({s['call_best_ms']:.2f} against {now:.2f} ms a step predicted" in doc
     same = {}
     for c in f["calls"]:
@@ -1063,7 +1064,17 @@ def test_fast_path_doc_is_the_committed_results():
     assert f"takes {qs['triton mxfp4 nearest (even/odd)']['ms']:.3f} ms against the copy's {copy['ms']:.3f} ms" in doc
     k = json.loads((res / "kernels-sm90-mx1d-pairs-triton36.json").read_text())
     wpe = [r["warp_instructions_per_element"] for r in k["results"] if r["kernel"] == "mx_quantize._mxfp4_pairs_kernel" and not r["constexprs"]["SR"]]
-    issue_ms = max(wpe) * 16384 * 8192 / (132 * 4 * 1.98e9) * 1e3
+    spec = importlib.util.spec_from_file_location("aot_check", ROOT / "scripts/aot_check.py")
+    aot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(aot)
+    issue_ms = aot.issue_bound_ms(max(wpe), 16384 * 8192)  # what `aot_check.py --issue-ms RECORD` prints
+    import contextlib
+    import io
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert aot.main(["--issue-ms", str(res / "kernels-sm90-mx1d-pairs-triton36.json")]) == 0
+    assert f"{max(wpe):.2f} per element: {issue_ms:.3f} ms" in printed.getvalue()
     assert f"about {max(wpe):.1f} warp instructions per element nearest" in doc and f"is about {issue_ms:.2f} ms" in doc
     assert f"near {round(copy['ms'] / issue_ms * 10) * 10}% of copy" in doc  # issue time alone, to the nearest 10%
     # the memory bound

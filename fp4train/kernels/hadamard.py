@@ -35,8 +35,8 @@ def _butterfly_sums(y, ROWS: tl.constexpr, B: tl.constexpr, H: tl.constexpr):
     fold (kernels/mx_fold.py) takes it on request (``butterfly="sums"``): its sm90 build needs fewer instructions,
     registers and shared-memory operations (docs/LOG.md, session 18) and it ran 1.5-1.6x faster on a 16384 x 8192 BF16
     tensor along dim 1 on the H200, but 4-16x slower along dim 0 (x read down its columns). Timed on AdaHOP's own
-    calls (bench/fold_calls.py, session 20), sums lead along dim 1 with 1x128 groups, at 8 rows and 4 warps a program,
-    and permutes everywhere else; ``FOLD_LAUNCH_HADAMARD`` in mx_fold.py says which. The standalone kernel below
+    calls (bench/fold_calls.py, session 20), sums lead with 1x128 groups on contiguous reads and permutes everywhere
+    else; ``FOLD_LAUNCH_HADAMARD`` in mx_fold.py says which. The standalone kernel below
     keeps :func:`_butterfly`, which compiles to fewer instructions there."""
     t = tl.reshape(y, [ROWS, B // (2 * H), 2, H])
     first = (tl.arange(0, 2) == 0)[None, None, :, None]

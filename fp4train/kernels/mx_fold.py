@@ -501,10 +501,10 @@ def fold_launch(strided: bool, group_rows: int, hadamard: bool) -> tuple[int, in
     return (rb if group_rows == 1 else 128), warps, form
 
 
-def block_dim_strided(x: torch.Tensor, axis: int) -> bool:
-    """Whether :func:`quantize_mxfp4_fp8` reads the block dim of ``x`` (``axis``) with a stride: what its launch
-    follows (a row-major x along dim 0 and a transposed view along dim 1 read memory alike)."""
-    return x.stride(axis % 2) != 1
+def block_dim_strided(strides: tuple[int, int], axis: int) -> bool:
+    """Whether :func:`quantize_mxfp4_fp8` reads the block dim (``axis``) of an x with these ``strides`` with a stride:
+    what its launch follows (a row-major x along dim 0 and a transposed view along dim 1 read memory alike)."""
+    return strides[axis % 2] != 1
 
 
 def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor", rounding: str = "nearest",
@@ -516,7 +516,7 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     docstring. ``axis`` 0: blocks along x's dim 0 instead - the result is that of ``x.t()`` (codes
     ``[x.shape[1], x.shape[0]]``), read from x in place, without the transposed copy.
     ``rows_per_program`` (1x128 groups only; 128x128 groups take 128) and ``num_warps`` (defaults:
-    :data:`FOLD_LAUNCH`, with a Hadamard :data:`FOLD_LAUNCH_HADAMARD`): launch tuning, the same bits
+    :data:`FOLD_LAUNCH`, with a Hadamard :data:`FOLD_LAUNCH_HADAMARD`, by :func:`block_dim_strided`): launch tuning, the same bits
     whatever they are (bench/fold_sweep.py times them). ``counter``: an int32 device tensor that the
     inexact-element count is added to (one is made if None); :attr:`FoldedFP8.inexact` is that tensor. ``hadamard_block`` (a power of two up to
     128): the block Hadamard transform along the last dim first, with ``hadamard_signs`` (RHT) if given -
@@ -544,7 +544,7 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     codes, scales = empty_folded(R, K, group_rows, device=x.device)
     counter = torch.zeros((), dtype=torch.int32, device=x.device) if counter is None else counter
     sr, key, key2, kp = _keys(rounding, seed, x.device)
-    rb_default, warps_default, form = fold_launch(block_dim_strided(x, axis), group_rows, had > 0)
+    rb_default, warps_default, form = fold_launch(block_dim_strided(x.stride(), axis), group_rows, had > 0)
     butterfly = butterfly or form
     rb = (rows_per_program or rb_default) if group_rows == 1 else 128
     if rb < 1 or rb & (rb - 1):
