@@ -19,7 +19,9 @@ about registers. This script:
 
 An issue-bound estimate is the time the GPU's schedulers need just to issue a kernel's warp instructions:
 warp instructions per element x elements / (SMs x schedulers x clock), for an H200 (132 SMs, 4 schedulers each,
-1.98 GHz boost). A kernel measured far above it waits rather than computes.
+1.98 GHz boost). A pipe-bound estimate is the same for the busiest execution pipe, whose warp instructions each hold
+it for several cycles (the integer ALU has 16 lanes a scheduler: 2 cycles; :data:`SASS_PIPES`). A kernel measured
+far above both waits rather than computes; one near its pipe bound is compute-bound however far it is from memory's.
 
 Exit status 1 if any kernel fails to compile, 3 if this Triton lacks the ahead-of-time API used here
 (``triton.compiler.ASTSource``, ``GPUTarget``; written against 3.9). A spill is reported, not failed:
@@ -184,6 +186,28 @@ _PROGRAM_ELEMENTS = {
 }
 
 
+#: SASS opcodes by the sm90 pipe that executes them, and the cycles a warp instruction holds that pipe of its
+#: scheduler (32 threads / the pipe's lanes; CUDA C Programming Guide, "Arithmetic Instructions", compute
+#: capability 9.0: FP32 add/mul/fma 128 results a clock per SM, 32-bit integer add/shift/compare/min/max/logic and
+#: integer multiply 64, conversions and special functions 16; Nsight Compute's pipe names). Load/store, uniform,
+#: branch and barrier instructions are left out: they do not bound these kernels (ncu: LSU busy 12%).
+SASS_PIPES = {
+    "alu": (2, {"LOP", "LOP3", "PLOP3", "SHF", "SHL", "SHR", "IADD", "IADD3", "ISETP", "FSETP", "HSETP2", "SEL", "FSEL",
+                "PRMT", "IMNMX", "VIMNMX", "VIADDMNMX", "FMNMX", "HMNMX2", "LEA", "SGXT", "BMSK", "P2R", "R2P", "MOV",
+                "F2FP", "IABS", "CS2R"}),
+    "fma_int": (2, {"IMAD", "IMUL", "VIADD", "IDP"}),  # integer multiply-add: only the FMA pipe's heavy half (16 lanes)
+    "fma": (1, {"FFMA", "FADD", "FMUL", "HFMA2", "HADD2", "HMUL2"}),
+    "xu": (8, {"MUFU", "F2F", "F2I", "I2F", "I2FP", "F2IP", "FRND", "FLO", "POPC", "BREV"}),
+}
+
+
+def pipe_cycles(ops: list[str]) -> dict:
+    """Cycles each pipe of a scheduler is busy for one pass of a warp over ``ops`` (SASS opcodes, suffixes
+    dropped), by :data:`SASS_PIPES`; a kernel whose busiest pipe needs more cycles than it has instructions is
+    bound by that pipe rather than by instruction issue (one instruction a cycle per scheduler)."""
+    return {pipe: cycles * sum(op in names for op in ops) for pipe, (cycles, names) in SASS_PIPES.items()}
+
+
 def _sass_counts(cubin: bytes, nvdisasm: str, launch: dict) -> dict:
     """Static SASS instruction count of the kernel (``nvdisasm``), and for the fold kernels the warp
     instructions per element: warps x instructions / elements per program (:data:`_PROGRAM_ELEMENTS`). The kernels are straight-line
@@ -201,7 +225,10 @@ def _sass_counts(cubin: bytes, nvdisasm: str, launch: dict) -> dict:
                  "shuffles": sum(op.startswith("SHFL") for op in ops)}
     elements = _PROGRAM_ELEMENTS.get(launch["kernel"])
     if ops and elements:
-        out["warp_instructions_per_element"] = launch["num_warps"] * len(ops) / elements(launch["constexprs"])
+        per = launch["num_warps"] / elements(launch["constexprs"])
+        out["warp_instructions_per_element"] = per * len(ops)
+        # the same per element in each pipe's cycles: the pipe bound that --issue-ms prints beside the issue bound
+        out["pipe_cycles_per_element"] = {p: per * c for p, c in pipe_cycles(ops).items()}
     return out
 
 
@@ -260,8 +287,12 @@ def main(argv=None) -> int:
     if args.issue_ms:
         for r in json.loads(args.issue_ms.read_text())["results"]:
             if "warp_instructions_per_element" in r:
+                pipes = r.get("pipe_cycles_per_element", {})
+                busiest = max(pipes, key=pipes.get) if pipes else None
                 print(f"{r['kernel']:<40} warps {r['num_warps']} {json.dumps(r['constexprs'], sort_keys=True)[:90]:<90} "
-                      f"{r['warp_instructions_per_element']:.2f} per element: {issue_bound_ms(r['warp_instructions_per_element'], args.elements):.3f} ms")
+                      f"{r['warp_instructions_per_element']:.2f} per element: {issue_bound_ms(r['warp_instructions_per_element'], args.elements):.3f} ms"
+                      + (f"; {busiest} pipe {pipes[busiest]:.2f} cycles per element: {issue_bound_ms(pipes[busiest], args.elements):.3f} ms"
+                         if busiest else ""))
         return 0
     if args.record_only:
         print(json.dumps(_record()))

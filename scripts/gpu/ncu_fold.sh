@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Session 21 ran what this does as scripts/gpu/table_and_torchao.sh and inline calls: docs/LOG.md, session 21.)
 # Written in session 20 for the next device call (one GPU; not yet run): Nsight Compute on the fused fold and the
 # MXFP4 row kernel (scripts/probes/ncu_cases.py), to say why they run at 3-12x their memory floor. ncu reads the
 # hardware counters only on a Firecracker machine (/work/.library/device/KINDS.md); on gVisor it fails at once, and

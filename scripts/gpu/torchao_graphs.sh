@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Session 21 ran what this does as scripts/gpu/table_and_torchao.sh and inline calls: docs/LOG.md, session 21.)
 # Written in session 20 for a later device call (one GPU; not yet run): torchao's float8 rowwise training in CUDA
 # graphs, BF16 in the same run, at 1b and 3b - the like-for-like peer of fp4train's +cudagraphs rows (bench/summary.py
 # rates those against torchao compiled by default with no verdict until this exists). torchao travels as a wheel:
