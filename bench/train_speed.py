@@ -124,7 +124,7 @@ def measure(model_name: str, recipe: str, batch: int, seq: int, steps: int, warm
         step(fwd)
         warm_peaks.append(peak_gib())
     warm_s = time.perf_counter() - t_first
-    med = median_time(lambda: step(fwd), steps, warmup=0, cuda=cuda)
+    med = median_time(lambda: step(fwd), steps, warmup=0, cuda=cuda, back_to_back=False)  # as every committed run
     timed_peak = peak_gib()
     loss = last["loss"]
     return {
