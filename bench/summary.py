@@ -34,9 +34,14 @@ def _load(paths) -> list[dict]:
     return [json.loads(Path(p).read_text()) for p in paths or []]
 
 
-def _target(name: str, measured: float | None, goal: float, *, at_least: bool = True, note: str = "") -> dict:
+def _target(name: str, measured: float | None, goal: float, *, at_least: bool = True, note: str = "",
+            verdict: bool = True) -> dict:
+    """One target: its figure against its goal, met or by how much not. ``verdict=False``: the figure with no verdict
+    (``met`` None; ``note`` says why, e.g. a comparison that is not like for like)."""
     if measured is None:
         return {"target": name, "goal": goal, "measured": None, "met": None, "note": "not measured" + (f"; {note}" if note else "")}
+    if not verdict:
+        return {"target": name, "goal": goal, "measured": measured, "met": None, "note": note}
     met = measured >= goal if at_least else measured <= goal
     t = {"target": name, "goal": goal, "measured": measured, "met": met}
     if not met:
@@ -136,12 +141,9 @@ def build(e2e: list[dict], gemm: dict | None, linear: dict | None, quantize: dic
             tag = plus + mode  # "" or "+cudagraphs"
             peer, unlike = (table[PEER + tag], False) if PEER + tag in table else (table.get(PEER, {}), bool(tag))
             vs_peer = speed / peer["speedup_vs_bf16"] if speed and peer.get("speedup_vs_bf16") else None  # each over its run's BF16
-            note = "" if vs_peer is not None else peer.get("error", "")
-            t = _target(f"end to end {model}, {recipe}: tokens/s vs {PEER}", vs_peer, 1.0, note=note)
-            if vs_peer is not None and unlike:  # a figure, but no verdict
-                t.update(met=None, note=f"not like for like: {PEER} was not run in CUDA graphs; against its run compiled by default")
-                t.pop("short_by_pct", None)
-            targets.append(t)
+            note = (peer.get("error", "") if vs_peer is None else
+                    f"not like for like: {PEER} was not run in CUDA graphs; against its run compiled by default" if unlike else "")
+            targets.append(_target(f"end to end {model}, {recipe}: tokens/s vs {PEER}", vs_peer, 1.0, note=note, verdict=not unlike))
             mem = r["bf16_peak_mem_gib"] / r["peak_mem_gib"] if r.get("peak_mem_gib") and r.get("bf16_peak_mem_gib") else None
             note = ""
             if mem is not None and (fixed := optimizer_state_gib(model)) is not None:

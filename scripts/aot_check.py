@@ -41,12 +41,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-H200_ISSUE_PER_S = 132 * 4 * 1.98e9  # warp instructions an H200 can issue a second: SMs x schedulers x boost clock
+H200_ISSUE_PER_S = 132 * 4 * 1.98e9  # scheduler cycles an H200 has a second (one warp instruction issued each): SMs x schedulers x boost clock
 
 
-def issue_bound_ms(warp_instructions_per_element: float, elements: int) -> float:
-    """The issue-bound time (ms) of a kernel on an H200 for ``elements`` elements (see the module docstring)."""
-    return warp_instructions_per_element * elements / H200_ISSUE_PER_S * 1e3
+def issue_bound_ms(cycles_per_element: float, elements: int) -> float:
+    """The time (ms) an H200's schedulers need for ``elements`` elements at ``cycles_per_element`` scheduler cycles
+    each: warp instructions per element (one issued a cycle) give the issue bound, a pipe's cycles per element
+    (``pipe_cycles_per_element``) that pipe's bound (see the module docstring)."""
+    return cycles_per_element * elements / H200_ISSUE_PER_S * 1e3
 
 
 _TYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "uint8": "u8", "int32": "i32", "int64": "i64",

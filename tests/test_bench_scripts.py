@@ -1236,3 +1236,13 @@ def test_session_21_log_is_the_committed_h200_results():
     ev = next(c["ms"] for c in call["candidates"] if (c["rows_per_program"], c["num_warps"], c["butterfly"]) == (16, 4, "sums"))
     nc = {r["case"]: r for r in json.loads((res / "ncu/ncu_cases-NVIDIA_H200-6d232b9.json").read_text())["cases"]}["fold X along K [16384, 2048] bfloat16"]
     assert f"activation fold along dim 1 {nc['duration_us'] / 1e3:.3f} against {ev:.3f} ms" in log and nc["duration_us"] / 1e3 < ev
+    assert (f"(BF16 itself moved {a1['bf16']['step_ms'] - o1['bf16']['step_ms']:.0f} and "
+            f"{a3['bf16']['step_ms'] - o3['bf16']['step_ms']:.0f} ms)") in log
+    # fast_path.md: the 1D kernel's bandwidth at ncu's kernel time, and the range ahead of torchao in CUDA graphs
+    doc = " ".join((ROOT / "docs/fast_path.md").read_text().split())
+    eo = {r["case"]: r for r in json.loads((res / "ncu/ncu_cases-NVIDIA_H200-6d232b9.json").read_text())["cases"]}["mxfp4 even/odd 16384x8192"]
+    at_ncu = eo["bytes"] / (eo["duration_us"] * 1e-6) / (q["copy"]["GBps"] * 1e9)
+    assert f"At ncu's time the 1D kernel moves its bytes at {100 * at_ncu:.0f}% of copy's bandwidth" in doc
+    t = {x["target"]: x["measured"] for x in json.loads((res / "summary.json").read_text())["targets"]}
+    ahead = [t[f"end to end {m}, {r}+cudagraphs: tokens/s vs torchao_fp8_rowwise"] for m in ("1b", "3b") for r in ("adahop", "tib2d")]
+    assert f"ahead of it at both sizes ({min(ahead):.2f}–{max(ahead):.2f}×)" in doc and min(ahead) > 1

@@ -487,8 +487,9 @@ FOLD_LAUNCH = {(False, 1): (32, 4), (False, 128): (128, 16), (True, 1): (128, 4)
 # of them pass a transposed view along dim 1, which reads x as a call along dim 0 does. Grouped by the reads (the
 # same file, `python bench/fold_calls.py --explain ...`), each group's best is this table: contiguous 1x128 sums at
 # (16, 4), 7.27 ms a step; strided 1x128 permutes at (8, 4), 10.58 ((16, 4) within 0.01); 128x128 permutes at 8 warps
-# (0.46) and 16 warps (5.89): 24.20 ms a step against 26.94 - predicted from the per-call times, not yet measured end
-# to end (scripts/gpu/layout_table_1b_3b.sh).
+# (0.46) and 16 warps (5.89): 24.20 ms a step against 26.94 predicted from the per-call times. End to end (session 21)
+# it ran level with the axis-keyed table (AdaHOP 194.0 against 193.9 ms a 1b step in CUDA graphs): kept, as it follows
+# the reads, not for speed.
 FOLD_LAUNCH_HADAMARD = {(False, 1): (16, 4, "sums"), (False, 128): (128, 8, "permutes"),
                         (True, 1): (8, 4, "permutes"), (True, 128): (128, 16, "permutes")}
 

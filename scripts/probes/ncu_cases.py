@@ -28,6 +28,11 @@ FOLD_CASES = [("X along K", (16384, 2048), torch.bfloat16, False, 1),
               ("W along K", (2048, 2048), torch.float32, False, 128)]
 
 
+def fold_case_name(name: str, shape: tuple, dtype: torch.dtype) -> str:
+    """A fold case's name as this script prints it (``ran NAME``) and ``ncu_table.py`` reads it back."""
+    return f"fold {name} {list(shape)} {str(dtype).removeprefix('torch.')}"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default="", help="comma-separated substrings of the case names to run (default: all)")
@@ -46,7 +51,7 @@ def main(argv=None):
              ("mxfp4 even/odd SR 16384x8192", lambda: quantize_mxfp4(big, rounding="stochastic", seed=1))]
     for name, shape, dtype, along_0, gr in FOLD_CASES:
         x = torch.randn(*(max(128, n // div) for n in shape), device=dev, dtype=dtype, generator=g)
-        cases.append((f"fold {name} {list(shape)} {str(dtype)[6:]}",
+        cases.append((fold_case_name(name, shape, dtype),
                       lambda x=x, along_0=along_0, gr=gr: quantize_mxfp4_fp8(x, group_rows=gr, axis=0 if along_0 else 1,
                                                                              hadamard_block=32)))
     only = [s for s in args.only.split(",") if s]

@@ -25,10 +25,13 @@ from __future__ import annotations
 import argparse
 import csv
 import gzip
+import importlib.util
 import io
 import json
 import re
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
 
 METRICS = {"duration_us": ("GPU Speed Of Light Throughput", "Duration"),
            "sm_pct": ("GPU Speed Of Light Throughput", "Compute (SM) Throughput"),
@@ -56,16 +59,26 @@ def _number(text: str) -> float | None:
         return None
 
 
+def _load(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def _case_bytes(case: str) -> tuple[int, int]:
-    """(elements, bytes read + written) of a case named by ncu_cases.py: an MXFP4 1D case reads BF16 and writes
-    half a byte of code and a 1/32 byte scale per element; a fold reads its dtype and writes one FP8 byte per
-    element and an FP32 scale per 128 (1x128 groups) or per 128 x 128."""
-    dims = [int(n) for n in re.findall(r"\d+", re.search(r"(\d+x\d+|\[\d+, \d+\])", case).group(0))]
-    n = dims[0] * dims[1]
+    """(elements, bytes read + written) of a case of ncu_cases.py: a fold's are ``bench/fold_calls.py``'s
+    ``moved_bytes`` of its shape, dtype and group rows (``ncu_cases.FOLD_CASES``); the 1D MXFP4 case reads BF16 and
+    writes half a byte of code and a 1/32 byte scale an element (as ``bench/quantize_speed.py`` counts it)."""
     if case.startswith("mxfp4"):
+        rows, cols = (int(n) for n in re.search(r"(\d+)x(\d+)", case).groups())
+        n = rows * cols
         return n, n * 2 + n // 2 + n // 32
-    size = 4 if case.endswith("float32") else 2
-    return n, n * size + n + 4 * n // 128
+    cases = _load(ROOT / "scripts/probes/ncu_cases.py")
+    folds = {cases.fold_case_name(name, shape, dtype): dict(shape=list(shape), dtype=str(dtype).removeprefix("torch."), group_rows=gr)
+             for name, shape, dtype, _, gr in cases.FOLD_CASES}
+    call = folds[case]
+    return call["shape"][0] * call["shape"][1], _load(ROOT / "bench/fold_calls.py").moved_bytes(call)
 
 
 def read(path: Path, copy_gbps: float | None = None) -> dict:
