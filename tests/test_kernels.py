@@ -894,3 +894,32 @@ def test_seed_kernels_derive_the_reference_seeds_and_keys_bit_for_bit():
         derived_keys(torch.zeros(2, dtype=torch.int64, device=DEV), 1)
     with pytest.raises(ValueError, match="up to two salts"):
         derived_keys(torch.zeros((), dtype=torch.int64, device=DEV), 1, 2, 3)
+
+
+def test_nvfp4_kernels_take_the_next_block_scale_under_sr_where_the_nearest_saturates():
+    """Every NVFP4 kernel (1x16 rows and columns, the BF16 values along both axes, 16x16 tiles) makes the
+    reference's SR scale choice on blocks whose nearest E4M3 scale rounds down past E2M1's 6: one code up,
+    bit for bit - and those blocks are there (nearest and SR scales differ on them)."""
+    from fp4train.kernels import nvfp4_values, quantize_nvfp4
+    from fp4train.kernels.nvfp4_quantize import quantize_nvfp4_columns
+    from fp4train.kernels.nvfp4_tiles import quantize_nvfp4_2d
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.rand(32, 64, generator=g) * 2 - 1
+    x[0, 0] = 448.0  # s_enc = 6
+    x[1:, :] *= 0.9  # below the block maxima set next
+    x[1:, ::16] = 1.06  # (1.06 / 6) * s_enc = 1.06: the nearest E4M3 scale is 1.0, so the maximum scales to 6.36
+    seed = 2**35 + 11
+    for axis, (kern, kw) in ((1, (quantize_nvfp4, {})), (0, (quantize_nvfp4_columns, {"axis": 0}))):
+        ref = fp4train.quantize(x, "nvfp4", rounding="stochastic", seed=seed, **kw)
+        assert (ref.scales != fp4train.quantize(x, "nvfp4", **kw).scales).any()
+        got = kern(x.to(DEV), rounding="stochastic", seed=seed)
+        assert torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
+        vals = nvfp4_values(x.to(DEV), axis=axis, rounding="stochastic", seed=seed)
+        assert torch.equal(vals.values.cpu(), ref.scaled_bf16().values)
+    xt = x.clone()
+    xt[1:, :] = x[1:, :] * 0.5  # rows 1..: 16x16 tiles whose maxima (1.06 x 0.5 against 448) also round down
+    ref = fp4train.quantize(xt, "nvfp4", block=(16, 16), rounding="stochastic", seed=seed)
+    got = quantize_nvfp4_2d(xt.to(DEV), rounding="stochastic", seed=seed)
+    assert (ref.scales != fp4train.quantize(xt, "nvfp4", block=(16, 16)).scales).any()
+    assert torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)

@@ -13,6 +13,7 @@ import torch
 
 E4M3_MAX = 448.0
 E4M3_NAN_CODE = 0x7F
+E4M3_MAX_CODE = 0x7E  # 448; positive codes are ordered like their values, so code + 1 is the next value up
 
 
 def encode(v: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,14 @@ overflow is capped at the FP32 maximum; a block whose ``sb`` rounds to 0 (its am
 about ``2**-10 * amax_t / 448``) is flushed to zero; a block holding NaN/Inf gets the E4M3
 NaN scale (decodes to NaN), and ``amax_t`` is taken over finite values only.
 
+Stochastic rounding never saturates: E2M1's SR is unbiased only on ``[-6, 6]``, and a block whose
+E4M3 scale rounded *down* maps its largest element past 6, where it would be clipped (a bias of up
+to 1/16 of that element, always towards zero). Under SR such a block - ``(amax_b * s_enc) / sb > 6``,
+the same float as its largest scaled element - takes the next larger E4M3 scale (one code up; at
+most 448, which cannot overflow since ``amax_b <= amax_t``), so every scaled element is at most 6 and
+``E[q] = x``. Round-to-nearest keeps the nearest scale (a clipped maximum is nearer than a coarser
+block).
+
 "4/6" block scaling (Cook et al. 2025, ``four_over_six=True``): each block tries mapping its
 max to 6 *and* to 4 and keeps whichever gives the smaller squared error (ties keep 6). To make
 room for the 4-candidate (whose ``sb`` is 1.5x larger), the tensor scale becomes
@@ -45,8 +53,19 @@ def scale_from_amax(amax: torch.Tensor, *, four_over_six: bool = False) -> torch
     return torch.where(amax == 0, torch.ones_like(s), s)
 
 
+def block_scale_codes(amax_b: torch.Tensor, s_enc: torch.Tensor, target: float = 6.0, *, stochastic: bool = False) -> torch.Tensor:
+    """E4M3 block-scale codes ``e4m3((amax_b / target) * s_enc)``; with ``stochastic`` one code up where
+    that scale would map the block's largest element past 6 (see the module docstring)."""
+    codes = e4m3.encode(div(amax_b, target) * s_enc)
+    if stochastic:
+        sb = e4m3.decode(codes)
+        over = (sb > 0) & (true_div(amax_b * s_enc, torch.where(sb > 0, sb, torch.ones_like(sb))) > 6.0)
+        codes = torch.where(over & (codes < e4m3.E4M3_MAX_CODE), codes + 1, codes)
+    return codes
+
+
 def _encode_with(xb, amax_b, s_enc, target: float, u):
-    sb_codes = e4m3.encode(div(amax_b, target) * s_enc)
+    sb_codes = block_scale_codes(amax_b, s_enc, target, stochastic=u is not None)
     sb = e4m3.decode(sb_codes).unsqueeze(-1)
     v = true_div(xb * s_enc, sb)
     v = torch.where(sb == 0, torch.zeros_like(v), v)

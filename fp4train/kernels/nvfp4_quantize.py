@@ -8,7 +8,9 @@ reference's float order::
 
     sb = e4m3((amax_b / 6) * s_enc)      q = e2m1((x * s_enc) / sb)
 
-with IEEE divisions (``div_rn``) and E4M3 rounding in integer arithmetic (:mod:`.e4m3`).
+with IEEE divisions (``div_rn``) and E4M3 rounding in integer arithmetic (:mod:`.e4m3`); under
+stochastic rounding a block whose largest element would scale past 6 takes the next E4M3 scale up
+(``formats.nvfp4.block_scale_codes``), so SR stays unbiased.
 """
 
 from __future__ import annotations
@@ -21,26 +23,33 @@ from ..formats import nvfp4 as ref_nvfp4
 from ..formats.layout import BlockLayout
 from ..formats.qtensor import QuantizedTensor
 from .amax import finite_amax
-from .e4m3 import e4m3_rtne
+from .e4m3 import e4m3_rtne, e4m3_value
 from .mx_quantize import _e2m1_codes, _kernel_keys, _keys, _uniforms
 
 
 @triton.jit
-def _nvfp4_blocks(x, s_enc):
+def _nvfp4_blocks(x, s_enc, SR: tl.constexpr):
     """Per 16-element block, one block per row of ``x`` ``[n, 16]`` (float32): the scaled elements
     ``v = (x * s_enc) / sb`` ready for E2M1 rounding, the E4M3 block scale (code and value) and the
     NaN/Inf flag, in the reference's float order (non-finite elements count as 0 in the amax)."""
     finite = tl.abs(x) < float("inf")
     nan_block = tl.max(tl.where(finite, 0, 1), axis=1) > 0
     x = tl.where(finite, x, 0.0)
-    sb_code, sb = _nvfp4_scale(tl.max(tl.abs(x), axis=1), s_enc)
+    sb_code, sb = _nvfp4_scale(tl.max(tl.abs(x), axis=1), s_enc, SR)
     return _nvfp4_scaled(x, s_enc, sb[:, None]), sb_code, sb, nan_block
 
 
 @triton.jit
-def _nvfp4_scale(amax, s_enc):
-    """The E4M3 block scale (code, value) of a block's finite amax: ``e4m3((amax / 6) * s_enc)``."""
-    return e4m3_rtne(tl.minimum(tl.math.div_rn(amax, 6.0) * s_enc, 448.0))
+def _nvfp4_scale(amax, s_enc, SR: tl.constexpr):
+    """The E4M3 block scale (code, value) of a block's finite amax: ``e4m3((amax / 6) * s_enc)``; with SR
+    one code up where the block's largest element would scale past 6 (``(amax * s_enc) / sb > 6``, the
+    same float as that element's ``v``), never past 448 (code 126)."""
+    code, sb = e4m3_rtne(tl.minimum(tl.math.div_rn(amax, 6.0) * s_enc, 448.0))
+    if SR:
+        over = (sb > 0.0) & (tl.math.div_rn(amax * s_enc, tl.where(sb > 0.0, sb, 1.0)) > 6.0) & (code < 126)
+        code = tl.where(over, code + 1, code)
+        sb = tl.where(over, e4m3_value(code), sb)
+    return code, sb
 
 
 @triton.jit
@@ -64,7 +73,7 @@ def _nvfp4_kernel(
     bmask = blk < n_blocks_row
     offs = blk[:, None] * 16 + j[None, :]
     x = tl.load(x_ptr + row * stride_x + offs, mask=bmask[:, None], other=0.0).to(tl.float32)
-    v, sb_code, sb, nan_block = _nvfp4_blocks(x, tl.load(s_enc_ptr))
+    v, sb_code, sb, nan_block = _nvfp4_blocks(x, tl.load(s_enc_ptr), SR)
     u = v
     if SR:
         u = _uniforms((row * n_blocks_row + blk)[:, None] * 16 + j[None, :], key, key2)
@@ -122,7 +131,7 @@ def _nvfp4_cols_kernel(x_ptr, s_enc_ptr, cc_ptr, cs_ptr, M, K, stride_x, stride_
     kk = tl.program_id(1) * BK + tl.arange(0, BK)
     kmask = kk < K
     x = tl.load(x_ptr + m[:, None] * stride_x + kk[None, :], mask=kmask[None, :], other=0.0).to(tl.float32)
-    v, sb_code, sb, nan_block = _nvfp4_blocks(tl.trans(x), tl.load(s_enc_ptr))  # [BK, 16]: one block per row, as stored
+    v, sb_code, sb, nan_block = _nvfp4_blocks(tl.trans(x), tl.load(s_enc_ptr), SR)  # [BK, 16]: one block per row, as stored
     u = v
     if SR:
         u = _uniforms(kk[:, None] * M + m[None, :], key, key2)  # blocked index along axis 0: k * M + m

@@ -68,7 +68,7 @@ def _nvfp4_tile_kernel(x_ptr, s_enc_ptr, codes_ptr, scales_ptr, R, C, n_tc, sx, 
     fe, fo = tl.abs(xe) < float("inf"), tl.abs(xo) < float("inf")
     nan_tile = tl.max(tl.max(tl.where(fe & fo, 0, 1), axis=2), axis=0) > 0  # [NB]
     xe, xo = tl.where(fe, xe, 0.0), tl.where(fo, xo, 0.0)
-    sb_code, sb = _nvfp4_scale(tl.max(tl.max(tl.maximum(tl.abs(xe), tl.abs(xo)), axis=2), axis=0), s_enc)
+    sb_code, sb = _nvfp4_scale(tl.max(tl.max(tl.maximum(tl.abs(xe), tl.abs(xo)), axis=2), axis=0), s_enc, SR)
     sb3 = sb[None, :, None]
     ve, vo = _nvfp4_scaled(xe, s_enc, sb3), _nvfp4_scaled(xo, s_enc, sb3)
     ue, uo = ve, vo

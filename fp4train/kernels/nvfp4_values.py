@@ -35,7 +35,7 @@ def _rows_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.conste
     c = tl.program_id(1) * BK + tl.arange(0, BK)
     mask = (r < M)[:, None] & (c < K)[None, :]
     x = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=mask, other=0.0).to(tl.float32)
-    v, _, sb, nan_block = _nvfp4_blocks(tl.reshape(x, [RB * NB, 16]), tl.load(s_enc_ptr))
+    v, _, sb, nan_block = _nvfp4_blocks(tl.reshape(x, [RB * NB, 16]), tl.load(s_enc_ptr), SR)
     u = v
     if SR:
         u = tl.reshape(_uniforms(r[:, None] * K + c[None, :], key, key2), [RB * NB, 16])
@@ -52,7 +52,7 @@ def _cols_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.conste
     c = tl.program_id(1) * BK + tl.arange(0, BK)
     mask = (c < K)[None, :]
     x = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=mask, other=0.0).to(tl.float32)
-    v, _, sb, nan_block = _nvfp4_blocks(tl.trans(x), tl.load(s_enc_ptr))  # [BK, 16]: one block per row
+    v, _, sb, nan_block = _nvfp4_blocks(tl.trans(x), tl.load(s_enc_ptr), SR)  # [BK, 16]: one block per row
     u = v
     if SR:
         u = _uniforms(c[:, None] * M + r[None, :], key, key2)  # blocked index along axis 0: k * M + m
