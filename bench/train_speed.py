@@ -40,7 +40,7 @@ def convert(model, recipe: str, backend: str | None):
     """fp4train's ``convert``, or torchao's float8 rowwise training for ``torchao_fp8_rowwise``
     (every linear but the LM head, as torchao's own Llama benchmarks do)."""
     if recipe != TORCHAO:
-        fp4train.convert(model, recipe, backend=backend)
+        fp4train.convert(model, recipe, backend=backend, calibrating=bool(fp4train.recipes.get(recipe).calibrate))
         return
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training

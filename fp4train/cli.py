@@ -11,8 +11,9 @@ import dataclasses
 import json
 import sys
 
+from . import models
 from . import recipes as _recipes
-from .train.config import TrainConfig
+from .train.config import COMPILE_MODES, DTYPES, NUMERICS, TrainConfig
 
 HELP = {
     "model": "model size preset: tiny, 20m, 60m, 125m, 350m, 1b, 3b",
@@ -42,7 +43,7 @@ HELP = {
     "ckpt_every": "write a checkpoint every N steps (and at the end); 0: only at the end",
     "keep_checkpoints": "how many recent checkpoints to keep",
     "log_every": "write a metrics record every N steps",
-    "out": "run directory (config, metrics.jsonl, TensorBoard logs, checkpoints, summary)",
+    "out": "run directory (config, metrics.jsonl, TensorBoard logs, checkpoints, summary); a new run needs an empty or new one",
     "seed": "seed for init, data order and stochastic rounding",
     "device": "auto (GPU if there is one), cpu, cuda or cuda:N",
     "dtype": "autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32",
@@ -57,70 +58,116 @@ HELP = {
     "tensorboard": "write TensorBoard logs",
 }
 _SKIP = {"extra"}
+#: Options that only a training run uses (``analyze`` trains BF16 for its own --steps, without checkpoints)
+_TRAIN_ONLY = ("recipe", "max_steps", "calibration", "backend", "numerics", "eval_every", "eval_batches", "ckpt_every",
+               "keep_checkpoints", "compile", "compile_mode")
+_CHOICES = {"model": models.names(), "dtype": DTYPES, "numerics": NUMERICS, "compile_mode": COMPILE_MODES}
 
 
-def _add_config_flags(p: argparse.ArgumentParser, *, skip=()) -> None:
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: the culprit and where to look, no usage block."""
+
+    def error(self, message):
+        self.exit(2, f"fp4train: error: {message} (see {self.prog} --help)\n")
+
+
+def _betas(s: str) -> tuple[float, float]:
+    try:
+        b = tuple(float(v) for v in s.split(","))
+    except ValueError:
+        b = ()
+    if len(b) != 2:
+        raise argparse.ArgumentTypeError(f"expected two numbers like 0.9,0.95, got {s!r}")
+    return b
+
+
+def _add_config_flags(p: argparse.ArgumentParser, *, skip=(), out: str = TrainConfig.out) -> None:
     p.add_argument("--config", metavar="TOML", help="read options from a TOML file (flags override it)")
     for f in dataclasses.fields(TrainConfig):
         if f.name in _SKIP or f.name in skip:
             continue
         flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else None
-        h = f"{HELP[f.name]} (default: {default})"
+        default = out if f.name == "out" else f.default if f.default is not dataclasses.MISSING else None
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+        h = HELP[f.name] + (f" (default: {shown})" if default is not None and f.type != "bool" else "")
         if f.type in ("bool", bool):
-            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=h)
+            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                           help=h + f" (default: {'on' if default else 'off'})")
         elif f.name == "betas":
-            p.add_argument(flag, dest=f.name, type=lambda s: tuple(float(v) for v in s.split(",")), default=None, help=h)
+            p.add_argument(flag, dest=f.name, type=_betas, default=None, metavar="B1,B2", help=h)
+        elif f.name in _CHOICES:
+            p.add_argument(flag, dest=f.name, choices=_CHOICES[f.name], default=None, help=h)
         else:
             typ = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
             p.add_argument(flag, dest=f.name, type=typ, default=None, metavar=f.name.upper(), help=h)
 
 
 def _config_from_args(args, *, drop=()) -> TrainConfig:
-    """Defaults < the run's own config.json (on --resume) < --config TOML < flags given."""
+    """Defaults (the subcommand's --out among them) < the run's own config.json (on --resume) < --config TOML
+    < flags given."""
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
                  if f.name not in _SKIP and f.name not in drop and getattr(args, f.name, None) is not None}
+    defaults = {"out": args.default_out}
     if getattr(args, "config", None):
-        return TrainConfig.from_toml(args.config, **overrides)
+        return TrainConfig.from_toml(args.config, defaults=defaults, **overrides)
     if getattr(args, "resume", False):
         from pathlib import Path
 
-        saved = Path(overrides.get("out", TrainConfig.out)) / "config.json"
+        saved = Path(overrides.get("out", defaults["out"])) / "config.json"
         if saved.exists():
-            base = json.loads(saved.read_text())["train"]
+            try:
+                base = json.loads(saved.read_text())["train"]
+            except (ValueError, KeyError) as e:
+                raise ValueError(f"{saved} is damaged ({type(e).__name__}: {e}); give every option on the command line "
+                                 "with --resume, as the run was started") from None
             base.update(overrides)
             return TrainConfig.from_dict(base)
-    return TrainConfig(**overrides)
+    return TrainConfig(**{**defaults, **overrides})
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="fp4train", description="Train language models in FP4 (MXFP4, NVFP4) and compare recipes.")
-    sub = ap.add_subparsers(dest="command", required=True)
+    from . import __version__
+
+    ap = _Parser(prog="fp4train", description="Train language models in FP4 (MXFP4, NVFP4) and compare recipes.")
+    ap.add_argument("--version", action="version", version=f"fp4train {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     t = sub.add_parser("train", help="train a model under one recipe",
                        description="Train a Llama-style model under one recipe. Writes config.json, metrics.jsonl, "
-                       "TensorBoard logs, checkpoints and summary.json to --out.")
+                       "TensorBoard logs, checkpoints and summary.json to --out. Ctrl-C stops after the step in "
+                       "progress, with a checkpoint; --resume continues.")
     _add_config_flags(t)
+    t.set_defaults(default_out=TrainConfig.out)
     t.add_argument("--resume", nargs="?", const=True, default=False, metavar="CHECKPOINT",
                    help="continue from the newest checkpoint in --out (or from the given checkpoint file); the run's "
-                   "saved config.json supplies every option not given on the command line")
+                   "saved config.json supplies every option not given on the command line; a finished run is left "
+                   "as it is unless a larger --max-steps extends it")
+    t.add_argument("--overwrite", action="store_true", help="replace the run that --out holds (its checkpoints, metrics "
+                   "and summary are deleted first)")
+    t.add_argument("--trust-checkpoint", action="store_true", help="with --resume FILE: load the file although no "
+                   "checkpoints.json lists it (its checksum cannot be verified)")
     t.add_argument("--config-json", help=argparse.SUPPRESS)
 
     c = sub.add_parser("compare", help="train several recipes on the same model, data, seed and budget",
                        description="Train every recipe (BF16 is always included as the baseline) for every seed with "
-                       "otherwise identical settings, then write report.md, report.json and loss.png to --out.")
-    _add_config_flags(c, skip=("recipe",))
+                       "otherwise identical settings, then write report.md, report.json and loss.png to --out. Run "
+                       "again, the same command reuses finished runs and resumes interrupted ones.")
+    _add_config_flags(c, skip=("recipe",), out="runs/compare")
+    c.set_defaults(default_out="runs/compare")
     c.add_argument("--recipes", default="bf16,mxfp4,nvfp4", help="comma-separated recipe names (default: bf16,mxfp4,nvfp4)")
     c.add_argument("--seeds", default=None, help="comma-separated seeds, e.g. 0,1 (default: --seed)")
     c.add_argument("--gpus", default="auto", help="GPUs to spread runs over, one run per listed id at a time: auto (every GPU "
                    "when there are several), none (in this process), or e.g. 0,1 or 0,0,1,1 (two runs per GPU)")
+    c.add_argument("--overwrite", action="store_true", help="train again the runs in --out that were made with other "
+                   "settings (without it, such runs are refused and named)")
 
     a = sub.add_parser("analyze", help="outlier-pattern maps and per-GEMM error of every recipe on a real model",
                        description="Train the model in BF16 for --steps steps on real text, classify W, X and dY of every "
                        "linear on every step, and on capture steps measure each GEMM's error under plain MXFP4, inner "
                        "Hadamard, outlier extraction and every preset recipe. Writes analysis.json, analysis.md, "
                        "patterns.png and recipe_errors.png to --out.")
-    _add_config_flags(a, skip=("recipe", "max_steps", "calibration"))
+    _add_config_flags(a, skip=_TRAIN_ONLY, out="runs/analysis")
+    a.set_defaults(default_out="runs/analysis")
     a.add_argument("--steps", type=int, default=200, help="BF16 training steps to observe (default: 200)")
     a.add_argument("--capture-every", type=int, default=50, help="measure GEMM errors every N steps and at the end (default: 50)")
     a.add_argument("--threshold", type=float, default=4.0, help="outlier-pattern threshold (default: 4.0)")
@@ -132,45 +179,81 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """The ``fp4train`` command. A user error (a bad flag, file or setting) is one line on stderr and exit
+    code 2; Ctrl-C exits 130 saying how to continue; anything else is a bug and keeps its traceback."""
     args = build_parser().parse_args(argv)
-    if args.command == "recipes":
-        if args.show:
-            print(_recipes.get(args.show).to_toml())
-        else:
-            print(_recipes.describe())
-        return 0
-
     from .train import CheckpointError, TrainingDiverged
-    from .train.compare import compare
-    from .train.trainer import train
+    from .train.trainer import TrainingInterrupted
 
     try:
-        if args.command == "analyze":
-            from .analysis import analyze
-
-            if args.out is None:
-                args.out = "runs/analysis"
-            cfg = _config_from_args(args, drop=("recipe", "max_steps", "calibration"))
-            analyze(cfg, steps=args.steps, capture_every=args.capture_every, out=cfg.out, threshold=args.threshold, k=args.k)
-            return 0
-        if args.command == "train":
-            if args.config_json:
-                with open(args.config_json) as f:
-                    cfg = TrainConfig.from_dict(json.load(f))
-            else:
-                cfg = _config_from_args(args)
-            train(cfg, resume=args.resume)
-        else:
-            if args.out is None:
-                args.out = "runs/compare"
-            base = _config_from_args(args)
-            seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else [base.seed]
-            gpus = _gpus(args.gpus)
-            compare(base, [r.strip() for r in args.recipes.split(",") if r.strip()], seeds, base.out, gpus=gpus)
+        return _run(args)
     except (TrainingDiverged, CheckpointError, ValueError, FileNotFoundError) as e:
         print(f"fp4train: error: {e}", file=sys.stderr)
         return 2
+    except TrainingInterrupted as e:
+        print(f"fp4train: stopped at step {e.step}, checkpoint {e.checkpoint}; continue with: {_resume_hint(args)}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print(f"\nfp4train: interrupted{_last_checkpoint(args)}; continue with: {_resume_hint(args)}", file=sys.stderr)
+        return 130
+
+
+def _run(args) -> int:
+    if args.command == "recipes":
+        print(_recipes.get(args.show).to_toml() if args.show else _recipes.describe())
+        return 0
+
+    from .train.compare import compare
+    from .train.trainer import train
+
+    if args.command == "analyze":
+        from .analysis import analyze
+
+        cfg = _config_from_args(args, drop=_TRAIN_ONLY)
+        analyze(cfg, steps=args.steps, capture_every=args.capture_every, out=cfg.out, threshold=args.threshold, k=args.k)
+    elif args.command == "train":
+        if args.config_json:
+            with open(args.config_json) as f:
+                cfg = TrainConfig.from_dict(json.load(f))
+        else:
+            cfg = _config_from_args(args)
+        if args.trust_checkpoint and not isinstance(args.resume, str):
+            raise ValueError("--trust-checkpoint goes with --resume FILE (the checkpoint file to load unverified)")
+        train(cfg, resume=args.resume, overwrite=args.overwrite, trust=args.trust_checkpoint)
+    else:
+        base = _config_from_args(args)
+        seeds = _ints("--seeds", args.seeds) if args.seeds else [base.seed]
+        recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+        compare(base, recipes, seeds, base.out, gpus=_gpus(args.gpus), overwrite=args.overwrite)
     return 0
+
+
+def _resume_hint(args) -> str:
+    if args.command == "train":
+        return f"fp4train train --out {args.out or args.default_out} --resume"
+    if args.command == "compare":
+        return "the same fp4train compare command (finished runs are reused, the stopped one resumes)"
+    return "the same command"
+
+
+def _last_checkpoint(args) -> str:
+    if args.command != "train":
+        return ""
+    from .train import CheckpointError, Checkpoints
+
+    out = args.out or args.default_out
+    try:
+        last = Checkpoints(out).entries()
+    except CheckpointError:
+        return ""
+    return f"; the last checkpoint is {out}/{last[-1]['file']} (step {last[-1]['step']})" if last else "; no checkpoint was written"
+
+
+def _ints(flag: str, spec: str) -> list[int]:
+    try:
+        return [int(v) for v in spec.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated integers, e.g. 0,1,2; got {spec!r}") from None
 
 
 def _gpus(spec: str) -> list[int] | None:
@@ -181,7 +264,14 @@ def _gpus(spec: str) -> list[int] | None:
 
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         return list(range(n)) if n > 1 else None
-    return [int(g) for g in spec.split(",")]
+    gpus = _ints("--gpus", spec)
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    bad = [g for g in gpus if g >= n] if n else []
+    if bad:
+        raise ValueError(f"--gpus {spec}: GPU(s) {bad} do not exist; this machine has {n} (0..{n - 1})")
+    return gpus
 
 
 if __name__ == "__main__":

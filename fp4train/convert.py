@@ -9,6 +9,7 @@ All shape problems are collected first and reported together, before anything is
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Callable
 
 import torch
@@ -29,6 +30,7 @@ def convert(
     *,
     filter: Callable[[str, nn.Linear], bool] | None = None,  # noqa: A002 - the public name
     backend: str | None = None,
+    calibrating: bool = False,
 ) -> nn.Module:
     """Swap ``model``'s ``nn.Linear`` layers for :class:`QuantizedLinear` as ``recipe`` says.
 
@@ -42,10 +44,23 @@ def convert(
             also switches the numerics to ``"triton"`` - same bits, faster - unless
             ``fp4train.formats.set_numerics`` chose a mode), ``emulated`` elsewhere.
 
+        calibrating: for a recipe that calibrates (AdaHOP), say that a calibration follows (the trainer
+            records one over the first steps); without it converting warns that the layers stay BF16.
+
     Returns ``model``. Raises ``ValueError`` naming every layer whose shape the recipe cannot
     run, with the fix, before changing anything.
+
+    A recipe that calibrates (``recipe.calibrate``, AdaHOP) has no FP4 strategy until calibration gives
+    one: its layers run in BF16 and say so (``QuantizedLinear.uncalibrated``). Calibrate with
+    ``fp4train train`` (its first ``calibration_steps`` steps) or convert with the calibrated recipe,
+    ``Calibration.load(file).recipe()``.
     """
     recipe = _recipes.get(recipe)
+    if recipe.calibrate and not calibrating:
+        warnings.warn(f"recipe {recipe.name!r} needs a calibration: until one is applied its layers run in BF16, not FP4. "
+                      "Train with `fp4train train --recipe adahop` (it calibrates over the first "
+                      f"{recipe.calibration_steps} steps) or convert with Calibration.load(FILE).recipe()",
+                      UserWarning, stacklevel=2)
     backend = backends.resolve(backend or recipe.backend)  # "auto": triton on a GPU machine, emulated elsewhere
     wanted = getattr(backends.get(backend), "numerics", None)
     if wanted and torch.cuda.is_available():
@@ -89,6 +104,7 @@ def convert(
             new.train(mod.training)
         else:
             new = QuantizedLinear.from_linear(mod, spec, backend=backend, recipe_name=recipe.name)
+            new.uncalibrated = recipe.calibrate is not None
         _set_submodule(model, name, new)
     return model
 

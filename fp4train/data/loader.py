@@ -19,7 +19,7 @@ from .tokens import TokenSplit
 class PackedBatches:
     def __init__(self, split: TokenSplit, seq_len: int, batch_size: int, seed: int):
         self.split, self.seq_len, self.batch_size, self.seed = split, seq_len, batch_size, seed
-        self.n_windows = (len(split) - 1) // seq_len
+        self.n_windows = max(0, (len(split) - 1) // seq_len)
         if self.n_windows < batch_size:
             raise ValueError(
                 f"the {split.name} split has {len(split):,} tokens: {self.n_windows} windows of {seq_len + 1}, "
@@ -68,10 +68,13 @@ class PackedBatches:
 
 def eval_batches(split: TokenSplit, seq_len: int, batch_size: int, n_batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The first ``n_batches`` batches of windows in order (the same every evaluation)."""
-    n_windows = (len(split) - 1) // seq_len
+    n_windows = max(0, (len(split) - 1) // seq_len)
     n = min(n_batches * batch_size, n_windows)
     if n == 0:
-        raise ValueError(f"the validation split has {len(split):,} tokens, too few for one window of {seq_len + 1}")
+        raise ValueError(
+            f"the validation split has {len(split):,} tokens, too few for one window of {seq_len + 1}: give validation "
+            "text with --val-data, hold out more documents with a larger --val-fraction, or use a shorter --seq-len"
+        )
     loader = PackedBatches.__new__(PackedBatches)
     loader.split, loader.seq_len = split, seq_len
     out = []

@@ -21,6 +21,7 @@ import gzip
 import json
 import lzma
 import os
+import zlib
 from pathlib import Path
 from typing import Iterator
 
@@ -83,17 +84,60 @@ def split_sources(data: str | None, val_data: str | None) -> tuple[list[str], li
             f"training data includes {', '.join(Path(b).name for b in bad)}, which look like a validation "
             "split; never train on it: pass it as val_data (--val-data) and leave it out of --data"
         )
-    return train, (expand(val_data) if val_data else None)
+    val = expand(val_data) if val_data else None
+    if val:
+        same = sorted(set(map(_identity, train)) & set(map(_identity, val)))
+        if same:
+            raise ValueError(
+                f"{', '.join(same)} is both training and validation data (--data and --val-data); validation text must "
+                "never enter training: give --val-data other files, or leave it out to hold out --val-fraction of the documents"
+            )
+    return train, val
+
+
+def _identity(source: str) -> str:
+    """What makes two sources the same: the resolved path of a file, the spec of anything else."""
+    return str(Path(source).resolve()) if os.path.isfile(source) else source
+
+
+def check_readable(source: str) -> None:
+    """Refuse, before any work, a source whose reader is not installed (``.parquet``, ``hf:``)."""
+    if source.endswith(".parquet"):
+        _require("pyarrow", f"reading {source} needs pyarrow: pip install pyarrow")
+    elif source.startswith("hf:"):
+        _require("datasets", f"{source} needs the Hugging Face 'datasets' package and a network: pip install 'fp4train[hf]'")
+
+
+def _require(module: str, message: str):
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError:
+        raise ValueError(message) from None
 
 
 def iter_documents(source: str, text_field: str = "text") -> Iterator[tuple[str, str]]:
-    """(document id, text) pairs of one expanded source."""
+    """(document id, text) pairs of one expanded source. A file that cannot be read as text (not
+    UTF-8, binary, a damaged archive) is refused with an error naming it."""
+    try:
+        yield from _documents(source, text_field)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{source} is not UTF-8 text (byte {e.start}: {e.reason}); convert it to UTF-8 or leave it out") from None
+    except (OSError, EOFError, lzma.LZMAError, zlib.error) as e:  # damaged .gz / .xz, unreadable file
+        raise ValueError(f"cannot read {source}: {e} (a damaged or truncated file?)") from None
+
+
+def _documents(source: str, text_field: str) -> Iterator[tuple[str, str]]:
     if source == SHAKESPEARE:
         yield from _txt_docs("shakespeare", lzma.decompress((ASSETS / "tinyshakespeare.txt.xz").read_bytes()).decode("utf-8"))
     elif source.startswith("hf:"):
         yield from _hf_docs(source, text_field)
     elif source.endswith(".txt"):
-        yield from _txt_docs(Path(source).name, Path(source).read_text(encoding="utf-8"))
+        text = Path(source).read_text(encoding="utf-8")
+        if "\x00" in text:
+            raise ValueError(f"{source} holds NUL bytes: a binary file, not text; leave it out of the data")
+        yield from _txt_docs(Path(source).name, text)
     elif source.endswith(".parquet"):
         yield from _parquet_docs(source, text_field)
     else:
@@ -124,22 +168,18 @@ def _txt_docs(name: str, text: str) -> Iterator[tuple[str, str]]:
 
 
 def _parquet_docs(path: str, text_field: str) -> Iterator[tuple[str, str]]:
-    try:
-        import pyarrow.parquet as pq
-    except ModuleNotFoundError as e:
-        raise ModuleNotFoundError("reading .parquet needs pyarrow: pip install pyarrow") from e
+    check_readable(path)
+    import pyarrow.parquet as pq
+
     table = pq.read_table(path, columns=[text_field])
     for i, text in enumerate(table.column(text_field).to_pylist()):
         yield f"{Path(path).name}:{i}", text
 
 
 def _hf_docs(source: str, text_field: str) -> Iterator[tuple[str, str]]:
-    try:
-        import datasets
-    except ModuleNotFoundError as e:
-        raise ModuleNotFoundError(
-            f"{source} needs the Hugging Face 'datasets' package and a network: pip install 'fp4train[hf]'"
-        ) from e
+    check_readable(source)
+    import datasets
+
     _, name, *split = source.split(":")
     ds = datasets.load_dataset(name, split=split[0] if split else "train", streaming=True)
     for i, rec in enumerate(ds):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .sources import iter_documents, split_sources
+from .sources import check_readable, iter_documents, split_sources
 from .tokenizer import TextTokenizer
 
 
@@ -80,6 +80,8 @@ def load_splits(
     if not 0.0 < val_fraction < 1.0 and val_data is None:
         raise ValueError(f"val_fraction must be in (0, 1) when no validation data is given, got {val_fraction}")
     train_files, val_files = split_sources(data, val_data)
+    for f in train_files + (val_files or []):
+        check_readable(f)
     key_src = {
         "tokenizer": tokenizer.fingerprint,
         "train": _file_key(train_files),
@@ -130,6 +132,11 @@ class _SplitWriter:
         self.f.write(arr.tobytes())
         self.n += len(arr)
 
+    def discard(self):
+        """Remove the temporary file of a build that failed (no half file is ever left)."""
+        self.f.close()
+        self.tmp.unlink(missing_ok=True)
+
     def close(self):
         self.f.flush()
         os.fsync(self.f.fileno())
@@ -152,15 +159,20 @@ def _build(cache, key, train_files, val_files, tok: TextTokenizer, val_fraction,
             writers[split].add(doc_id, ids + [tok.eot_id])
         batch.clear()
 
-    for src, forced in jobs:
-        if verbose:
-            print(f"fp4train: tokenizing {src} ...", file=sys.stderr, flush=True)
-        batch: list[tuple[str, str]] = []
-        for doc in iter_documents(src, text_field):
-            batch.append(doc)
-            if len(batch) >= 512:
-                flush(batch, forced)
-        flush(batch, forced)
+    try:
+        for src, forced in jobs:
+            if verbose:
+                print(f"fp4train: tokenizing {src} ...", file=sys.stderr, flush=True)
+            batch: list[tuple[str, str]] = []
+            for doc in iter_documents(src, text_field):
+                batch.append(doc)
+                if len(batch) >= 512:
+                    flush(batch, forced)
+            flush(batch, forced)
+    except BaseException:
+        for w in writers.values():
+            w.discard()
+        raise
     for w in writers.values():
         w.close()
     if verbose:

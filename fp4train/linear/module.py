@@ -117,8 +117,12 @@ class QuantizedLinear(nn.Linear):
             y, *_ = fprop(x.reshape(-1, x.shape[-1]), self.weight, self.bias, self.spec, self.backend, seed, out_dtype)
         return y.reshape(*x.shape[:-1], self.out_features)
 
+    #: True while a calibrating recipe (AdaHOP) has not yet given this layer its strategies: it runs in BF16
+    uncalibrated: bool = False
+
     def extra_repr(self) -> str:
         r = f", recipe={self.recipe_name}" if self.recipe_name else ""
+        r += " (uncalibrated: runs in BF16)" if self.uncalibrated else ""
         return super().extra_repr() + r + f", backend={self.backend_name}"
 
 

@@ -323,8 +323,13 @@ class Recipe:
         path = Path(path)
         if path.suffix not in (".json", ".toml"):
             raise ValueError(f"recipe files are .json or .toml, got {path}")
-        text = path.read_text()
-        return cls.from_toml(text) if path.suffix == ".toml" else cls.from_json(text)
+        try:
+            text = path.read_text(encoding="utf-8")
+            return cls.from_toml(text) if path.suffix == ".toml" else cls.from_json(text)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"recipe file {path} does not exist") from None
+        except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as e:  # TOML/JSON decode errors are ValueErrors
+            raise ValueError(f"{path}: not a valid recipe: {e}") from None
 
 
 def _lcm(a: int, b: int) -> int:

@@ -5,7 +5,11 @@ flushed to disk and renamed; its SHA-256 (computed while writing) and size go in
 ``checkpoints.json``, itself replaced atomically. Only then are checkpoints beyond the newest
 ``keep`` deleted - so a crash at any moment leaves at least one complete, verifiable checkpoint.
 Loading verifies size and checksum and refuses a damaged file with an error that names the
-last good checkpoint to resume from instead.
+last good checkpoint to resume from instead. A checkpoint file that no manifest lists (the
+manifest was lost or damaged) loads only when the caller says it trusts it.
+
+Files are read with ``torch.load(weights_only=True)``: tensors, numbers, strings and plain
+containers only, so a checkpoint from elsewhere cannot run code when it is opened.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import hashlib
 import io
 import json
 import os
+import pickle
 from pathlib import Path
 
 import torch
@@ -57,7 +62,16 @@ class Checkpoints:
     # ---- manifest ---------------------------------------------------------------------------
     def entries(self) -> list[dict]:
         m = self.dir / MANIFEST
-        return json.loads(m.read_text())["checkpoints"] if m.exists() else []
+        if not m.exists():
+            return []
+        try:
+            entries = json.loads(m.read_text())["checkpoints"]
+            for e in entries:
+                int(e["step"]), str(e["file"]), str(e["sha256"]), int(e["bytes"])
+            return entries
+        except (ValueError, KeyError, TypeError) as e:  # json.JSONDecodeError is a ValueError
+            raise CheckpointError(f"{m} is damaged ({type(e).__name__}: {e}); the checkpoint files may still be intact: "
+                                  f"resume from one with --resume {self.dir}/step_NNNNNN.pt --trust-checkpoint") from None
 
     def _write_manifest(self, entries: list[dict]) -> None:
         tmp = self.dir / f"{MANIFEST}.tmp"
@@ -100,8 +114,18 @@ class Checkpoints:
             return f"{p} is corrupted: its SHA-256 does not match the manifest"
         return None
 
-    def load(self, path: str | Path | None = None, map_location="cpu") -> dict:
-        """Load the newest checkpoint (or ``path``) after verifying it."""
+    def load(self, path: str | Path | None = None, map_location="cpu", *, trust: bool = False) -> dict:
+        """Load the newest checkpoint (or ``path``) after verifying it. ``trust``: load ``path`` even
+        when no manifest lists it (its integrity then cannot be checked)."""
+        if path is not None and trust:
+            try:
+                listed = any(e["file"] == Path(path).name for e in self.entries())
+            except CheckpointError:
+                listed = False
+            if not listed:
+                if not Path(path).is_file():
+                    raise CheckpointError(f"checkpoint {path} does not exist")
+                return _read(Path(path), map_location)
         entries = self.entries()
         if path is None:
             if not entries:
@@ -111,7 +135,8 @@ class Checkpoints:
             name = Path(path).name
             matches = [e for e in entries if e["file"] == name]
             if not matches:
-                raise CheckpointError(f"{path} is not listed in {self.dir / MANIFEST}; its integrity cannot be checked")
+                raise CheckpointError(f"{path} is not listed in {self.dir / MANIFEST}, so its integrity cannot be checked; "
+                                      "add --trust-checkpoint to load it anyway")
             entry = matches[0]
         problem = self.verify(entry)
         if problem:
@@ -123,4 +148,24 @@ class Checkpoints:
                 else "; no earlier good checkpoint exists"
             )
             raise CheckpointError(f"refusing to load checkpoint: {problem}{hint}")
-        return torch.load(self.dir / entry["file"], map_location=map_location, weights_only=False)
+        return _read(self.dir / entry["file"], map_location)
+
+    def prune(self, keep: int) -> None:
+        """Keep only the newest ``keep`` checkpoints (a finished run needs only its last one)."""
+        entries = self.entries()
+        if len(entries) <= keep:
+            return
+        self._write_manifest(entries[-keep:])
+        for e in entries[:-keep]:
+            (self.dir / e["file"]).unlink(missing_ok=True)
+
+
+def _read(path: Path, map_location) -> dict:
+    """``torch.load`` of tensors and plain data only: opening a checkpoint never runs code from it."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(f"refusing to load {path}: it holds objects other than tensors and plain data, which could run "
+                              f"code when unpickled ({str(e).splitlines()[0]})") from None
+    except (RuntimeError, EOFError, OSError) as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {str(e).splitlines()[0]}") from None

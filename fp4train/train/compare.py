@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -23,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import MANIFEST
+from .checkpoint import MANIFEST, Checkpoints
 from .config import TrainConfig
-from .trainer import train
+from .trainer import check_recipe, load_data, resolve_device, train
 
 BASELINE = "bf16"
 
@@ -34,45 +36,89 @@ def run_name(recipe: str, seed: int) -> str:
     return f"{Path(recipe).stem}-seed{seed}"
 
 
-def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | Path, *, gpus: list[int] | None = None) -> dict:
+def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | Path, *, gpus: list[int] | None = None,
+            overwrite: bool = False) -> dict:
     """Train every recipe x seed from ``base`` and write the report to ``out``.
 
     ``gpus``: ``None`` trains in this process, one run after another; a list of GPU ids runs
-    subprocesses, one per entry at a time (repeat an id to share a GPU between runs)."""
+    subprocesses, one per entry at a time (repeat an id to share a GPU between runs).
+
+    Everything is checked before the first run: every recipe name, the data (tokenized once here),
+    the device, and every run already in ``out``: a finished run is reused and an interrupted one
+    resumed only if it was made with the settings asked for now (:data:`~.config.RESULT_FIELDS`);
+    one made with other settings is refused, naming them, or with ``overwrite`` trained again."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     if BASELINE not in recipes:
         recipes = [BASELINE] + list(recipes)
+    if len(set(recipes)) < len(recipes):
+        raise ValueError(f"--recipes names a recipe twice: {', '.join(recipes)}")
+    if len(set(seeds)) < len(seeds):
+        raise ValueError(f"--seeds names a seed twice: {', '.join(map(str, seeds))}")
     jobs = [(r, s) for r in recipes for s in seeds]  # recipe by recipe: a cut-short comparison still has whole pairs
-    cfgs = {}
-    for r, s in jobs:
-        cfgs[(r, s)] = dataclasses.replace(base, recipe=r, seed=s, out=str(out / "runs" / run_name(r, s)))
+    cfgs = {(r, s): dataclasses.replace(base, recipe=r, seed=s, out=str(out / "runs" / run_name(r, s))) for r, s in jobs}
+    # checks before any work: recipes, device, data, the runs already there
+    for cfg in cfgs.values():
+        check_recipe(cfg)
+    if not gpus:
+        resolve_device(base.device)
+    load_data(base)
+    stale = {key: diff for key, cfg in cfgs.items() if (diff := settings_changed(cfg))}
+    if stale and not overwrite:
+        lines = "; ".join(f"{run_name(*k)} ({d})" for k, d in stale.items())
+        raise ValueError(f"{out} holds runs made with other settings: {lines}. Re-run them with --overwrite, or choose another --out")
+    for key in stale:
+        shutil.rmtree(cfgs[key].out)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "compare.json").write_text(json.dumps({"base": base.to_dict(), "recipes": recipes, "seeds": seeds}, indent=1))
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    log(f"fp4train compare: {len(jobs)} runs ({', '.join(recipes)} x seeds {', '.join(map(str, seeds))}) into {out}")
     if gpus:
         run_parallel(cfgs, gpus)
     else:
-        for (r, s), cfg in cfgs.items():
-            if (Path(cfg.out) / "summary.json").exists():
-                print(f"fp4train compare: {run_name(r, s)} already done, reusing it", file=sys.stderr)
+        for n, ((r, s), cfg) in enumerate(cfgs.items(), 1):
+            if finished(cfg):
+                log(f"fp4train compare: [{n}/{len(cfgs)}] {run_name(r, s)} is already done with these settings, reusing it")
                 continue
-            train(cfg, resume=interrupted(cfg))
+            log(f"fp4train compare: [{n}/{len(cfgs)}] {run_name(r, s)}")
+            resume = interrupted(cfg)  # else a fresh start, over what a run stopped before its first checkpoint left
+            train(cfg, resume=resume, overwrite=not resume)
+            Checkpoints(cfg.out).prune(1)  # a finished run needs only its last checkpoint
     per_gpu = max(gpus.count(g) for g in gpus) if gpus else 1
-    return write_report(out, recipes, seeds, runs_per_gpu=per_gpu)
+    report = write_report(out, recipes, seeds, runs_per_gpu=per_gpu)
+    log(f"fp4train compare: report in {out / 'report.md'} (and report.json, loss.png)")
+    return report
+
+
+def settings_changed(cfg: TrainConfig) -> str:
+    """How the run already in ``cfg.out`` (if any) was made differently from ``cfg``: '' if the same
+    (or there is none), else e.g. ``"max_steps 150 (now 300), lr 0.003 (now 0.001)"``."""
+    saved = Path(cfg.out) / "config.json"
+    if not saved.exists():
+        return "its config.json is missing" if any(Path(cfg.out).glob("step_*.pt")) else ""
+    try:
+        then = json.loads(saved.read_text())["train"]
+    except (ValueError, KeyError):
+        return "its config.json is damaged"
+    now = cfg.result_settings()
+    norm = lambda v: list(v) if isinstance(v, tuple) else v  # noqa: E731 - JSON has lists
+    return ", ".join(f"{k} {then.get(k)!r} (now {now[k]!r})" for k in now if norm(then.get(k)) != norm(now[k]))
+
+
+def finished(cfg: TrainConfig) -> bool:
+    return (Path(cfg.out) / "summary.json").exists()
 
 
 def interrupted(cfg: TrainConfig) -> bool:
     """A run that wrote a checkpoint but no summary was stopped part-way: resume it, not restart it.
-    (Its checkpoint holds the settings it ran with; the trainer refuses a resume whose model, recipe,
-    data, batch or seed differ, so a changed comparison cannot silently continue an old run.)"""
-    done = (Path(cfg.out) / "summary.json").exists()
-    return not done and (Path(cfg.out) / MANIFEST).exists()
+    (:func:`compare` has checked that it was made with the same settings.)"""
+    return not finished(cfg) and (Path(cfg.out) / MANIFEST).exists()
 
 
 def run_parallel(cfgs: dict, slots: list[int]) -> None:
     """Train each config in a subprocess; ``slots`` lists GPU ids, one concurrent run per entry
     (``[0, 0, 1, 1]``: two runs at a time on each of two GPUs). Finished runs are skipped,
     interrupted ones resumed from their newest checkpoint."""
-    pending = [(k, c) for k, c in cfgs.items() if not (Path(c.out) / "summary.json").exists()]
+    pending = [(k, c) for k, c in cfgs.items() if not finished(c)]
     running: dict[int, tuple] = {}
     failed = []
     try:
@@ -88,7 +134,7 @@ def run_parallel(cfgs: dict, slots: list[int]) -> None:
                     resume = interrupted(cfg)
                     log = open(Path(cfg.out) / "train.log", "a" if resume else "w")
                     p = subprocess.Popen([sys.executable, "-m", "fp4train", "train", "--config-json", str(cfg_path)]
-                                         + (["--resume"] if resume else []),
+                                         + (["--resume"] if resume else ["--overwrite"]),
                                          env=env, stdout=log, stderr=subprocess.STDOUT)
                     running[slot] = (p, key, log, cfg.out)
                     how = "resumed" if resume else "started"
@@ -101,11 +147,17 @@ def run_parallel(cfgs: dict, slots: list[int]) -> None:
                     if p.returncode != 0:
                         failed.append(f"{Path(run_out).name} (exit {p.returncode}, see {run_out}/train.log)")
                     else:
+                        Checkpoints(run_out).prune(1)
                         print(f"fp4train: finished {Path(run_out).name}", file=sys.stderr, flush=True)
-    finally:  # interrupted (Ctrl-C, a time limit): stop the runs; each resumes from its last checkpoint
+    finally:  # interrupted (Ctrl-C, a time limit): stop the runs, each after its step and a checkpoint
+        for p, _key, _log, _out in running.values():
+            p.send_signal(signal.SIGINT)
         for p, _key, log, _out in running.values():
-            p.terminate()
-            p.wait()
+            try:
+                p.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                p.terminate()
+                p.wait()
             log.close()
     if failed:
         raise RuntimeError("runs failed: " + ", ".join(failed))
@@ -154,6 +206,7 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
             "gap_pct_mean": statistics.mean(gaps),
             "tokens_per_s": statistics.mean(tps) if tps else None,
             "peak_mem_gib": max(mem) if mem else None,
+            "bf16_steps": max(by[(r, s)].get("bf16_steps", 0) for s in seeds),
         }
     first = runs[0]
     report = {
@@ -194,6 +247,13 @@ def _markdown(rep: dict) -> str:
     if rep["bf16_seed_spread_pct"] is not None:
         lines += ["", f"BF16 seed-to-seed spread: {rep['bf16_seed_spread_pct']:.2f}% (max − min of final val loss over seeds, / mean). "
                   "A gap smaller than this is within noise."]
+    else:
+        lines += ["", "One seed: these gaps carry no estimate of noise, so none of them is shown to be real. Run several "
+                  "seeds (e.g. `--seeds 0,1,2`) to measure BF16's seed-to-seed spread beside them."]
+    calib = {r: x["bf16_steps"] for r, x in rep["recipes"].items() if x.get("bf16_steps")}
+    if calib:
+        lines += ["", "Steps spent in BF16 calibration (counted in each run's steps): "
+                  + ", ".join(f"{r} {n} of {rep['steps']}" for r, n in calib.items()) + "."]
     if rep.get("unfinished"):
         lines += ["", f"Not finished yet (left out above): {', '.join(rep['unfinished'])}. Run the same `fp4train compare` again to finish them."]
     return "\n".join(lines) + "\n"

@@ -1,10 +1,28 @@
-"""Training configuration: one dataclass, loadable from TOML, overridable from the command line."""
+"""Training configuration: one dataclass, loadable from TOML, overridable from the command line.
+
+Every field is checked when a config is made (type, range, choices), so a bad value from a flag or
+a TOML file is refused with its name before any work starts.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+DTYPES = ("auto", "bf16", "fp32")
+NUMERICS = ("eager", "compiled", "triton")
+COMPILE_MODES = ("default", "reduce-overhead")
+DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+#: The fields that decide a run's result. Two runs that agree on these train the same model on the
+#: same tokens (the rest - where it is written, how often it logs or checkpoints, the device - does not
+#: change what a finished run reports, or changes it only within the numerics' own run-to-run noise).
+RESULT_FIELDS = ("model", "recipe", "backend", "calibration", "data", "val_data", "val_fraction", "tokenizer", "text_field",
+                 "seq_len", "batch_size", "grad_accum", "max_steps", "lr", "min_lr_ratio", "warmup_steps", "weight_decay",
+                 "betas", "grad_clip", "eval_batches", "seed", "dtype", "numerics", "compile", "compile_mode")
 
 
 @dataclass
@@ -52,9 +70,22 @@ class TrainConfig:
     extra: dict = field(default_factory=dict)  # free-form notes carried into the run's config.json
 
     def __post_init__(self):
+        problems = _type_problems(self)
+        if problems:
+            raise ValueError("bad training config: " + "; ".join(problems))
         if isinstance(self.betas, list):
             self.betas = tuple(self.betas)
-        problems = []
+        for f in dataclasses.fields(self):  # a TOML integer for a float field, e.g. lr = 1
+            if f.type == "float" and isinstance(getattr(self, f.name), int):
+                setattr(self, f.name, float(getattr(self, f.name)))
+        from .. import models
+
+        if self.model not in models.names():
+            problems.append(f"model must be one of {', '.join(models.names())}, got {self.model!r}")
+        if not _DEVICE.fullmatch(self.device):
+            problems.append(f"device must be {DEVICE_FORMS}, got {self.device!r}")
+        if self.val_data is None and not 0.0 < self.val_fraction < 1.0:
+            problems.append(f"val_fraction must be in (0, 1) when no val_data is given, got {self.val_fraction}")
         for k in ("seq_len", "batch_size", "grad_accum", "max_steps", "eval_batches", "keep_checkpoints", "log_every"):
             if getattr(self, k) < 1:
                 problems.append(f"{k} must be >= 1, got {getattr(self, k)}")
@@ -63,16 +94,16 @@ class TrainConfig:
                 problems.append(f"{k} must be >= 0, got {getattr(self, k)}")
         if self.lr <= 0:
             problems.append(f"lr must be > 0, got {self.lr}")
-        if self.numerics not in (None, "eager", "compiled", "triton"):
+        if self.numerics not in (None, *NUMERICS):
             problems.append(f"numerics must be eager, compiled or triton, got {self.numerics!r}")
-        if self.compile_mode not in ("default", "reduce-overhead"):
+        if self.compile_mode not in COMPILE_MODES:
             problems.append(f"compile_mode must be default or reduce-overhead, got {self.compile_mode!r}")
         if self.compile_mode == "reduce-overhead" and self.grad_accum > 1:
             # each compiled call starts a CUDA-graph step, whose replay may overwrite the gradients that earlier
             # micro-batches left in the graphs' memory
             problems.append(f"compile_mode reduce-overhead takes grad_accum 1 (got {self.grad_accum}): a larger batch_size "
                             "instead, or compile_mode default")
-        if self.dtype not in ("auto", "bf16", "fp32"):
+        if self.dtype not in DTYPES:
             problems.append(f"dtype must be auto, bf16 or fp32, got {self.dtype!r}")
         if problems:
             raise ValueError("bad training config: " + "; ".join(problems))
@@ -92,13 +123,50 @@ class TrainConfig:
             raise ValueError(f"unknown config key(s) {unknown}; known: {sorted(names)}")
         return cls(**d)
 
+    def result_settings(self) -> dict:
+        """The :data:`RESULT_FIELDS` of this config (what two runs must share to be the same run)."""
+        return {k: getattr(self, k) for k in RESULT_FIELDS}
+
     @classmethod
-    def from_toml(cls, path: str | Path, **overrides) -> TrainConfig:
+    def from_toml(cls, path: str | Path, *, defaults: dict | None = None, **overrides) -> TrainConfig:
+        """A config from a TOML file over ``defaults``, with ``overrides`` (flags) on top; errors name the file."""
         try:
             import tomllib
         except ModuleNotFoundError:  # Python 3.10
             import tomli as tomllib
-        with open(path, "rb") as f:
-            d = tomllib.load(f)
-        d.update({k: v for k, v in overrides.items() if v is not None})
-        return cls.from_dict(d)
+        try:
+            with open(path, "rb") as f:
+                d = tomllib.load(f)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"{path}: not valid TOML: {e}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: cannot read the config file: {e}") from None
+        d = {**(defaults or {}), **d, **{k: v for k, v in overrides.items() if v is not None}}
+        try:
+            return cls.from_dict(d)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+
+
+_TYPES = {"str": (str,), "str | None": (str, type(None)), "int": (int,), "float": (int, float), "bool": (bool,), "dict": (dict,)}
+_TYPE_NAMES = {"str": "a string", "str | None": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
+               "dict": "a table"}
+
+
+def _type_problems(cfg: TrainConfig) -> list[str]:
+    """What is of the wrong type in ``cfg`` (a TOML file or a caller can give any value)."""
+    out = []
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if f.type == "tuple[float, float]":
+            ok = isinstance(v, (tuple, list)) and len(v) == 2 and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in v)
+            what = "two numbers, e.g. [0.9, 0.95]"
+        else:
+            types = _TYPES[f.type]
+            ok = isinstance(v, types) and not (isinstance(v, bool) and bool not in types)
+            what = _TYPE_NAMES[f.type]
+        if not ok:
+            out.append(f"{f.name} must be {what}, got {v!r} ({type(v).__name__})")
+    return out

@@ -17,7 +17,10 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,7 +33,7 @@ from ..timing import code_commit
 from ..convert import convert
 from ..data import PackedBatches, eval_batches, load_splits, load_tokenizer
 from ..linear.module import set_device_seeds
-from .checkpoint import Checkpoints
+from .checkpoint import MANIFEST, CheckpointError, Checkpoints
 from .config import TrainConfig
 
 
@@ -38,13 +41,96 @@ class TrainingDiverged(RuntimeError):
     """The loss or the gradient norm became NaN/Inf."""
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped the run after a whole step, whose checkpoint was written first."""
+
+    def __init__(self, out: Path, step: int, checkpoint: Path):
+        super().__init__(f"stopped at step {step}; checkpoint {checkpoint}")
+        self.out, self.step, self.checkpoint = out, step, checkpoint
+
+
+#: What a run writes into its directory (``train.log`` and ``train_config.json`` are ``compare``'s
+#: launcher files, written before the run starts).
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoints.json", "checkpoints.json.tmp",
+             "adahop_calibration.json", "tb")
+LAUNCHER_FILES = ("train.log", "train_config.json")
+
+
+def run_files(out: Path) -> list[Path]:
+    """The files of a run in ``out`` (what ``--overwrite`` removes)."""
+    if not out.is_dir():
+        return []
+    return [out / n for n in RUN_FILES if (out / n).exists()] + sorted(out.glob("step_*.pt*"))
+
+
+def describe_run(out: Path) -> str:
+    """'finished at step N', 'stopped at step N' or 'with no checkpoint yet': what a run directory holds."""
+    try:
+        entries = Checkpoints(out).entries()
+    except CheckpointError:
+        return "with a damaged checkpoint manifest"
+    summary = out / "summary.json"
+    if summary.exists():
+        try:
+            return f"finished at step {json.loads(summary.read_text())['steps']}"
+        except (ValueError, KeyError):
+            pass
+    return f"stopped at step {entries[-1]['step']}" if entries else "with no checkpoint yet"
+
+
+def check_run_dir(out: Path, *, resume: bool | str, overwrite: bool) -> None:
+    """Refuse, before any work, a command that would damage what ``out`` holds: a new run into a
+    directory that is not empty (unless ``overwrite``), a resume of a directory with nothing to resume."""
+    if resume and overwrite:
+        raise ValueError("--resume continues the run in --out and --overwrite replaces it: give one of them")
+    if resume:
+        if not out.is_dir():
+            raise ValueError(f"cannot resume: {out} does not exist; start the run without --resume")
+        if resume is True and not Checkpoints(out).entries():
+            raise ValueError(f"cannot resume: {out} holds no checkpoint (no {MANIFEST}); start the run without --resume "
+                             "(with --overwrite if the directory should be reused)")
+        return
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a directory; give a directory for the run")
+    if overwrite:
+        for p in run_files(out):
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        return
+    others = sorted(p.name for p in out.iterdir() if p.name not in LAUNCHER_FILES)
+    if not others:
+        return
+    if run_files(out):
+        raise ValueError(f"{out} already holds a run ({describe_run(out)}): continue it with `fp4train train --out {out} --resume` "
+                         "(a larger --max-steps extends a finished run), replace it with --overwrite, or choose another --out")
+    raise ValueError(f"{out} is not empty (it holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''}): "
+                     "choose an empty or new --out, or add --overwrite to write the run there anyway")
+
+
 def resolve_device(spec: str) -> torch.device:
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(spec)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {spec!r} asked for, but PyTorch sees no CUDA GPU; use --device cpu")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {spec} asked for, but PyTorch sees no CUDA GPU here; use --device cpu (or auto)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {spec}: there are only {torch.cuda.device_count()} CUDA GPU(s) (cuda:0 .. "
+                             f"cuda:{torch.cuda.device_count() - 1})")
     return dev
+
+
+def check_recipe(cfg: TrainConfig):
+    """The run's recipe, after refusing what cannot work: AdaHOP that would never leave its BF16 calibration."""
+    recipe = _recipes.get(cfg.recipe)
+    if recipe.calibrate and not cfg.calibration and cfg.max_steps <= recipe.calibration_steps:
+        raise ValueError(f"recipe {recipe.name!r} spends its first {recipe.calibration_steps} steps calibrating in BF16, and "
+                         f"--max-steps {cfg.max_steps} would end the run before any FP4 step: give more steps, or a saved "
+                         "calibration with --calibration FILE")
+    if cfg.calibration and not Path(cfg.calibration).is_file():
+        raise FileNotFoundError(f"--calibration {cfg.calibration} does not exist (an adahop_calibration.json of an earlier run)")
+    return recipe
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -71,15 +157,35 @@ def _set_rng_state(st: dict, device: torch.device) -> None:
     counter_rng.load_device_seed_state(st.get("device_seeds", {}))  # compile_mode reduce-overhead's seed streams
 
 
+def load_data(cfg: TrainConfig):
+    """(tokenizer, train split, validation split, training batches, evaluation batches) of ``cfg``,
+    tokenized once into the cache; refuses data that cannot make one training batch and one
+    validation window."""
+    tokenizer = load_tokenizer(cfg.tokenizer)
+    train_split, val_split = load_splits(cfg.data, cfg.val_data, tokenizer, val_fraction=cfg.val_fraction,
+                                         cache_dir=cfg.cache_dir, text_field=cfg.text_field, verbose=cfg.progress)
+    batches = PackedBatches(train_split, cfg.seq_len, cfg.batch_size, cfg.seed)
+    evals = eval_batches(val_split, cfg.seq_len, cfg.batch_size, cfg.eval_batches)
+    return tokenizer, train_split, val_split, batches, evals
+
+
 class Trainer:
-    def __init__(self, cfg: TrainConfig, *, resume: bool | str = False, log=None):
+    """One run. Everything that can be checked is checked here, before any work: the run directory
+    (see :func:`check_run_dir`), the device, the recipe, the data (readable, a training split of at
+    least one batch, a validation split of at least one window, no file in both).
+
+    ``resume``: ``True`` (the newest checkpoint in ``cfg.out``) or a checkpoint file; ``trust``: load
+    that file although no manifest lists it; ``overwrite``: replace the run files ``cfg.out`` holds."""
+
+    def __init__(self, cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = False, trust: bool = False, log=None):
         self.cfg = cfg
         self.out = Path(cfg.out)
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        check_run_dir(self.out, resume=resume, overwrite=overwrite)
         self.device = resolve_device(cfg.device)
         self.amp_dtype = {"auto": torch.bfloat16 if self.device.type == "cuda" else None, "bf16": torch.bfloat16, "fp32": None}[cfg.dtype]
-        self.resume = resume
-        self.recipe = _recipes.get(cfg.recipe)
+        self.resume, self.trust = resume, trust
+        self.recipe = check_recipe(cfg)
 
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
@@ -93,16 +199,13 @@ class Trainer:
 
         if cfg.numerics is not None:
             set_numerics(cfg.numerics)
-        self.tokenizer = load_tokenizer(cfg.tokenizer)
-        self.train_split, self.val_split = load_splits(
-            cfg.data, cfg.val_data, self.tokenizer, val_fraction=cfg.val_fraction, cache_dir=cfg.cache_dir,
-            text_field=cfg.text_field, verbose=cfg.progress,
-        )
+        self.tokenizer, self.train_split, self.val_split, self.batches, self.evals = load_data(cfg)
         mcfg = models.config(cfg.model, vocab_size=self.tokenizer.vocab_size)
         if cfg.seq_len > mcfg.max_seq_len:
             mcfg = models.config(cfg.model, vocab_size=self.tokenizer.vocab_size, max_seq_len=cfg.seq_len)
         self.model = models.Llama(mcfg).to(self.device)
-        convert(self.model, self.recipe, backend=cfg.backend)
+        # AdaHOP: the layers run BF16 until calibration (below) gives them their strategies
+        convert(self.model, self.recipe, backend=cfg.backend, calibrating=bool(self.recipe.calibrate))
         decay = [p for p in self.model.parameters() if p.ndim >= 2]
         no_decay = [p for p in self.model.parameters() if p.ndim < 2]
         self.opt = torch.optim.AdamW(
@@ -110,8 +213,7 @@ class Trainer:
             lr=cfg.lr, betas=cfg.betas, eps=1e-8, fused=self.device.type == "cuda",
         )
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, cfg))
-        self.batches = PackedBatches(self.train_split, cfg.seq_len, cfg.batch_size, cfg.seed)
-        self.evals = eval_batches(self.val_split, cfg.seq_len, cfg.batch_size, cfg.eval_batches)
+        self.bf16_steps = 0  # steps this run spent in BF16 calibration (AdaHOP)
         self.ckpts = Checkpoints(self.out, keep=cfg.keep_checkpoints)
         self.step = 0
         self.forward = self._compiled() if cfg.compile else self.model
@@ -176,6 +278,7 @@ class Trainer:
                              f"(plain `fp4train train --out DIR --resume` reuses them) or start a new --out")
         if st.get("adahop_calibration"):
             self.apply_calibration(Calibration.from_dict(st["adahop_calibration"]))
+            self.bf16_steps = 0 if self.cfg.calibration else self.calibration.steps
         elif st.get("adahop_recorder") and self.recorder is not None:
             rec = st["adahop_recorder"]
             self.recorder.patterns, self.recorder.steps = rec["patterns"], rec["steps"]
@@ -234,6 +337,7 @@ class Trainer:
     def _finish_calibration(self) -> None:
         cal = self.recorder.result()
         self.apply_calibration(cal)
+        self.bf16_steps = cal.steps
         cal.save(self.out / "adahop_calibration.json")
         self.log(f"fp4train: AdaHOP calibrated over {cal.steps} steps ({cal.mode}): GEMM strategies {cal.strategy_counts()}; "
                  f"table in {self.out / 'adahop_calibration.json'}")
@@ -245,12 +349,24 @@ class Trainer:
 
     # ---- the loop -----------------------------------------------------------------------------
     def run(self) -> dict:
+        """Train to ``max_steps``; returns the summary (also ``summary.json``). A resumed run that has
+        finished returns its summary and writes nothing; one whose last step was checkpointed but not
+        yet evaluated (stopped during the final evaluation) is evaluated and finished."""
         cfg = self.cfg
-        self.out.mkdir(parents=True, exist_ok=True)
         if self.resume:
-            st = self.ckpts.load(None if self.resume is True else self.resume, map_location=self.device)
+            st = self.ckpts.load(None if self.resume is True else self.resume, map_location=self.device, trust=self.trust)
             self.load_state_dict(st)
+            if self.step >= cfg.max_steps:
+                done = self._finished_summary()
+                if done is not None:
+                    self.log(f"fp4train: {self.out} is finished at step {self.step} (val loss {_fmt(done.get('final_val_loss'))}); "
+                             "nothing to do. A larger --max-steps trains it further")
+                    return done
+                if self.step > cfg.max_steps:
+                    raise ValueError(f"cannot resume: the checkpoint is at step {self.step}, past --max-steps {cfg.max_steps}; "
+                                     f"give --max-steps {self.step} or more")
             self.log(f"fp4train: resumed {self.out} at step {self.step}")
+        self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "config.json").write_text(json.dumps({"train": cfg.to_dict(), "recipe": self.recipe.to_dict(),
                                                           "model": self.model.config.to_dict()}, indent=1))
         metrics_path = self.out / "metrics.jsonl"
@@ -258,16 +374,28 @@ class Trainer:
         tb = _tensorboard(self.out / "tb") if cfg.tensorboard else None
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        bar = _progress(cfg, self.step)
         n_params = self.model.num_params()
         self.log(
             f"fp4train: model {cfg.model} ({n_params / 1e6:.1f}M params), recipe {self.recipe.name}, "
-            f"{cfg.max_steps} steps x {cfg.tokens_per_step:,} tokens, device {self.device}"
+            f"{cfg.max_steps} steps x {cfg.tokens_per_step:,} tokens, device {self.device}, out {self.out}"
         )
+        bar = _progress(cfg, self.step)  # after the header, so that the bar keeps a line of its own
         t_last, tok_last, tok_rates = time.perf_counter(), 0, []
         val_loss = None
         try:
-            with open(metrics_path, "a") as mf:
+            with open(metrics_path, "a") as mf, _StopOnInterrupt(self.log) as stop:
+                def write(rec):
+                    mf.write(json.dumps(rec) + "\n")
+                    mf.flush()
+                    if tb:
+                        for k, v in rec.items():
+                            if k != "step":
+                                tb.add_scalar(k, v, self.step)
+
+                if self.step >= cfg.max_steps:  # the last step was checkpointed, its evaluation not done
+                    val_loss = self.evaluate()
+                    write({"step": self.step, "tokens": self.step * cfg.tokens_per_step, "val_loss": val_loss,
+                           "val_ppl": math.exp(min(val_loss, 50))})
                 while self.step < cfg.max_steps:
                     loss, gnorm = self.train_step()
                     tok_last += cfg.tokens_per_step
@@ -275,8 +403,9 @@ class Trainer:
                         self.recorder.steps += 1
                         if self.step >= self.recipe.calibration_steps:
                             self._finish_calibration()
+                    final = self.step == cfg.max_steps
                     rec = None
-                    if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
+                    if self.step % cfg.log_every == 0 or final:
                         if self.device.type == "cuda":
                             torch.cuda.synchronize(self.device)
                         now = time.perf_counter()
@@ -286,22 +415,26 @@ class Trainer:
                         t_last, tok_last = now, 0
                         rec = {"step": self.step, "loss": loss, "lr": self.sched.get_last_lr()[0], "grad_norm": gnorm,
                                "tokens": self.step * cfg.tokens_per_step, "tokens_per_s": rate}
-                    if (cfg.eval_every and self.step % cfg.eval_every == 0) or self.step == cfg.max_steps:
+                    saved = False
+                    if final:  # the run's result is safe before anything that can still fail (evaluation, report)
+                        self.ckpts.save(self.step, self.state_dict())
+                        saved = True
+                    if (cfg.eval_every and self.step % cfg.eval_every == 0) or final:
                         val_loss = self.evaluate()
                         rec = rec or {"step": self.step, "loss": loss, "tokens": self.step * cfg.tokens_per_step}
                         rec.update(val_loss=val_loss, val_ppl=math.exp(min(val_loss, 50)))
                     if rec:
-                        mf.write(json.dumps(rec) + "\n")
-                        mf.flush()
-                        if tb:
-                            for k, v in rec.items():
-                                if k != "step":
-                                    tb.add_scalar(k, v, self.step)
+                        write(rec)
                     if bar is not None:
                         bar.update(1)
                         bar.set_postfix(loss=f"{loss:.3f}", **({"val": f"{val_loss:.3f}"} if val_loss is not None else {}))
-                    if (cfg.ckpt_every and self.step % cfg.ckpt_every == 0) or self.step == cfg.max_steps:
+                    if not saved and cfg.ckpt_every and self.step % cfg.ckpt_every == 0:
                         self.ckpts.save(self.step, self.state_dict())
+                        saved = True
+                    if stop.requested and not final:
+                        if not saved:
+                            self.ckpts.save(self.step, self.state_dict())
+                        raise TrainingInterrupted(self.out, self.step, self.out / self.ckpts.entries()[-1]["file"])
         finally:
             if bar is not None:
                 bar.close()
@@ -312,6 +445,7 @@ class Trainer:
             "model": cfg.model, "recipe": self.recipe.name, "seed": cfg.seed, "steps": self.step,
             "tokens": self.step * cfg.tokens_per_step, "params": n_params,
             "final_val_loss": val_loss, "final_val_ppl": math.exp(min(val_loss, 50)) if val_loss is not None else None,
+            "bf16_steps": self.bf16_steps,
             "tokens_per_s": (sum(tok_rates) / len(tok_rates)) if tok_rates else None,
             "peak_mem_gib": peak, "device": str(self.device),
             "gpu": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
@@ -319,14 +453,54 @@ class Trainer:
             "commit": code_commit(), "torch": torch.__version__,
         }
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
-        self.log(f"fp4train: done - val loss {val_loss:.4f}" + (f", {summary['tokens_per_s']:,.0f} tokens/s" if summary["tokens_per_s"] else "")
-                 + (f", peak {peak:.2f} GiB" if peak else ""))
+        calib = f" ({self.bf16_steps} of them BF16 calibration)" if self.bf16_steps else ""
+        self.log(f"fp4train: done - {self.step} steps{calib}, val loss {_fmt(val_loss)}"
+                 + (f", {summary['tokens_per_s']:,.0f} tokens/s" if summary["tokens_per_s"] else "")
+                 + (f", peak {peak:.2f} GiB" if peak else "") + f"; results in {self.out}")
         return summary
 
+    def _finished_summary(self) -> dict | None:
+        """The summary of a run that finished at the current step, else None."""
+        path = self.out / "summary.json"
+        try:
+            done = json.loads(path.read_text()) if path.exists() else None
+        except ValueError:
+            return None
+        return done if done and done.get("steps") == self.step else None
 
-def train(cfg: TrainConfig, *, resume: bool | str = False) -> dict:
-    """Train as ``cfg`` says; returns the run summary (also written to ``cfg.out/summary.json``)."""
-    return Trainer(cfg, resume=resume).run()
+
+class _StopOnInterrupt:
+    """Ctrl-C during the loop: the first finishes the step in progress, checkpoints and stops; a second
+    stops at once (the last checkpoint stays). Only the main thread can take signals."""
+
+    def __init__(self, log):
+        self.log, self.requested, self._old = log, False, None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def _handler(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.log("\nfp4train: stopping after this step, with a checkpoint (Ctrl-C again to stop at once)")
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+        return False
+
+
+def _fmt(v) -> str:
+    return "n/a" if v is None else f"{v:.4f}"
+
+
+def train(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = False, trust: bool = False) -> dict:
+    """Train as ``cfg`` says; returns the run summary (also written to ``cfg.out/summary.json``).
+    ``resume``/``overwrite``/``trust``: see :class:`Trainer`."""
+    return Trainer(cfg, resume=resume, overwrite=overwrite, trust=trust).run()
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
