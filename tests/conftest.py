@@ -23,11 +23,21 @@ def sqnr():
     return sqnr_db
 
 
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", help="also run the slow checks (marked slow: ahead-of-time compiles)")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU (skipped on CPU-only machines)")
+    config.addinivalue_line("markers", "slow: minutes long; skipped unless --runslow (run them before touching kernels)")
 
 
 def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--runslow"):
+        slow = pytest.mark.skip(reason="slow check: run with --runslow")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="no CUDA GPU here; run on the device")

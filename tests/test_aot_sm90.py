@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HAS_NVIDIA = (Path(triton.__file__).parent / "backends" / "nvidia").is_dir()
 
 
+@pytest.mark.slow  # about 8 minutes on 2 cores: run with --runslow before touching a kernel
 @pytest.mark.skipif(not HAS_NVIDIA, reason="this Triton has no NVIDIA backend")
 def test_every_kernel_compiles_for_sm90_without_large_spills(tmp_path):
     out = tmp_path / "aot.json"

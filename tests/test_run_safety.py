@@ -102,6 +102,9 @@ def test_a_new_run_never_overwrites_a_finished_one_unless_asked(tmp_path, capsys
     rc, err = _run(["train", *SMALL, "--max-steps", "3", "--out", str(out)], capsys)
     _one_line_error(rc, err, str(out), "finished at step 2", "--resume", "--overwrite")
     assert _files(out) == before
+    rc, err = _run(["train", *SMALL, "--overwrite", "--data", str(tmp_path / "missing.txt"), "--out", str(out)], capsys)
+    _one_line_error(rc, err, "missing.txt")
+    assert _files(out) == before  # --overwrite removes the old run only once every check has passed
     _train(out, capsys, "--overwrite", steps=3)
     steps = [json.loads(ln)["step"] for ln in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [3] and [e["step"] for e in Checkpoints(out).entries()] == [3]

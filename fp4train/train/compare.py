@@ -135,7 +135,8 @@ def run_parallel(cfgs: dict, slots: list[int]) -> None:
                     log = open(Path(cfg.out) / "train.log", "a" if resume else "w")
                     p = subprocess.Popen([sys.executable, "-m", "fp4train", "train", "--config-json", str(cfg_path)]
                                          + (["--resume"] if resume else ["--overwrite"]),
-                                         env=env, stdout=log, stderr=subprocess.STDOUT)
+                                         env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)  # Ctrl-C reaches this process, which passes it on once
                     running[slot] = (p, key, log, cfg.out)
                     how = "resumed" if resume else "started"
                     print(f"fp4train: {how} {Path(cfg.out).name} on GPU {g}", file=sys.stderr, flush=True)

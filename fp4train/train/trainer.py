@@ -80,7 +80,8 @@ def describe_run(out: Path) -> str:
 
 def check_run_dir(out: Path, *, resume: bool | str, overwrite: bool) -> None:
     """Refuse, before any work, a command that would damage what ``out`` holds: a new run into a
-    directory that is not empty (unless ``overwrite``), a resume of a directory with nothing to resume."""
+    directory that is not empty (unless ``overwrite``), a resume of a directory with nothing to resume.
+    Removes nothing."""
     if resume and overwrite:
         raise ValueError("--resume continues the run in --out and --overwrite replaces it: give one of them")
     if resume:
@@ -95,9 +96,7 @@ def check_run_dir(out: Path, *, resume: bool | str, overwrite: bool) -> None:
     if not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a directory; give a directory for the run")
     if overwrite:
-        for p in run_files(out):
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
-        return
+        return  # Trainer.run removes the old run's files, once every other check has passed
     others = sorted(p.name for p in out.iterdir() if p.name not in LAUNCHER_FILES)
     if not others:
         return
@@ -184,7 +183,7 @@ class Trainer:
         check_run_dir(self.out, resume=resume, overwrite=overwrite)
         self.device = resolve_device(cfg.device)
         self.amp_dtype = {"auto": torch.bfloat16 if self.device.type == "cuda" else None, "bf16": torch.bfloat16, "fp32": None}[cfg.dtype]
-        self.resume, self.trust = resume, trust
+        self.resume, self.trust, self.overwrite = resume, trust, overwrite
         self.recipe = check_recipe(cfg)
 
         torch.manual_seed(cfg.seed)
@@ -366,6 +365,9 @@ class Trainer:
                     raise ValueError(f"cannot resume: the checkpoint is at step {self.step}, past --max-steps {cfg.max_steps}; "
                                      f"give --max-steps {self.step} or more")
             self.log(f"fp4train: resumed {self.out} at step {self.step}")
+        elif self.overwrite:
+            for p in run_files(self.out):
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "config.json").write_text(json.dumps({"train": cfg.to_dict(), "recipe": self.recipe.to_dict(),
                                                           "model": self.model.config.to_dict()}, indent=1))
