@@ -194,7 +194,9 @@ def main(argv=None) -> int:
         print(f"fp4train: stopped at step {e.step}, checkpoint {e.checkpoint}; continue with: {_resume_hint(args)}", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
-        print(f"\nfp4train: interrupted{_last_checkpoint(args)}; continue with: {_resume_hint(args)}", file=sys.stderr)
+        last = _last_checkpoint(args)
+        hint = _resume_hint(args) if last or args.command != "train" else "the same command with --overwrite (no step was saved)"
+        print(f"\nfp4train: interrupted{last}; continue with: {hint}", file=sys.stderr)
         return 130
 
 
@@ -246,7 +248,7 @@ def _last_checkpoint(args) -> str:
         last = Checkpoints(out).entries()
     except CheckpointError:
         return ""
-    return f"; the last checkpoint is {out}/{last[-1]['file']} (step {last[-1]['step']})" if last else "; no checkpoint was written"
+    return f"; the last checkpoint is {out}/{last[-1]['file']} (step {last[-1]['step']})" if last else ""
 
 
 def _ints(flag: str, spec: str) -> list[int]:

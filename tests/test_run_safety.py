@@ -354,3 +354,15 @@ def test_config_values_of_the_wrong_type_are_named():
         TrainConfig(compile=1)
     assert TrainConfig(lr=1).lr == 1.0 and isinstance(TrainConfig(lr=1).lr, float)  # a TOML integer for a float
     assert os.path.basename(TrainConfig().out) == "train"
+
+
+def test_ctrl_c_before_the_first_step_says_to_start_again(tmp_path, capsys, monkeypatch):
+    from fp4train.train import trainer
+
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "load_data", interrupted)  # Ctrl-C while the data is tokenized
+    rc, err = _run(["train", *SMALL, "--out", str(tmp_path / "r")], capsys)
+    assert rc == 130 and "Traceback" not in err
+    assert "interrupted; continue with: the same command with --overwrite" in err
