@@ -3,7 +3,7 @@
 Question: ``bench/fold_sweep.py`` times the MXFP4 -> FP8 fold on one 16384 x 8192 BF16 tensor, but a
 training step calls it on its own shapes, dtypes (FP32 master weights under autocast), axes, group
 sizes and rounding - and a launch table chosen on that one tensor made AdaHOP's 1b step slower end
-to end (docs/LOG.md, session 19). This script runs one eager training step of
+to end (`docs/fast_path.md`). This script runs one eager training step of
 ``bench/train_speed.py``'s run (the same model, recipe, batch and calibration) and records every call
 of ``quantize_mxfp4_fp8`` (with ``--hadamard-only``, those with a fused Hadamard transform). Each
 distinct call is then timed with CUDA events (median of ``--repeats``) under every candidate - the
@@ -201,7 +201,7 @@ def explain(path: Path, copy_gbps: float | None) -> None:
     d = json.loads(path.read_text())
     copy_gbps = copy_gbps or d.get("copy_GBps")
     if not copy_gbps:
-        raise SystemExit(f"{path} has no copy bandwidth of its own (runs before session 20's second commit): "
+        raise SystemExit(f"{path} has no copy bandwidth of its own (an older results file): "
                          "give --copy-gbps or --copy-from a quantize_speed JSON of the same GPU")
     f = floors(d, copy_gbps)
     print(f"{d['model']} {d['recipe']} on {d['gpu']} ({d['commit']}), copy {copy_gbps:.1f} GB/s")

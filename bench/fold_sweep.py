@@ -1,7 +1,7 @@
 """Launch tuning of the operand kernels (the MXFP4 -> FP8 fold and its neighbours): which launch is fastest?
 
 Question: how far does the fold kernel (the FP8 tensor-core operand; the largest cost of a 1b
-training step on the H200, docs/LOG.md session 9) get from its current launch (16 rows per program,
+training step on the H200, `docs/fast_path.md`) get from its current launch (16 rows per program,
 4 warps) to the copy bandwidth, by launch parameters alone? Input a 16384 x 8192 BF16 tensor; for
 blocks along dim 1 and along dim 0 (read in place as x^T), 1x128 and 128x128 groups, each
 (rows per program, warps) pair is timed with CUDA events (median of ``--repeats``) against the copy

@@ -1,7 +1,7 @@
 """Host (CPU) time of one training step per recipe, and where it goes.
 
 Question: the 1b step of tib2d and AdaHOP on the H200 is slower than BF16 although their GPU kernels take
-no longer than BF16's (docs/LOG.md, session 16) - how much host time does a step cost, and which Python
+no longer than BF16's (`docs/fast_path.md`) - how much host time does a step cost, and which Python
 functions spend it? The run is that of ``bench/train_speed.py`` (its ``setup``), at a batch so small
 (``--batch-size 1 --seq-len 128`` by default) that the GPU finishes each kernel before the host has
 launched the next: the step's wall time is then its host time. Each recipe is timed over ``--steps``

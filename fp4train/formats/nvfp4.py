@@ -53,20 +53,22 @@ def scale_from_amax(amax: torch.Tensor, *, four_over_six: bool = False) -> torch
     return torch.where(amax == 0, torch.ones_like(s), s)
 
 
-def block_scale_codes(amax_b: torch.Tensor, s_enc: torch.Tensor, target: float = 6.0, *, stochastic: bool = False) -> torch.Tensor:
-    """E4M3 block-scale codes ``e4m3((amax_b / target) * s_enc)``; with ``stochastic`` one code up where
-    that scale would map the block's largest element past 6 (see the module docstring)."""
+def block_scales(amax_b: torch.Tensor, s_enc: torch.Tensor, target: float = 6.0, *, stochastic: bool = False):
+    """(E4M3 codes, values) of the block scales ``e4m3((amax_b / target) * s_enc)``; with ``stochastic``
+    one code up where that scale would map the block's largest element past 6 (see the module docstring)."""
     codes = e4m3.encode(div(amax_b, target) * s_enc)
+    sb = e4m3.decode(codes)
     if stochastic:
-        sb = e4m3.decode(codes)
         over = (sb > 0) & (true_div(amax_b * s_enc, torch.where(sb > 0, sb, torch.ones_like(sb))) > 6.0)
-        codes = torch.where(over & (codes < e4m3.E4M3_MAX_CODE), codes + 1, codes)
-    return codes
+        over = over & (codes < e4m3.E4M3_MAX_CODE)
+        codes = torch.where(over, codes + 1, codes)
+        sb = torch.where(over, e4m3.decode(codes), sb)
+    return codes, sb
 
 
 def _encode_with(xb, amax_b, s_enc, target: float, u):
-    sb_codes = block_scale_codes(amax_b, s_enc, target, stochastic=u is not None)
-    sb = e4m3.decode(sb_codes).unsqueeze(-1)
+    sb_codes, sb = block_scales(amax_b, s_enc, target, stochastic=u is not None)
+    sb = sb.unsqueeze(-1)
     v = true_div(xb * s_enc, sb)
     v = torch.where(sb == 0, torch.zeros_like(v), v)
     codes = e2m1.encode_nearest(v) if u is None else e2m1.encode_stochastic(v, u)

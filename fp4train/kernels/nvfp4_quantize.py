@@ -10,7 +10,7 @@ reference's float order::
 
 with IEEE divisions (``div_rn``) and E4M3 rounding in integer arithmetic (:mod:`.e4m3`); under
 stochastic rounding a block whose largest element would scale past 6 takes the next E4M3 scale up
-(``formats.nvfp4.block_scale_codes``), so SR stays unbiased.
+(``formats.nvfp4.block_scales``), so SR stays unbiased.
 """
 
 from __future__ import annotations
