@@ -1,7 +1,7 @@
 """GEMM throughput: MXFP4 on FP8 tensor cores (folded group scales) against cuBLAS BF16 and FP8 rowwise.
 
 Question: how fast is an MXFP4 GEMM on Hopper when its operands are folded into FP8 with 1x128
-(activation) / 128x128 (weight) group scales (METHODS.md section 7), against BF16 and FP8
+(activation) / 128x128 (weight) group scales (docs/methods.md, Hopper execution), against BF16 and FP8
 rowwise in the same run? ``C[M,N] = A[M,K] @ W[N,K]^T`` at 8192^3 and at the linear shapes of
 Llama-3.2-1B and Llama-3-8B with 16k tokens. TFLOP/s = 2MNK / time; CUDA events, median of
 ``--repeats`` after warm-up. GEMM alone (operands prepared beforehand) and, for MXFP4, with both

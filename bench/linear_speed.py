@@ -77,17 +77,14 @@ def main(argv=None):
             lin = nn.Linear(K, N, bias=False, device="cuda")
             x = torch.randn(args.tokens, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             dy = torch.randn(args.tokens, N, device="cuda", dtype=torch.bfloat16)
-            fp4train.formats.set_numerics("eager")
             t_bf16 = measure(lin, x, dy, args.repeats)
             row = {"model": model, "layer": name, "tokens": args.tokens, "N": N, "K": K, "bf16_ms": t_bf16 * 1e3,
                    "bf16_saved_bytes": _saved_bytes(lin, x), "variants": {}}
             for v in args.variants.split(","):
                 recipe, numerics, backend = v.split(":")
-                fp4train.formats.set_numerics(numerics)
-                layer = fp4train.QuantizedLinear.from_linear(lin, fp4train.recipes.get(recipe).linear, backend=backend)
+                layer = fp4train.QuantizedLinear.from_linear(lin, fp4train.recipes.get(recipe).linear, backend=backend, numerics=numerics)
                 t = measure(layer, x, dy, args.repeats)
                 row["variants"][v] = {"ms": t * 1e3, "speedup_vs_bf16": t_bf16 / t, "saved_bytes": _saved_bytes(layer, x)}
-            fp4train.formats.set_numerics("eager")
             rows.append(row)
             print(f"{model:>13} {name:>8} [{args.tokens}x{K}]x[{N}x{K}]^T: bf16 {t_bf16 * 1e3:7.2f} ms | "
                   + " | ".join(f"{k} {r['ms']:.2f} ms ({r['speedup_vs_bf16']:.2f}x)" for k, r in row["variants"].items()), flush=True)

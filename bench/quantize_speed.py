@@ -57,8 +57,7 @@ def main(argv=None):
         "reference mxfp4 nearest": ("mxfp4", lambda: fp4train.quantize(x, "mxfp4")),
         "triton mxfp4 nearest": ("mxfp4", lambda: quantize_mxfp4(x)),
         "triton mxfp4 stochastic": ("mxfp4", lambda: quantize_mxfp4(x, rounding="stochastic", seed=1)),
-        # the default above is the even/odd-element kernel since session 20 (before: "(even/odd)" rows, pairs=True);
-        # the kernel that packs codes by a reshape, the default until then, the same bits
+        # the default above is the even/odd-element kernel; the kernel that packs codes by a reshape, the same bits
         "triton mxfp4 nearest (reshape packing)": ("mxfp4", lambda: quantize_mxfp4(x, pairs=False)),
         "triton mxfp4 stochastic (reshape packing)": ("mxfp4", lambda: quantize_mxfp4(x, rounding="stochastic", seed=1, pairs=False)),
         "triton mxfp4 ceil": ("mxfp4", lambda: quantize_mxfp4(x, scale="ceil")),

@@ -11,7 +11,7 @@ memory, a compile error) is recorded with its error and the others still run.
     python bench/train_speed.py --model 1b --seq-len 2048 --batch-size 8 --compile --numerics triton \
         --recipes bf16,fp8_rowwise,torchao_fp8_rowwise,mxfp4,hadamard_mxfp4,tib2d,adahop,nvfp4
 
-Writes ``bench/results/train_speed-<model>-<gpu>[-compile][-<numerics>].json`` (or ``--json``).
+Writes ``bench/results/train_speed-<model>-<gpu>.json`` (or ``--json``), the run's settings inside.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import torch
 
 import fp4train
 from fp4train import models
-from fp4train.linear.module import set_device_seeds
 from fp4train.timing import code_commit, median_time
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,11 +35,12 @@ ROOT = Path(__file__).resolve().parent.parent
 TORCHAO = "torchao_fp8_rowwise"
 
 
-def convert(model, recipe: str, backend: str | None):
+def convert(model, recipe: str, backend: str | None, numerics: str | None = None, device_seeds: bool = False):
     """fp4train's ``convert``, or torchao's float8 rowwise training for ``torchao_fp8_rowwise``
     (every linear but the LM head, as torchao's own Llama benchmarks do)."""
     if recipe != TORCHAO:
-        fp4train.convert(model, recipe, backend=backend, calibrating=bool(fp4train.recipes.get(recipe).calibrate))
+        fp4train.convert(model, recipe, backend=backend, numerics=numerics, device_seeds=device_seeds,
+                         calibrating=bool(fp4train.recipes.get(recipe).calibrate))
         return
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
@@ -58,15 +58,14 @@ class Run(NamedTuple):
 
 
 def setup(model_name: str, recipe: str, batch: int, seq: int, device, backend: str | None = None,
-          calibration_steps: int = 3) -> Run:
+          calibration_steps: int = 3, numerics: str | None = None, device_seeds: bool = False) -> Run:
     """The benchmarks' training run before its timed steps. The model is built (seed 0) and converted;
     ``step(fwd=model)`` is one AdamW step on one synthetic batch (BF16 autocast and fused AdamW on a
     GPU); an AdaHOP recipe is calibrated on ``calibration_steps`` BF16 steps first, as the trainer does.
-    One procedure for every script that compares its numbers with this one's (``memory_peak.py``,
-    ``profile_step.py``, ``scripts/probes/live_tensors_per_step.py``)."""
+    One procedure for every script that compares its numbers with this one's (``memory_peak.py``)."""
     torch.manual_seed(0)
     model = models.build(model_name, max_seq_len=max(seq, 512)).to(device)
-    convert(model, recipe, backend)
+    convert(model, recipe, backend, numerics, device_seeds)
     cuda = device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
     idx = torch.randint(0, model.config.vocab_size, (batch, seq + 1), device=device)
@@ -85,15 +84,17 @@ def setup(model_name: str, recipe: str, batch: int, seq: int, device, backend: s
     if rec is not None and rec.calibrate:
         from fp4train.adahop.calibration import calibrate_in_place
 
-        strategies = calibrate_in_place(model, rec, step, calibration_steps, backend=backend).strategy_counts()
+        strategies = calibrate_in_place(model, rec, step, calibration_steps, backend=backend, numerics=numerics,
+                                        device_seeds=device_seeds).strategy_counts()
     return Run(model, opt, step, strategies)
 
 
 def measure(model_name: str, recipe: str, batch: int, seq: int, steps: int, warmup: int, compile_: bool, device,
-            backend: str | None = None, calibration_steps: int = 3, compile_mode: str | None = None) -> dict:
+            backend: str | None = None, calibration_steps: int = 3, compile_mode: str | None = None,
+            numerics: str | None = None) -> dict:
     graphs = compile_mode == "reduce-overhead"  # Inductor's CUDA graphs (cudagraph trees)
-    set_device_seeds(graphs)  # seeded layers draw on the device, so that their graphs are captured too (reset: measure_or_error)
-    run = setup(model_name, recipe, batch, seq, device, backend, calibration_steps)
+    # seeded layers draw on the device, so that their graphs are captured too
+    run = setup(model_name, recipe, batch, seq, device, backend, calibration_steps, numerics=numerics, device_seeds=graphs)
     cuda = device.type == "cuda"
     last = {}
 
@@ -150,7 +151,6 @@ def measure_or_error(*args, **kw) -> dict:
                 # where it failed: the innermost frames (a CUDA-graph capture error names the op that broke it)
                 "traceback": traceback.format_exc().splitlines()[-24:]}
     finally:
-        set_device_seeds(False)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         torch._dynamo.reset()
@@ -173,17 +173,9 @@ def main(argv=None):
                     "triton with the triton backend, eager otherwise)")
     ap.add_argument("--backend", default=None, help="GEMM backend for fp4train's recipes (default: the recipe's, "
                     "'auto': triton on a GPU machine, emulated elsewhere)")
-    ap.add_argument("--graph-breaks", action="store_true",
-                    help="with --compile: break the graph at every quantized linear (the way before fp4train's graph op)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    if args.graph_breaks:
-        from fp4train.linear.module import set_in_graph
-
-        set_in_graph(False)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if args.numerics is not None:
-        fp4train.formats.set_numerics(args.numerics)
     backend = fp4train.backends.resolve(args.backend or "auto")
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     rows = []
@@ -191,7 +183,7 @@ def main(argv=None):
     recipes = ["bf16"] + [r for r in recipes if r != "bf16"]  # the baseline, measured first in the same run
     for r in recipes:
         res = measure_or_error(args.model, r, args.batch_size, args.seq_len, args.steps, args.warmup, args.compile, device,
-                               backend=args.backend, compile_mode=args.compile_mode)
+                               backend=args.backend, compile_mode=args.compile_mode, numerics=args.numerics)
         rows.append(res)
         if "error" in rows[0]:
             raise SystemExit(f"the bf16 baseline failed ({rows[0]['error']}); no speed can be compared - try a smaller --batch-size")
@@ -204,15 +196,12 @@ def main(argv=None):
                    f"setup {res['setup_peak_gib']:.2f})" if res["peak_mem_gib"] else "")
             print(f"{args.model} {r:>15}: {res['tokens_per_s']:>12,.0f} tokens/s ({res['speedup_vs_bf16']:.2f}x bf16), "
                   f"step {res['step_ms']:.1f} ms{mem}, warmup {res['warmup_s']:.1f}s", flush=True)
-        numerics = fp4train.formats.numerics()  # what the recipes ran with (the backend may have chosen it)
+        numerics = args.numerics or ("triton" if backend == "triton" and device.type == "cuda" else "eager")  # convert()'s default
         out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit(), "torch": torch.__version__,
                "model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len, "compile": args.compile,
                "compile_mode": args.compile_mode or "default",
-               "quantized_linears": "graph breaks" if args.graph_breaks else "in graph", "numerics": numerics, "backend": backend, "results": rows}
-        name = (f"train_speed-{args.model}-{gpu.replace(' ', '_')}{'-compile' if args.compile else ''}"
-                f"{'-' + args.compile_mode if args.compile_mode not in (None, 'default') else ''}"
-                f"{'' if numerics == 'eager' else '-' + numerics}{'-' + args.backend if args.backend else ''}"
-                f"{'-graph-breaks' if args.graph_breaks else ''}.json")
+               "numerics": numerics, "backend": backend, "results": rows}
+        name = f"train_speed-{args.model}-{gpu.replace(' ', '_')}.json"  # one file per model and GPU; the settings are inside
         path = args.json or ROOT / "bench/results" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(out, indent=1) + "\n")  # after every recipe: a run cut short keeps what it measured

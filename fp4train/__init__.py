@@ -3,17 +3,19 @@
 The pieces, in the order data flows through them:
 
 * :func:`convert` swaps ``nn.Linear`` layers for :class:`QuantizedLinear`;
-* the quantized linear (one autograd Function, three GEMMs) asks its **recipe**
+* the quantized linear (one op, three GEMMs: :mod:`fp4train.linear`) asks its **recipe**
   (:mod:`fp4train.recipes`, plain data) how to prepare each operand;
-* **formats** (:mod:`fp4train.formats`, plain-PyTorch reference numerics) and
-  **transforms** (:mod:`fp4train.transforms`) prepare it;
+* its **quantizer** (:mod:`fp4train.quantizer`) prepares it: the plain-PyTorch reference of
+  :mod:`fp4train.formats` and :mod:`fp4train.transforms`, or a Triton kernel with the same bits
+  (:mod:`fp4train.kernels`), as the layer's configuration says;
 * a GEMM **backend** (:mod:`fp4train.backends`) multiplies.
 """
 
 from . import backends, formats, recipes, transforms
 from .convert import convert
 from .formats import FORMATS, QuantizedTensor, dequantize, fake_quantize, quantize
-from .linear import QuantizedLinear, QuantizedLinearFunction
+from .linear import QuantizedLinear
+from .quantizer import Quantizer
 from .recipes import Recipe
 from .transforms import hadamard
 
@@ -22,8 +24,8 @@ __version__ = "0.1.0"
 __all__ = [
     "FORMATS",
     "QuantizedLinear",
-    "QuantizedLinearFunction",
     "QuantizedTensor",
+    "Quantizer",
     "Recipe",
     "backends",
     "convert",

@@ -15,9 +15,11 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from . import backends, formats
+from . import backends
 from . import recipes as _recipes
 from .linear.module import QuantizedLinear
+from .linear.shared_input import SharedInput
+from .quantizer import NUMERICS
 from .recipes.spec import Recipe
 
 #: The transformer-block index of a module: the first ".<int>." in its qualified name.
@@ -30,6 +32,8 @@ def convert(
     *,
     filter: Callable[[str, nn.Linear], bool] | None = None,  # noqa: A002 - the public name
     backend: str | None = None,
+    numerics: str | None = None,
+    device_seeds: bool = False,
     calibrating: bool = False,
 ) -> nn.Module:
     """Swap ``model``'s ``nn.Linear`` layers for :class:`QuantizedLinear` as ``recipe`` says.
@@ -40,9 +44,14 @@ def convert(
         filter: ``filter(name, module) -> bool``; only modules for which it returns True are
             converted (on top of the recipe's own overrides).
         backend: GEMM backend name (``fp4train.backends.names()`` or ``"auto"``); default: the
-            recipe's, ``"auto"`` for the presets: ``triton`` on a machine with a CUDA GPU (which
-            also switches the numerics to ``"triton"`` - same bits, faster - unless
-            ``fp4train.formats.set_numerics`` chose a mode), ``emulated`` elsewhere.
+            recipe's, ``"auto"`` for the presets: ``triton`` on a machine with a CUDA GPU, ``emulated``
+            elsewhere.
+        numerics: how the layers quantize their operands, the same bits each way
+            (:class:`~fp4train.quantizer.Quantizer`): ``"eager"`` (the reference), ``"compiled"`` or
+            ``"triton"``; default: ``"triton"`` for the ``triton`` backend on a machine with a CUDA GPU,
+            else ``"eager"``.
+        device_seeds: draw the layers' stochastic-rounding seeds on the device, so that CUDA graphs
+            capture seeded layers with fresh draws per replay (the trainer sets it with CUDA graphs).
 
         calibrating: for a recipe that calibrates (AdaHOP), say that a calibration follows (the trainer
             records one over the first steps); without it converting warns that the layers stay BF16.
@@ -62,9 +71,11 @@ def convert(
                       f"{recipe.calibration_steps} steps) or convert with Calibration.load(FILE).recipe()",
                       UserWarning, stacklevel=2)
     backend = backends.resolve(backend or recipe.backend)  # "auto": triton on a GPU machine, emulated elsewhere
-    wanted = getattr(backends.get(backend), "numerics", None)
-    if wanted and torch.cuda.is_available():
-        formats.prefer_numerics(wanted)  # the same bits, only faster; an explicit set_numerics() wins
+    if numerics is None:
+        wanted = getattr(backends.get(backend), "numerics", None)
+        numerics = wanted if wanted and torch.cuda.is_available() else "eager"
+    if numerics not in NUMERICS:
+        raise ValueError(f"unknown numerics {numerics!r}; choose one of {', '.join(NUMERICS)}")
     if isinstance(model, nn.Linear):
         raise TypeError("convert() swaps submodules in place; wrap a bare nn.Linear, e.g. nn.Sequential(linear)")
 
@@ -96,6 +107,7 @@ def convert(
             "Override(pattern, None) to the recipe, or give the model dimensions that are multiples of the block size."
         )
 
+    shared = SharedInput()  # the layers of this model that read one input prepare it once
     for name, mod, spec in plan:
         if spec is None:
             new = nn.Linear.__new__(nn.Linear)
@@ -103,7 +115,8 @@ def convert(
             new.in_features, new.out_features, new.weight, new.bias = mod.in_features, mod.out_features, mod.weight, mod.bias
             new.train(mod.training)
         else:
-            new = QuantizedLinear.from_linear(mod, spec, backend=backend, recipe_name=recipe.name)
+            new = QuantizedLinear.from_linear(mod, spec, backend=backend, numerics=numerics, device_seeds=device_seeds,
+                                             recipe_name=recipe.name, shared_input=shared)
             new.uncalibrated = recipe.calibrate is not None
         _set_submodule(model, name, new)
     return model

@@ -5,8 +5,7 @@ measured with CUDA events on a GPU (each call bracketed by two events) and with 
 on a CPU. On a GPU the calls are queued back to back and synchronised once at the end, so that the
 host's launch work for a call overlaps the GPU's run of the one before: an event pair then times
 the GPU's work, not the host's latency to launch it (with a synchronisation after every call, the
-GPU idles from the first event until the launch lands: 40-60 us a call for the Triton wrappers,
-docs/LOG.md session 21). ``back_to_back=False`` keeps that per-call synchronisation (train_speed's
+GPU idles from the first event until the launch lands: 40-60 us a call for the Triton wrappers). ``back_to_back=False`` keeps that per-call synchronisation (train_speed's
 steps, whose series started that way). ``code_commit``: the fp4train commit being measured.
 """
 

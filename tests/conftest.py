@@ -46,17 +46,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(autouse=True)
-def _numerics_restored():
-    """Every test starts from the default numerics ("eager", not chosen) and leaves them so: a model
-    converted on a GPU switches the process to "triton" numerics, which must not carry over into
-    the next test's reference computations."""
-    import fp4train.formats as formats
-
-    yield
-    formats.reset_numerics()
-
-
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_token_cache(tmp_path_factory):
     """Tokenized data goes to a per-session folder, never the user's ~/.cache."""
@@ -71,13 +60,13 @@ def _isolated_token_cache(tmp_path_factory):
         os.environ["FP4TRAIN_CACHE"] = old
 
 
-def run_layer(lin, spec, x, dy, *, backend: str = "emulated"):
-    """One forward + backward of ``lin`` converted to ``spec`` on ``backend``: ``(Y, dX, dW)``.
+def run_layer(lin, spec, x, dy, *, backend: str = "emulated", numerics: str = "eager"):
+    """One forward + backward of ``lin`` converted to ``spec`` on ``backend`` with ``numerics``: ``(Y, dX, dW)``.
     The stochastic-rounding seeds are fixed (``torch.manual_seed(1)``), so two calls that differ
     only in how the numerics run must give the same bits."""
     import fp4train
 
-    layer = fp4train.QuantizedLinear.from_linear(lin, spec, backend=backend)
+    layer = fp4train.QuantizedLinear.from_linear(lin, spec, backend=backend, numerics=numerics)
     torch.manual_seed(1)
     xa = x.clone().requires_grad_()
     lin.weight.grad = None

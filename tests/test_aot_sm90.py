@@ -36,10 +36,9 @@ def test_every_kernel_compiles_for_sm90_without_large_spills(tmp_path):
         assert all(x["warp_instructions_per_element"] > 0 for x in results if x["kernel"].endswith("_fold_kernel"))
     if all(x.get("spill_store_bytes") is not None for x in results):  # ptxas ran
         # the 128-row fold programs spilled 5-31 KB per thread with 4 warps (aot_check.py --warps 4); 32 warps hold
-        # them. The launches chosen by timing are exempt on purpose: they are the fastest of bench/fold_sweep.py on
-        # the H200 (bench/results/fold_sweep-NVIDIA_H200*.json) or, with a fused transform, of bench/fold_calls.py on a
-        # training step's own calls (128x128 groups at 8 warps spill up to 1 KB and still ran fastest there,
-        # bench/results/fold_calls-1b-adahop-NVIDIA_H200-e040beb.json) - time decides there, and only there.
+        # them. The launches chosen by timing are exempt on purpose: they are the fastest measured on
+        # the H200 or, with a fused transform, on a training step's own calls (128x128 groups at 8 warps spill up to
+        # 1 KB and still ran fastest there) - time decides there, and only there.
         from fp4train.kernels.mx_fold import FOLD_LAUNCH, FOLD_LAUNCH_HADAMARD, PACKED_FOLD_LAUNCH
         from fp4train.kernels.mx_quantize import MXFP4_TILE_LAUNCH, MXFP8_TILE_LAUNCH
 

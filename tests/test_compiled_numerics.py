@@ -1,10 +1,11 @@
-"""``fp4train.formats.set_compiled``: torch.compile'd numerics give the same bits as eager."""
+"""``Quantizer("compiled")``: torch.compile'd reference cores give the reference's bits."""
 
 import pytest
 import torch
 
 import fp4train
-from fp4train.formats import set_compiled
+from fp4train.quantizer import Quantizer, compiled
+from fp4train.transforms.hadamard import block_transform, hadamard_tensors, signs
 
 CASES = [
     ("mxfp4", dict(rounding="nearest")),
@@ -12,13 +13,7 @@ CASES = [
     ("nvfp4", dict(rounding="stochastic", seed=5)),
     ("fp8", {}),
 ]
-
-
-@pytest.fixture
-def compiled():
-    set_compiled(True)
-    yield
-    set_compiled(False)
+COMPILED = Quantizer("compiled")
 
 
 def _x(device):
@@ -31,33 +26,29 @@ def _x(device):
 
 def _check(device):
     x = _x(device)
-    eager = {}
-    set_compiled(False)
     for fmt, kw in CASES:
-        q = fp4train.quantize(x, fmt, **kw)
-        eager[(fmt, str(kw))] = (q.codes, q.scales, q.dequantize())
-    set_compiled(True)
-    for fmt, kw in CASES:
-        q = fp4train.quantize(x, fmt, **kw)
-        c, s, d = eager[(fmt, str(kw))]
-        assert torch.equal(q.codes, c), fmt
-        torch.testing.assert_close(q.scales, s, rtol=0, atol=0, equal_nan=True)
-        torch.testing.assert_close(q.dequantize(), d, rtol=0, atol=0, equal_nan=True)
+        ref, q = fp4train.quantize(x, fmt, **kw), COMPILED.quantize(x, fmt, **kw)
+        assert torch.equal(q.codes, ref.codes), fmt
+        torch.testing.assert_close(q.scales, ref.scales, rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(q.dequantize(), ref.dequantize(), rtol=0, atol=0, equal_nan=True)
+        if fmt != "fp8" or "rounding" not in kw:  # the fused quantize-and-split of an operand a GEMM takes at once
+            v = COMPILED.values(x, fmt, kw, axis=-1, seed=kw.get("seed"))
+            s = ref.scaled_bf16()
+            assert torch.equal(v.values.view(torch.int16), s.values.view(torch.int16)), fmt
 
 
-def test_compiled_numerics_equal_eager_on_cpu(compiled):
+def test_compiled_numerics_equal_eager_on_cpu():
     _check("cpu")
     x = _x("cpu")
-    set_compiled(True)
-    h = [fp4train.hadamard(x, 32, seed=s, inverse=inv) for s in (None, 7) for inv in (False, True)]
-    set_compiled(False)
-    e = [fp4train.hadamard(x, 32, seed=s, inverse=inv) for s in (None, 7) for inv in (False, True)]
-    for a, b in zip(h, e):
-        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    for seed in (None, 7):
+        assert torch.equal(COMPILED.hadamard(x, 32, axis=-1, seed=seed).nan_to_num(), fp4train.hadamard(x, 32, seed=seed).nan_to_num())
+        d = signs(seed, 32) if seed is not None else None
+        inv = hadamard_tensors(x, d, block=32, axis=-1, inverse=True, core=compiled(block_transform))
+        torch.testing.assert_close(inv, fp4train.hadamard(x, 32, seed=seed, inverse=True), rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.cuda
-def test_compiled_numerics_equal_eager_on_gpu(compiled):
+def test_compiled_numerics_equal_eager_on_gpu():
     _check("cuda")
 
 

@@ -72,7 +72,7 @@ def test_gpu_triton_backend_layer_matches_the_emulated_backend(name):
     """The fast path a GPU user gets (the `triton` backend: Triton kernels, FP8 GEMMs, triton numerics)
     against the reference backend on the same GPU, forward and both gradients. The operands are the same
     bits, so only the GEMMs' summation order and output rounding may differ. The `tiny` loss-curve test
-    did not notice NVFP4 tiles carrying a neighbouring tile's scale (session 13): a layer's outputs do.
+    did not notice NVFP4 tiles carrying a neighbouring tile's scale: a layer's outputs do.
     Shapes whose tiles and groups are whole (128 rows, K and N multiples of 128)."""
     torch.manual_seed(0)
     lin = nn.Linear(256, 384)
@@ -85,7 +85,7 @@ def test_gpu_triton_backend_layer_matches_the_emulated_backend(name):
         m = nn.Sequential(nn.Linear(256, 384)).cuda()
         m[0].load_state_dict(lin.state_dict())
         fp4train.convert(m, fp4train.recipes.get(name).replace(keep_last_blocks=0.0), backend=backend)
-        assert m[0].backend.name == backend and fp4train.formats.numerics() == ("triton" if backend == "triton" else "eager")
+        assert m[0].backend.name == backend and m[0].numerics == ("triton" if backend == "triton" else "eager")
         xa = x.detach().cuda().requires_grad_()
         torch.manual_seed(1)  # the same stochastic-rounding seeds for both backends
         y = m(xa)

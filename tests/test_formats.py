@@ -1,4 +1,4 @@
-"""MXFP4 / NVFP4 / MXFP8 / FP8 quantization against their definitions (METHODS.md section 1)."""
+"""MXFP4 / NVFP4 / MXFP8 / FP8 quantization against their definitions (docs/methods.md, Formats)."""
 
 import math
 

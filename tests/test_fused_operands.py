@@ -1,4 +1,4 @@
-"""`set_numerics("compiled")`: operands that a GEMM uses at once are prepared in one compiled
+"""`numerics="compiled"`: operands that a GEMM uses at once are prepared in one compiled
 graph (quantize + exact BF16 split) - the layer's outputs and gradients stay bit-identical."""
 
 import pytest
@@ -6,48 +6,39 @@ import torch
 import torch.nn as nn
 
 import fp4train
-from fp4train.formats import set_numerics
 from fp4train.formats.qtensor import ScaledBF16
 from fp4train.linear.operands import FPROP, OP_A, WGRAD, prepare, prepare_now
+from fp4train.quantizer import Quantizer
 from fp4train.recipes import QuantSpec, TransformSpec
 
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.fixture
-def restore():
-    yield
-    set_numerics("eager")
-
-
 @pytest.mark.parametrize("recipe", ["mxfp4", "fp8_rowwise", "tib2d", "hadamard_mxfp4", "adahop-oe"])
-def test_compiled_layer_equals_eager_bit_for_bit(recipe, restore, layer_run, spec_of):
+def test_compiled_layer_equals_eager_bit_for_bit(recipe, layer_run, spec_of):
     torch.manual_seed(0)
     lin = nn.Linear(64, 96).to(DEV)
     x = torch.randn(64, 64, device=DEV)
     x[:, 3] *= 20
     x[7] *= 50
     dy = torch.randn(64, 96, device=DEV)
-    set_numerics("eager")
     eager = layer_run(lin, spec_of(recipe), x, dy)
-    set_numerics("compiled")
-    compiled = layer_run(lin, spec_of(recipe), x, dy)
+    compiled = layer_run(lin, spec_of(recipe), x, dy, numerics="compiled")
     for a, b in zip(eager, compiled):
         assert torch.equal(a, b)
 
 
-def test_prepare_now_is_the_scaled_split_of_prepare(restore):
+def test_prepare_now_is_the_scaled_split_of_prepare():
     x = (torch.randn(64, 96) * torch.logspace(-2, 2, 96)).to(DEV)
     q = QuantSpec("nvfp4", rounding="stochastic")
     t = TransformSpec(block=16, random_signs=True)
     kw = dict(axis=0, transform=t, seed=123, gemm=WGRAD, operand=OP_A, compute_dtype=torch.float32)
-    ref = prepare(x, q, **kw).scaled_bf16()
-    set_numerics("compiled")
-    got = prepare_now(x, q, **kw)
+    ref = prepare(x, q, quantizer=Quantizer(), **kw).scaled_bf16()
+    got = prepare_now(x, q, quantizer=Quantizer("compiled"), **kw)
     assert isinstance(got, ScaledBF16) and got.block_axis == 0
     assert torch.equal(got.values, ref.values) and torch.equal(got.divisor, ref.divisor) and got.scale is None
     # eager mode: prepare_now is prepare
-    set_numerics("eager")
-    plain = prepare_now(x, QuantSpec("mxfp4"), axis=1, transform=None, seed=0, gemm=FPROP, operand=OP_A, compute_dtype=torch.float32)
+    plain = prepare_now(x, QuantSpec("mxfp4"), axis=1, transform=None, seed=0, gemm=FPROP, operand=OP_A, compute_dtype=torch.float32,
+                        quantizer=Quantizer())
     assert isinstance(plain, fp4train.QuantizedTensor)

@@ -1,5 +1,5 @@
-"""Under torch.compile a quantized linear is one op of the model's graph (fp4train/linear/graph_op.py):
-no graph break, the same bits as eager, its saved operands packed and visible to the compiler."""
+"""A quantized linear is one set of torch.library ops (fp4train/linear/op.py), eagerly and compiled: under
+torch.compile no graph break, the same bits as eager, its saved operands packed and visible to the compiler."""
 
 import pytest
 import torch
@@ -10,7 +10,7 @@ from fp4train import models
 from fp4train.adahop import Relative, Strategy
 from fp4train.adahop.calibration import gemm_spec
 from fp4train.linear import QuantizedLinear
-from fp4train.linear.module import set_in_graph
+from fp4train.linear.op import LayerConfig, config_key, parse
 from fp4train.recipes import LinearSpec
 
 RECIPES = ["mxfp4", "tib2d", "nvfp4", "fp8_rowwise", "hadamard_mxfp4"]
@@ -20,7 +20,6 @@ RECIPES = ["mxfp4", "tib2d", "nvfp4", "fp8_rowwise", "hadamard_mxfp4"]
 def fresh_dynamo():
     torch._dynamo.reset()
     yield
-    set_in_graph(True)
     torch._dynamo.reset()
 
 
@@ -87,17 +86,18 @@ def test_seed_output_is_a_cpu_scalar_only_where_the_spec_draws_a_seed(recipe):
     graph of such layers then holds no CPU tensor, and CUDA graphs can capture it), which backward does not read;
     a seeded spec the CPU scalar its backward reads. X on the meta device stands for a GPU's (on the CPU both
     are CPU tensors). Both give the eager bits (test_compiled_layers_give_the_eager_bits)."""
-    from fp4train.linear.graph_op import _seed_output, _seed_value
+    from fp4train.linear.op import _seed_output, _seed_value
 
     torch.manual_seed(0)
     q = fp4train.convert(nn.Sequential(nn.Linear(128, 96)), recipe, backend="triton")[0]
     assert q.spec.needs_seed == (recipe in ("tib2d", "nvfp4", "hadamard_mxfp4"))
-    seed = _seed_output(q.spec, 12345, torch.empty(4, 128, device="meta"))
+    cfg = parse(q._config)
+    seed = _seed_output(cfg, 12345, torch.empty(4, 128, device="meta"))
     assert seed.shape == () and seed.dtype == torch.int64
     if q.spec.needs_seed:
-        assert seed.device.type == "cpu" and _seed_value(q.spec, seed) == 12345
+        assert seed.device.type == "cpu" and _seed_value(cfg, seed) == 12345
     else:
-        assert seed.device.type == "meta" and _seed_value(q.spec, seed) == 0
+        assert seed.device.type == "meta" and _seed_value(cfg, seed) == 0
     x = torch.randn(64, 128, requires_grad=True)  # the op itself outputs what _seed_output makes
     _, out, *_ = torch.ops.fp4train.quantized_linear(x, q.weight, q.bias, q._config, torch.float32, True, True, [])
     assert out.shape == () and out.dtype == torch.int64 and out.device == x.device
@@ -165,21 +165,6 @@ def test_compiled_model_keeps_x_packed(fresh_dynamo):
     assert compiled <= eager * 1.2 and compiled < bf16 / 2, (compiled, eager, bf16)
 
 
-def test_graph_breaks_at_each_layer_when_asked(fresh_dynamo):
-    """set_in_graph(False): the older way, each quantized linear a graph break that runs eagerly."""
-    torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64))
-    fp4train.convert(m, "mxfp4")
-    x = torch.randn(32, 64)
-    torch.compile(m, fullgraph=True)(x)  # one graph
-    set_in_graph(False)
-    torch._dynamo.reset()
-    with pytest.raises(Exception, match="disable"):  # fullgraph refuses the break at the first layer
-        torch.compile(m, fullgraph=True)(x)
-    torch._dynamo.reset()
-    torch.compile(m)(x)  # without fullgraph: compiled around the breaks
-
-
 @pytest.mark.cuda
 @pytest.mark.parametrize("recipe", RECIPES + ["adahop_oe"])
 def test_graph_op_on_the_gpu_gives_the_eager_bits(recipe, fresh_dynamo):
@@ -233,9 +218,11 @@ def test_layers_reading_one_input_share_one_prepare_op(recipe, fresh_dynamo, mon
     torch.manual_seed(0)
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels: on the GPU, or interpreted on a CPU
     if recipe == "adahop_iht_wgrad":  # AdaHOP layers with the same strategies for X (plain fprop, IHT wgrad)
-        m = _Siblings().to(dev)
+        from fp4train.linear.shared_input import SharedInput
+
+        m, memo = _Siblings().to(dev), SharedInput()  # layers made one by one share a memo when given one
         for n in ("q", "k", "v"):
-            setattr(m, n, QuantizedLinear.from_linear(getattr(m, n), _iht_wgrad_spec(), backend="triton"))
+            setattr(m, n, QuantizedLinear.from_linear(getattr(m, n), _iht_wgrad_spec(), backend="triton", shared_input=memo))
     else:
         m = fp4train.convert(_Siblings().to(dev), recipe, backend="triton")
     be = backends.get("triton")
@@ -277,8 +264,8 @@ def test_layers_reading_one_input_share_one_prepare_op(recipe, fresh_dynamo, mon
 def test_prepare_op_fake_layouts(recipe, kind):
     """The shared X preparation's fake layouts are the backend's (opcheck), for each kind; the layers reading
     one input share it (the sibling test below counts the calls)."""
-    from fp4train.linear import graph_op
-    from fp4train.linear.graph_op import _parse, prep_fits, prep_kind
+    from fp4train.linear import op as graph_op
+    from fp4train.linear.op import prep_fits, prep_kind
 
     kind = getattr(graph_op, kind)
     if recipe == "adahop_iht_wgrad":  # an AdaHOP layer: plain fprop, IHT on wgrad
@@ -286,11 +273,12 @@ def test_prepare_op_fake_layouts(recipe, kind):
     else:
         q = fp4train.convert(nn.Sequential(nn.Linear(128, 96)), recipe, backend="triton")[0]
     x = torch.randn(64, 128)
-    assert q._prep is not None and prep_kind(*_parse(q._prep)) == kind and prep_fits(x, q._prep)
+    cfg = parse(q._prep)
+    assert q._prep is not None and prep_kind(cfg.spec, cfg.backend_name) == kind and prep_fits(x, q._layer_config)
     for dt in (torch.float32, torch.bfloat16):
         torch.library.opcheck(torch.ops.fp4train.prepare_x.default, (x, q._prep, dt))
     if kind == graph_op.PAIR:
-        assert not prep_fits(x[:48], q._prep)  # M not a multiple of 32: X is prepared inside the layer's op
+        assert not prep_fits(x[:48], q._layer_config)  # M not a multiple of 32: X is prepared inside the layer's op
 
 
 def test_stochastic_or_unshareable_x_has_no_shared_op():
@@ -305,23 +293,22 @@ def test_stochastic_or_unshareable_x_has_no_shared_op():
 def test_config_key_names_the_spec_in_any_process(recipe):
     """The ops name a layer's spec by its JSON, not a process-local index: Inductor caches compiled
     graphs on disk with the ops' arguments baked in, and another process must read the same spec."""
-    from fp4train.linear import graph_op
-
     spec = _oe_spec() if recipe == "adahop_oe" else fp4train.recipes.get(recipe).linear
-    key = graph_op.config_key(spec, "triton")
-    graph_op._CONFIGS.clear()  # as in a fresh process that loads a cached graph
-    assert graph_op._parse(key) == (spec, "triton")
+    cfg = LayerConfig(spec, "triton", "triton", device_seeds=True)
+    key = config_key(cfg)
+    parse.cache_clear()  # as in a fresh process that loads a cached graph
+    assert parse(key) == cfg
 
 
 def test_triton_numerics_leave_cpu_tensors_to_the_reference(monkeypatch):
-    """A process on a GPU machine runs "triton" numerics; a CPU layer in it must take the reference
-    path (it launched a Triton kernel on CPU tensors), with the reference's bits."""
-    from fp4train import formats
-
+    """A layer with "triton" numerics given CPU tensors (outside Triton's interpreter) takes the reference
+    path (it would launch a Triton kernel on CPU tensors), with the reference's bits."""
     torch.manual_seed(0)
-    q = fp4train.convert(nn.Sequential(nn.Linear(128, 96)), "mxfp4")[0]
+    lin = nn.Linear(128, 96)
+    ref_layer = QuantizedLinear.from_linear(lin, fp4train.recipes.get("mxfp4").linear)
+    q = QuantizedLinear.from_linear(lin, fp4train.recipes.get("mxfp4").linear, numerics="triton")
     x = torch.randn(64, 128)
-    ref = q(x)
+    ref = ref_layer(x)
     from fp4train.kernels import mx_values
 
     def no_kernel(*a, **k):
@@ -329,7 +316,6 @@ def test_triton_numerics_leave_cpu_tensors_to_the_reference(monkeypatch):
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # CPU tensors now unusable by the kernels
     monkeypatch.setattr(mx_values, "mxfp4_values", no_kernel)
-    formats.set_numerics("triton")
     assert torch.equal(q(x), ref)
 
 
@@ -368,31 +354,27 @@ def test_backend_state_is_allocated_when_a_layer_arrives_on_a_device(monkeypatch
 
 
 @pytest.mark.parametrize("recipe", ["tib2d", "nvfp4"])
-def test_device_seeds_drive_the_graph_op_and_its_backward(monkeypatch, recipe):
-    """set_device_seeds: a seeded layer's op draws its seed from the device's stream (each call a new one, shape
-    (1,) on X's device: no CPU tensor in the graph), its backward uses that seed - the gradients are those of
-    the eager Function given the same device seed - and a spec without seeds keeps its host behaviour. nvfp4:
-    its wgrad's random Hadamard signs come from the device seed too (signs from the seed's keys)."""
-    from fp4train import counter_rng
-    from fp4train.linear import QuantizedLinearFunction
-    from fp4train.linear import module as qmod
-    from fp4train.linear.graph_op import _device_seeded, config_key, with_device_seeds
+def test_device_seeds_drive_the_op_and_its_backward(monkeypatch, recipe):
+    """convert(device_seeds=True): a seeded layer's op draws its seed from the device's stream (each call a new
+    one, shape (1,) on X's device: no CPU tensor in the graph), and its backward uses that seed - the same stream
+    state gives the same gradients, another state other ones; a spec without seeds draws none. nvfp4: its
+    wgrad's random Hadamard signs come from the device seed too (signs from the seed's keys)."""
+    from fp4train import counter_rng, device_seeds
 
-    monkeypatch.setattr(qmod, "DEVICE_SEEDS", True)
-    monkeypatch.setattr(counter_rng, "_STREAMS", {})
+    monkeypatch.setattr(device_seeds, "_STREAMS", {})
     torch.manual_seed(0)
-    q = fp4train.convert(nn.Sequential(nn.Linear(128, 128)), recipe, backend="triton")[0]
-    stream = counter_rng._STREAMS[torch.device("cpu")]  # made when the layer was
-    config = with_device_seeds(q._config)  # what the compiled call site passes under set_device_seeds
-    assert _device_seeded(config) and not _device_seeded(q._config)
-    assert not _device_seeded(with_device_seeds(config_key(fp4train.recipes.get("mxfp4").linear, "triton")))  # no seed to draw
+    q = fp4train.convert(nn.Sequential(nn.Linear(128, 128)), recipe, backend="triton", device_seeds=True)[0]
+    stream = device_seeds._STREAMS[torch.device("cpu")]  # made when the layer was
+    assert parse(q._config).seeded_on_device
+    unseeded = fp4train.convert(nn.Sequential(nn.Linear(128, 128)), "mxfp4", backend="triton", device_seeds=True)[0]
+    assert not parse(unseeded._config).seeded_on_device  # no seed to draw
     assert recipe != "nvfp4" or q.spec.wgrad.transform.random_signs
     x = torch.randn(128, 128)
     state = stream.state_dict()
 
     def op_grads():
         xi, w = x.clone().requires_grad_(), q.weight.detach().clone().requires_grad_()
-        y, seed, *_ = torch.ops.fp4train.quantized_linear(xi, w, q.bias, config, torch.float32, True, True, [])
+        y, seed, *_ = torch.ops.fp4train.quantized_linear(xi, w, q.bias, q._config, torch.float32, True, True, [])
         y.backward(torch.ones_like(y) + torch.linspace(0, 1, y.numel()).reshape(y.shape))
         return seed, y, xi.grad, w.grad
 
@@ -401,38 +383,35 @@ def test_device_seeds_drive_the_graph_op_and_its_backward(monkeypatch, recipe):
     assert s1.shape == (1,) and s1.dtype == torch.int64 and s1.device == x.device and s1.item() != s2.item()
     assert s1.item() == counter_rng.derive_seed(state["base"], state["count"] + 1)
     stream.load_state_dict(state)
-    seed = stream.next()
-    xi, w = x.clone().requires_grad_(), q.weight.detach().clone().requires_grad_()
-    y = QuantizedLinearFunction.apply(xi, w, q.bias, q.spec, q.backend, seed, torch.float32)
-    y.backward(torch.ones_like(y) + torch.linspace(0, 1, y.numel()).reshape(y.shape))
-    assert torch.equal(y, y1) and torch.equal(xi.grad, dx1) and torch.equal(w.grad, dw1)
+    s3, y3, dx3, dw3 = op_grads()
+    assert s3.item() == s1.item() and torch.equal(y3, y1) and torch.equal(dx3, dx1) and torch.equal(dw3, dw1)
     stream.load_state_dict(state)  # another seed, other stochastic rounding of dY: other gradients
     stream.next()
-    _, _, dx3, _ = op_grads()
-    assert not torch.equal(dx3, dx1)
+    _, _, dx4, _ = op_grads()
+    assert not torch.equal(dx4, dx1)
 
 
 def test_compiled_model_with_device_seeds_is_one_graph_and_draws_a_seed_per_layer_call(fresh_dynamo, monkeypatch):
     """With device seeds a whole tib2d Llama still compiles with fullgraph=True; each step draws one seed per
     seeded layer call from the device's stream (the count moves by that many), and its loss matches the
     host-seeded model's (the forward rounds to nearest: seeds only move the gradients)."""
-    from fp4train import counter_rng
-    from fp4train.linear import module as qmod
+    from fp4train import device_seeds
 
-    monkeypatch.setattr(counter_rng, "_STREAMS", {})
+    monkeypatch.setattr(device_seeds, "_STREAMS", {})
     torch.manual_seed(0)
     m = models.build("tiny")
+    torch.manual_seed(0)
+    m_dev = models.build("tiny")
     fp4train.convert(m, "tib2d")
+    fp4train.convert(m_dev, "tib2d", device_seeds=True)
     idx = torch.randint(0, m.config.vocab_size, (2, 33))
     host = _loss_and_grads(m, torch.compile(m, fullgraph=True), idx, 5)
     torch._dynamo.reset()
-    monkeypatch.setattr(qmod, "DEVICE_SEEDS", True)
-    m.to(torch.float32)  # a move: the layers make their device's stream now, outside any compiled call
-    stream = counter_rng._STREAMS[torch.device("cpu")]
-    calls = sum(isinstance(mod, QuantizedLinear) and mod.spec.needs_seed for mod in m.modules())
-    compiled = torch.compile(m, fullgraph=True)
+    stream = device_seeds._STREAMS[torch.device("cpu")]
+    calls = sum(isinstance(mod, QuantizedLinear) and mod.spec.needs_seed for mod in m_dev.modules())
+    compiled = torch.compile(m_dev, fullgraph=True)
     for step in (1, 2):
-        loss, grads = _loss_and_grads(m, compiled, idx, 5)
+        loss, grads = _loss_and_grads(m_dev, compiled, idx, 5)
         assert int(stream.count) == step * calls and all(torch.isfinite(g).all() for g in grads)
     torch.testing.assert_close(loss, host[0], rtol=1e-5, atol=0)
     assert any(not torch.equal(a, b) for a, b in zip(grads, host[1]))  # other draws than the host seeds'

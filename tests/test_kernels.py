@@ -40,7 +40,7 @@ def test_mxfp4_kernel_equals_reference(shape, scale, rounding):
         xd = x.to(dtype)
         for seed in (0, 2**40 + 5):
             ref = fp4train.quantize(xd, "mxfp4", scale=scale, rounding=rounding, seed=seed)
-            # 4 or 8 blocks a program: a partial last program; launch tuning (bench/fold_sweep.py --kernels mx1d)
+            # 4 or 8 blocks a program: a partial last program; launch tuning
             # the even/odd-element kernel too (pairs; BF16 read as 32-bit words), a partial program included
             launches = ((1, None, False), (4, None, False), (8, 8, False), (4, None, True)) if dtype == torch.float32 else \
                 ((None, None, False), (None, None, True), (2, 4, True))
@@ -175,7 +175,7 @@ def test_mx_2d_tile_kernels_equal_reference(fmt, seed, shape, scale, rounding):
     got = tiles(x.to(DEV), scale=scale, rounding=rounding, seed=2**35 + seed)
     assert torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
     torch.testing.assert_close(got.t().dequantize().cpu(), ref.t().dequantize(), rtol=0, atol=0, equal_nan=True)
-    if fmt == "mxfp4":  # launch tuning (bench/fold_sweep.py): several tiles per program, a partial last one
+    if fmt == "mxfp4":  # launch tuning: several tiles per program, a partial last one
         for tc, nw in ((2, 2), (4, 8)):
             t = tiles(x.to(DEV), scale=scale, rounding=rounding, seed=2**35 + seed, tiles_per_program=tc, num_warps=nw)
             assert torch.equal(t.codes.cpu(), ref.codes) and torch.equal(t.scales.cpu(), ref.scales)
@@ -373,7 +373,6 @@ def test_decode_kernel_is_scaled_bf16(fmt, axis, transposed):
         q = fp4train.quantize(x, fmt, axis=axis, rounding="stochastic", seed=3)
     if transposed:
         q = q.t()
-    assert fp4train.formats.numerics() == "eager"  # every test starts there: scaled_bf16() is the reference decode
     ref = q.scaled_bf16()
     got = decode_scaled_bf16(q)
     assert got.block_axis == ref.block_axis and got.shape == ref.shape
@@ -420,7 +419,7 @@ def test_fold_of_packed_mxfp4_equals_reference_fold(group_rows):
     assert torch.equal(got.codes, ref.codes)
     torch.testing.assert_close(got.scales, ref.scales, rtol=0, atol=0, equal_nan=True)
     assert int(got.inexact) == ref.inexact > 0
-    for rb, nw in ((4, 4), (64, 8)):  # launch tuning (bench/fold_sweep.py): the same bits
+    for rb, nw in ((4, 4), (64, 8)):  # launch tuning: the same bits
         t = fold_packed_mxfp4(q.codes, q.scales, group_rows=group_rows, rows_per_program=rb, num_warps=nw)
         assert torch.equal(t.codes, ref.codes)
         torch.testing.assert_close(t.scales, ref.scales, rtol=0, atol=0, equal_nan=True)
@@ -455,7 +454,7 @@ def test_tile_fold_kernel_equals_the_reference_fold_in_either_orientation(transp
     torch.testing.assert_close(got.scales.cpu(), want_scales, rtol=0, atol=0, equal_nan=True)
     assert got.group_rows == (1 if per_row else group_rows)
     assert int(got.inexact) == ref.inexact > 0 and bool(got.scales.isnan().any())
-    for rb, nw in ((2, 2), (32, 4)):  # launch tuning (bench/fold_sweep.py): the same bits
+    for rb, nw in ((2, 2), (32, 4)):  # launch tuning: the same bits
         t = fold_tiles_mxfp4(q.codes.to(DEV), q.scales.to(DEV), transposed=transposed, group_rows=group_rows,
                              scale_per_row=per_row, rows_per_program=rb, num_warps=nw)
         assert torch.equal(t.codes.cpu(), ref.codes)
@@ -626,7 +625,7 @@ def test_fold_kernel_ties_signs_and_subnormal_inputs_equal_the_reference(group_r
 
 @pytest.mark.parametrize("axis", [1, 0])
 def test_fold_kernel_launch_tuning_does_not_change_the_bits(axis):
-    """rows_per_program / num_warps (what bench/fold_sweep.py varies) are launch tuning only."""
+    """rows_per_program / num_warps (what launch tuning varies) are launch tuning only."""
     from fp4train.kernels import quantize_mxfp4_fp8
 
     x = _special(256, 256, 14).to(DEV)
@@ -717,7 +716,7 @@ def test_column_kernels_quantize_along_dim_0_without_a_transposed_copy(fmt, roun
     if fmt == "nvfp4":
         assert torch.equal(got.tensor_scale.cpu(), ref.tensor_scale)
     torch.testing.assert_close(got.dequantize().cpu(), ref.dequantize(), rtol=0, atol=0, equal_nan=True)
-    if mx:  # launch tuning (bench/fold_sweep.py): the same bits; and quantize() dispatches here, ceil scales too
+    if mx:  # launch tuning: the same bits; and quantize() dispatches here, ceil scales too
         for bk, nw in ((32, 2), (128, 8)):
             t = mx(x.to(DEV), scale="floor", block_cols=bk, num_warps=nw, **kw)
             assert torch.equal(t.codes.cpu(), ref.codes) and torch.equal(t.scales.cpu(), ref.scales)
@@ -758,8 +757,8 @@ def test_fp8_rowwise_quantize_kernel_equals_the_reference(dtype, axis):
     """FP8 rowwise codes + scales in the reference's stored layout (the scaled axis last: x^T for
     axis 0, written transposed by the kernel), bit for bit: NaN/Inf rows, an all-zero row, -0.0,
     saturation; and what quantize() returns under triton numerics."""
-    from fp4train.formats import set_numerics
     from fp4train.kernels.fp8_values import quantize_fp8_rowwise
+    from fp4train.quantizer import Quantizer
 
     x = _special(70, 200, 5).to(dtype)
     x[11, 13], x[12, 14] = -0.0, 1e30 if dtype == torch.float32 else 3e38
@@ -768,11 +767,7 @@ def test_fp8_rowwise_quantize_kernel_equals_the_reference(dtype, axis):
     assert got.layout == ref.layout and torch.equal(got.codes.cpu(), ref.codes)
     torch.testing.assert_close(got.scales.cpu(), ref.scales, rtol=0, atol=0, equal_nan=True)
     assert bool(ref.scales.isnan().any()) and bool((ref.codes == 0x80).any())
-    set_numerics("triton")
-    try:
-        via = fp4train.quantize(x.to(DEV), "fp8", axis=axis)
-    finally:
-        set_numerics("eager")
+    via = Quantizer("triton").quantize(x.to(DEV), "fp8", axis=axis)
     assert torch.equal(via.codes.cpu(), ref.codes)
 
 

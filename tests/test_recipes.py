@@ -1,4 +1,4 @@
-"""Recipes: presets as METHODS.md defines them, serialization, lookup, custom recipes."""
+"""Recipes: presets as docs/methods.md defines them, serialization, lookup, custom recipes."""
 
 import pytest
 

@@ -1,25 +1,24 @@
 """Layers reading the same input (q/k/v, gate/up) quantize it once and save one packed copy,
-with the same bits as when each quantizes it itself (fp4train/linear/shared_input.py)."""
+with the same bits as when each quantizes it itself (fp4train/linear/shared_input.py: eagerly, the
+memo of one converted model; under torch.compile the compiler merges the prepare_x calls)."""
 
 import dataclasses
 import gc
-
-from functools import partial
 
 import pytest
 import torch
 import torch.nn as nn
 
 import fp4train
-from fp4train.linear import function as fn
-from fp4train.linear.shared_input import SHARED
+from fp4train.linear import gemms as fn
+from fp4train.linear.shared_input import SharedInput
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _qkv(spec, backend, seed=0):
+def _qkv(spec, backend, memo, seed=0):
     torch.manual_seed(seed)
-    return [fp4train.QuantizedLinear.from_linear(nn.Linear(384, n, bias=False).to(DEV), spec, backend=backend)
+    return [fp4train.QuantizedLinear.from_linear(nn.Linear(384, n, bias=False).to(DEV), spec, backend=backend, shared_input=memo)
             for n in (256, 128, 128)]
 
 
@@ -34,53 +33,39 @@ def _step(layers, x):
     return [y.detach() for y in ys], xa.grad, [layer.weight.grad for layer in layers], saved
 
 
-@pytest.fixture
-def no_sharing(monkeypatch):
-    def off():
-        monkeypatch.setattr(SHARED, "get", lambda x, key, make: make())
-    return off
-
-
-# (X's preparations for three layers on one input: shared, each on its own). mxfp4, tib2d: fprop's and
-# wgrad's; fp8_blockwise: both from one pass; nvfp4: wgrad's X has random Hadamard signs (RHT, a fresh
-# draw per layer), so only fprop's is shared - and the saved X is not.
-@pytest.mark.parametrize("recipe,backend,preps", [("mxfp4", "emulated", (2, 6)), ("tib2d", "emulated", (2, 6)),
-                                                  ("mxfp4", "fp8_blockwise", (1, 3)), ("nvfp4", "emulated", (4, 6))])
-def test_layers_on_one_input_share_its_preparation_bit_for_bit(recipe, backend, preps, monkeypatch, no_sharing):
+# X's preparation for fprop and wgrad is shared where it is deterministic and the backend prepares its own
+# operands (triton: MXFP4 pairs, FP8 rowwise, MXFP4 with a fused Hadamard); nvfp4's wgrad X has random
+# Hadamard signs (RHT, a fresh draw per layer): nothing shared.
+@pytest.mark.parametrize("recipe,shared", [("mxfp4", True), ("tib2d", True), ("fp8_rowwise", True), ("hadamard_mxfp4", True),
+                                           ("nvfp4", False)])
+def test_layers_on_one_input_share_its_preparation_bit_for_bit(recipe, shared):
     spec = fp4train.recipes.get(recipe).linear
     x = torch.randn(64, 384, device=DEV)
-    x_preps = []  # preparations of X ([64, 384]; W is [256 | 128, 384], dY [64, 256 | 128])
-
-    def counted(real):
-        return lambda t, *a, **k: (x_preps.append(1) if tuple(t.shape) == (64, 384) else None) or real(t, *a, **k)
-
-    monkeypatch.setattr(fn, "prepare", counted(fn.prepare))
-    monkeypatch.setattr(fn, "prepare_now", counted(fn.prepare_now))
-    if backend == "fp8_blockwise":  # X for fprop and wgrad in one pass (operand_pair)
-        from fp4train.backends.fp8_blockwise import Fp8BlockwiseBackend
-
-        real_pair = Fp8BlockwiseBackend.operand_pair
-        monkeypatch.setattr(Fp8BlockwiseBackend, "operand_pair", lambda self, t, *a, **k: counted(partial(real_pair, self))(t, *a, **k))
-    layers = _qkv(spec, backend)
-    shared = _step(layers, x)
-    n_shared = len(x_preps)
-    SHARED.clear()
-    x_preps.clear()
-    no_sharing()
-    alone = _step(_qkv(spec, backend), x)
-    n_alone = len(x_preps)
-    assert all(torch.equal(a, b) for a, b in zip(shared[0], alone[0]))  # outputs
-    assert torch.equal(shared[1], alone[1])  # dX
-    assert all(torch.equal(a, b) for a, b in zip(shared[2], alone[2]))  # dW
-    assert (n_shared, n_alone) == preps
+    memo = SharedInput()
+    together = _step(_qkv(spec, "triton", memo), x)
+    assert bool(memo._entries) == shared
+    alone = _step(_qkv(spec, "triton", None), x)  # each layer its own memo
+    assert all(torch.equal(a, b) for a, b in zip(together[0], alone[0]))  # outputs
+    assert torch.equal(together[1], alone[1])  # dX
+    assert all(torch.equal(a, b) for a, b in zip(together[2], alone[2]))  # dW
 
     def saved_bytes(ts):
         return sum(t.untyped_storage().nbytes() for t in {t.untyped_storage().data_ptr(): t for t in ts}.values())
 
-    if recipe != "nvfp4":
-        assert saved_bytes(shared[3]) < saved_bytes(alone[3])  # one packed X saved for backward, not three
+    if shared:
+        assert saved_bytes(together[3]) < saved_bytes(alone[3])  # one packed X saved for backward, not three
     else:
-        assert saved_bytes(shared[3]) == saved_bytes(alone[3])
+        assert saved_bytes(together[3]) == saved_bytes(alone[3])
+
+
+def test_converting_a_model_gives_its_layers_one_memo_and_copies_start_empty():
+    import copy
+
+    m = fp4train.convert(nn.Sequential(nn.Linear(128, 128), nn.Linear(128, 128)), "mxfp4")
+    other = fp4train.convert(nn.Sequential(nn.Linear(128, 128)), "mxfp4")
+    assert m[0].shared_input is m[1].shared_input and other[0].shared_input is not m[0].shared_input
+    c = copy.deepcopy(m)
+    assert c[0].shared_input is c[1].shared_input and c[0].shared_input is not m[0].shared_input
 
 
 def test_stochastic_or_randomly_signed_operands_are_never_shared():
@@ -100,6 +85,7 @@ def test_stochastic_or_randomly_signed_operands_are_never_shared():
 
 
 def test_the_memo_follows_its_input():
+    SHARED = SharedInput()
     x = torch.randn(64, 256)
     made = []
     make = lambda: made.append(1) or len(made)

@@ -198,14 +198,14 @@ def test_device_seed_stream_draws_fresh_reproducible_seeds_and_restores_its_stat
     """Call n of a stream is derive_seed(base, n), made on the stream's device; base follows torch.manual_seed;
     a saved state continues the same sequence."""
     torch.manual_seed(3)
-    s = counter_rng.DeviceSeedStream("cpu")
+    s = device_seeds.DeviceSeedStream("cpu")
     torch.manual_seed(3)
     assert s.base == counter_rng.fresh_seed()
     got = [s.next().item() for _ in range(4)]
     assert got == [counter_rng.derive_seed(s.base, n) for n in (1, 2, 3, 4)] and len(set(got)) == 4
     st = s.state_dict()
     after = [s.next().item() for _ in range(3)]
-    t = counter_rng.DeviceSeedStream("cpu", base=1)
+    t = device_seeds.DeviceSeedStream("cpu", base=1)
     t.load_state_dict(st)
     assert [t.next().item() for _ in range(3)] == after
 
@@ -213,13 +213,13 @@ def test_device_seed_stream_draws_fresh_reproducible_seeds_and_restores_its_stat
 def test_a_restarted_stream_does_not_depend_on_what_ran_before(monkeypatch):
     """restart_device_seed_stream draws one base from the CPU generator whether the process made the stream
     before or not (a run's seeds must not depend on the process's history), and keeps an existing stream's tensors."""
-    monkeypatch.setattr(counter_rng, "_STREAMS", {})
+    monkeypatch.setattr(device_seeds, "_STREAMS", {})
     torch.manual_seed(11)
-    fresh = counter_rng.restart_device_seed_stream("cpu")
+    fresh = device_seeds.restart_device_seed_stream("cpu")
     first = (fresh.base, [fresh.next().item() for _ in range(2)])
     count = fresh.count
     torch.manual_seed(11)
-    again = counter_rng.restart_device_seed_stream("cpu")
+    again = device_seeds.restart_device_seed_stream("cpu")
     assert again is fresh and again.count is count and (again.base, [again.next().item() for _ in range(2)]) == first
 
 
@@ -238,3 +238,4 @@ def test_random_signs_from_a_seeds_keys_equal_the_seeds_signs():
         assert torch.equal(hadamard(x, 16, seed=keys), hadamard(x, 16, seed=s))
     derived = counter_rng.derived_keys_tensor(torch.tensor(77, dtype=torch.int64), 2, 2)
     assert torch.equal(signs(derived, 16), signs(counter_rng.derive_seed(77, 2, 2), 16))
+    assert torch.equal(device_seeds.derived_keys(torch.tensor(77, dtype=torch.int64), 2, 2), derived)  # the kernel (interpreted)

@@ -185,10 +185,9 @@ def test_compile_mode_is_checked_and_draws_seeds_on_the_device(tmp_path, monkeyp
     mode and lets compiled layers draw their seeds on the device (a stream restarted from the run's seed) - every
     seeded recipe, nvfp4's random Hadamard signs included, so no layer is left out of CUDA graphs; each compiled
     call starts a CUDA-graph step; the default mode keeps host seeds."""
-    from fp4train import counter_rng
-    from fp4train.linear import module as qmod
+    from fp4train import counter_rng, device_seeds
+    from fp4train.linear.op import parse
 
-    monkeypatch.setattr(qmod, "DEVICE_SEEDS", False)  # restored after the test: the trainer sets it per run
     with pytest.raises(ValueError, match="compile_mode must be default or reduce-overhead, got 'fast'"):
         TrainConfig(compile_mode="fast")
     with pytest.raises(ValueError, match="compile_mode reduce-overhead takes grad_accum 1 \\(got 2\\)"):
@@ -197,21 +196,20 @@ def test_compile_mode_is_checked_and_draws_seeds_on_the_device(tmp_path, monkeyp
     monkeypatch.setattr(torch, "compile", lambda model, mode=None: modes.append(mode) or model)  # no compilation here
     marks = []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
-    from fp4train.linear.graph_op import _device_seeded
-
     for recipe in ("nvfp4", "tib2d", "mxfp4"):
         cfg = TrainConfig(model="tiny", recipe=recipe, seq_len=32, batch_size=2, max_steps=1, eval_batches=1, out=str(tmp_path / recipe),
                           progress=False, tensorboard=False, device="cpu", compile=True, compile_mode="reduce-overhead")
         t = Trainer(cfg, log=lambda m: None)
-        assert modes[-1] == "reduce-overhead" and qmod.DEVICE_SEEDS
+        assert modes[-1] == "reduce-overhead"
         torch.manual_seed(cfg.seed)
-        assert counter_rng._STREAMS[torch.device("cpu")].base == counter_rng.fresh_seed()  # restarted from the run's seed
+        assert device_seeds._STREAMS[torch.device("cpu")].base == counter_rng.fresh_seed()  # restarted from the run's seed
         # what a compiled call passes: every seeded layer draws on the device, nvfp4's (random signs) too
         seeded = [m for m in t.model.modules() if getattr(m, "spec", None) is not None and m.spec.needs_seed]
-        assert bool(seeded) == (recipe != "mxfp4") and all(_device_seeded(m._config_device_seeds) for m in seeded)
+        assert bool(seeded) == (recipe != "mxfp4") and all(parse(m._config).seeded_on_device for m in seeded)
         n = len(marks)
         t.train_step()
         assert len(marks) == n + 1  # one per step (one micro-batch)
-    Trainer(TrainConfig(model="tiny", seq_len=32, batch_size=2, out=str(tmp_path / "d"), progress=False, tensorboard=False,
+    t = Trainer(TrainConfig(model="tiny", seq_len=32, batch_size=2, out=str(tmp_path / "d"), progress=False, tensorboard=False,
                         device="cpu", compile=True), log=lambda m: None)
-    assert modes[-1] is None and not qmod.DEVICE_SEEDS  # default: torch.compile's own default, host seeds
+    assert modes[-1] is None  # default: torch.compile's own default, host seeds
+    assert not any(getattr(m, "device_seeds", False) for m in t.model.modules())

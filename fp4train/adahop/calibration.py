@@ -203,10 +203,12 @@ class PatternRecorder:
         return cal
 
 
-def calibrate_in_place(model: nn.Module, recipe, train_step, steps: int, *, backend: str | None = None) -> Calibration:
+def calibrate_in_place(model: nn.Module, recipe, train_step, steps: int, *, backend: str | None = None, numerics: str | None = None,
+                       device_seeds: bool = False) -> Calibration:
     """Record outlier patterns over ``steps`` calls of ``train_step()`` (the model's BF16 steps),
     then convert ``model`` to the calibrated recipe - what the trainer does over its first steps,
-    for scripts that drive the steps themselves (benchmarks). Returns the calibration."""
+    for scripts that drive the steps themselves (benchmarks); ``backend``, ``numerics`` and
+    ``device_seeds`` as :func:`fp4train.convert` takes them. Returns the calibration."""
     from ..convert import convert
 
     rec = PatternRecorder.for_recipe(model, recipe).attach()
@@ -217,5 +219,5 @@ def calibrate_in_place(model: nn.Module, recipe, train_step, steps: int, *, back
     finally:
         rec.detach()
     cal = rec.result()
-    convert(model, cal.recipe(recipe.name, base=recipe), backend=backend)
+    convert(model, cal.recipe(recipe.name, base=recipe), backend=backend, numerics=numerics, device_seeds=device_seeds)
     return cal

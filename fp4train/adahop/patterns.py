@@ -1,4 +1,4 @@
-"""Outlier patterns of a 2D tensor: Row-wise, Column-wise or None (AdaHOP, METHODS.md section 5).
+"""Outlier patterns of a 2D tensor: Row-wise, Column-wise or None (AdaHOP, docs/methods.md, AdaHOP).
 
 Statistic (cheap: two reductions): with row norms ``r_i = ||T[i, :]||_2`` and column norms
 ``c_j = ||T[:, j]||_2``,

@@ -32,7 +32,9 @@ from ..adahop.patterns import Pattern, classify, gemm_operands, outlier_ratios
 from ..adahop.strategy import DEFAULT_K, Strategy, derive_rules, relative_error
 from ..backends import get as get_backend
 from ..convert import block_index
-from ..linear.operands import OP_A, OP_B, gemm_with_outliers, prepare
+from ..adahop.outlier_linear import gemm_with_outliers
+from ..linear.operands import OP_A, OP_B, prepare
+from ..quantizer import Quantizer
 from ..train.config import TrainConfig
 from ..train.trainer import Trainer
 
@@ -52,10 +54,13 @@ def gemm_error(g, a: torch.Tensor, b: torch.Tensor, gemm: str, seed: int = 0) ->
     be = get_backend("emulated")
     gid = _GEMM_ID[gemm]
     if g.outliers is not None:
-        c = gemm_with_outliers(a, b, g, seed=seed, gemm=gid, compute_dtype=torch.float32, backend=be, out_dtype=torch.float32)
+        c = gemm_with_outliers(a, b, g, seed=seed, gemm=gid, compute_dtype=torch.float32, backend=be, quantizer=Quantizer(),
+                               out_dtype=torch.float32)
     else:
-        qa = prepare(a, g.a, axis=1, transform=g.transform, seed=seed, gemm=gid, operand=OP_A, compute_dtype=torch.float32)
-        qb = prepare(b, g.b, axis=1, transform=g.transform, seed=seed, gemm=gid, operand=OP_B, compute_dtype=torch.float32)
+        qa = prepare(a, g.a, axis=1, transform=g.transform, seed=seed, gemm=gid, operand=OP_A, compute_dtype=torch.float32,
+                     quantizer=Quantizer())
+        qb = prepare(b, g.b, axis=1, transform=g.transform, seed=seed, gemm=gid, operand=OP_B, compute_dtype=torch.float32,
+                     quantizer=Quantizer())
         c = be.gemm(qa, qb, torch.float32)
     return float((c.double() - ref).norm() / ref.norm())
 

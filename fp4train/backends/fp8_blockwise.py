@@ -2,7 +2,7 @@
 
 Every E2M1 value is exact in E4M3 and MX scales are powers of two, so an MXFP4 operand folds
 into FP8 with one power-of-two scale per 1x128 (A operand) or 128x128 (B operand) group
-(:mod:`fp4train.formats.fold`, METHODS.md section 7), exact while the block exponents in a group
+(:mod:`fp4train.formats.fold`, docs/methods.md, Hopper execution), exact while the block exponents in a group
 span at most 14 binades; the elements that are not exact are counted (:attr:`inexact`, a device
 counter, no host synchronisation). The product then runs as one blockwise-scaled FP8 GEMM
 (``torch.nn.functional.scaled_mm`` with 1x128 x 128x128 scaling, FP32 accumulation promoted per
@@ -31,7 +31,7 @@ import torch
 
 from ..formats.fold import FoldedFP8
 from ..formats.qtensor import QuantizedTensor, ScaledBF16
-from ..formats.quantize import kernels_usable_on
+from ..quantizer import kernels_usable_on
 from .emulated import EmulatedBackend
 
 
@@ -171,7 +171,7 @@ class Fp8BlockwiseBackend:
 
     # What this backend prepares itself, as predicates on the specs (known when a model is converted) and
     # on the tensor (known at the call): operand() and operand_pair() decide by them, and the graph ops
-    # (linear/graph_op.py) ask them which shared preparation of X a layer's fake implementation describes.
+    # (linear/op.py) ask them which shared preparation of X a layer's fake implementation describes.
 
     @staticmethod
     def folds_1x32(q) -> bool:
@@ -380,6 +380,21 @@ class Fp8BlockwiseBackend:
                 _BLOCKWISE_OK = False
                 warnings.warn(f"fp4train: this PyTorch/GPU cannot run blockwise-scaled FP8 GEMMs ({type(e).__name__}: {e}); "
                               "MXFP4 GEMMs run on BF16 tensor cores instead (same values, slower)", RuntimeWarning, stacklevel=2)
-        a = a.scaled_bf16() if isinstance(a, FoldedOperand) else a
-        b = b.scaled_bf16() if isinstance(b, FoldedOperand) else b
+        a, b = self._bf16_operand(a), self._bf16_operand(b)
         return self.fallback.gemm(a, b, out_dtype)
+
+    #: split packed operands into BF16 values on the GPU in one kernel pass (the triton backend)
+    splits_with_kernel = False
+
+    def _bf16_operand(self, op):
+        """``op`` for the BF16 GEMM: a folded operand as its exact BF16 split; with :attr:`splits_with_kernel`
+        a packed CUDA operand too (:func:`fp4train.kernels.scaled_decode.decode_scaled_bf16`, the reference's
+        :meth:`~fp4train.formats.QuantizedTensor.scaled_bf16` bit for bit); anything else as it is."""
+        if isinstance(op, FoldedOperand):
+            return op.scaled_bf16()
+        if self.splits_with_kernel and isinstance(op, QuantizedTensor) and op.ndim == 2 and op.codes.is_cuda:
+            from ..kernels.scaled_decode import decode_scaled_bf16
+
+            if (split := decode_scaled_bf16(op)) is not None:
+                return split
+        return op

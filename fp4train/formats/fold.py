@@ -1,7 +1,7 @@
 """Folding MX block scales into FP8 group scales, so MXFP4 GEMMs run on FP8 tensor cores.
 
 Hopper has no FP4 tensor cores, but every E2M1 value is exact in E4M3, and MX scales are powers
-of two (METHODS.md section 7). For a group of 32-element blocks sharing one FP32 scale - ``1 x 128``
+of two (docs/methods.md, Hopper execution). For a group of 32-element blocks sharing one FP32 scale - ``1 x 128``
 (4 blocks of a row: activations) or ``128 x 128`` (128 rows x 4 blocks: weights) - with block
 exponents ``e_b`` and group maximum ``g = max e_b``:
 

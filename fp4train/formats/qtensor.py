@@ -91,8 +91,7 @@ class QuantizedTensor:
     def _decode_canonical(self, outer: bool = True) -> torch.Tensor:
         """Dequantized float32 values in the canonical (padded) layout; ``outer=False`` leaves out
         the factor that :meth:`scaled_bf16` keeps outside (NVFP4's ``s_enc``, FP8's row scale)."""
-        decode = decode_canonical if torch.compiler.is_compiling() else _DECODE  # traced: inline the reference
-        return decode(self.fmt, self.codes, self.scales, self.tensor_scale, self.layout, outer)
+        return decode_canonical(self.fmt, self.codes, self.scales, self.tensor_scale, self.layout, outer)
 
     def _decode_canonical_eager(self, outer: bool = True) -> torch.Tensor:
         lay = self.layout
@@ -138,9 +137,6 @@ class QuantizedTensor:
         """
         if self.ndim != 2:
             raise ValueError(f"scaled_bf16 needs a 2D quantized tensor, this one has shape {tuple(self.shape)}")
-        if (_SPLIT_KERNEL is not None and self.codes.is_cuda and not torch.compiler.is_compiling()
-                and (split := _SPLIT_KERNEL(self)) is not None):
-            return split
         values = self._dequantize(torch.bfloat16, outer=False)
         if self.fmt == "nvfp4":
             return ScaledBF16(values, None, self.tensor_scale, self.block_axis)
@@ -217,25 +213,3 @@ def decode_canonical(fmt, codes, scales, tensor_scale, layout, outer: bool = Tru
     """Dequantized float32 values in the canonical layout (a function of tensors, compile-friendly)."""
     q = QuantizedTensor(fmt, codes, scales, tensor_scale, layout, torch.float32)
     return q._decode_canonical_eager(outer)
-
-
-_DECODE = decode_canonical
-_SPLIT_KERNEL = None  # QuantizedTensor -> ScaledBF16 | None for CUDA tensors: a one-pass kernel (set_split_kernel)
-
-
-def set_split_kernel(fn) -> None:
-    """Route :meth:`QuantizedTensor.scaled_bf16` of CUDA tensors through ``fn`` (a kernel that
-    returns the same :class:`ScaledBF16`, or None where it does not cover the tensor); ``None``
-    restores the reference. Set by ``fp4train.formats.set_numerics("triton")``."""
-    global _SPLIT_KERNEL
-    _SPLIT_KERNEL = fn
-
-
-def set_compiled(enabled: bool = True) -> None:
-    """Dequantize through ``torch.compile`` (see :func:`fp4train.formats.quantize.set_compiled`)."""
-    global _DECODE
-    if enabled:
-        from .quantize import _raise_recompile_limit
-
-        _raise_recompile_limit()
-    _DECODE = torch.compile(decode_canonical, dynamic=True) if enabled else decode_canonical

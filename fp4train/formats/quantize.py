@@ -8,7 +8,6 @@ PyTorch and runs on any device; the Triton kernels promise the same codes and sc
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -82,12 +81,17 @@ def quantize(
     Dimensions that are not a multiple of the block are zero-padded and cropped on
     :meth:`QuantizedTensor.dequantize`. Blocks holding NaN/Inf dequantize to all-NaN.
     """
-    info = _check(x, fmt, axis, block, scale, rounding, seed, four_over_six)
-    block, axis = geometry(x, info, axis, block)
-    if _KERNELS and (q := _kernel_quantize(x, fmt, block, axis, scale, rounding, seed, four_over_six)) is not None:
-        return q
+    block, axis = check_request(x, fmt, axis=axis, block=block, scale=scale, rounding=rounding, seed=seed,
+                                four_over_six=four_over_six)
     keys = sr_keys(seed) if rounding == "stochastic" else None
     return quantize_tensors(x, keys, fmt=fmt, block=block, axis=axis, scale=scale, four_over_six=four_over_six)
+
+
+def check_request(x, fmt: str, *, axis: int, block, scale: str, rounding: str, seed, four_over_six: bool):
+    """Validate a :func:`quantize` request (a one-line error naming the culprit otherwise) and return its
+    ``(block, axis)`` as :func:`geometry` normalizes them."""
+    info = _check(x, fmt, axis, block, scale, rounding, seed, four_over_six)
+    return geometry(x, info, axis, block)
 
 
 def geometry(x: torch.Tensor, info: FormatInfo, axis: int, block) -> tuple[tuple[int, ...] | None, int | None]:
@@ -116,14 +120,14 @@ def quantize_tensors(x, keys, *, fmt: str, block: tuple[int, ...] | None, axis: 
                      four_over_six: bool, encode=None) -> QuantizedTensor:
     """The whole quantization as a function of tensors (``x``, stochastic-rounding ``keys`` or
     None) and static settings (:func:`geometry`'s ``block`` and ``axis``) - what a fused path
-    traces. ``encode``: the numerical core (default: the compiled one if :func:`set_compiled` is on)."""
+    traces. ``encode``: the numerical core, :func:`encode_blocks` unless given (a compiled copy of it)."""
     fmt_info = FORMATS[fmt]
     if block is None:  # fp8 rowwise: the whole row (at least 1, so an empty axis still works)
         block = (max(x.shape[axis], 1),)
     layout = BlockLayout(tuple(x.shape), block, axis)
     xc = layout.to_canonical(x.detach().to(torch.float32))  # quantization is not differentiable
     xb = layout.blockify(xc)
-    codes_b, scales, tensor_scale = (encode or _ENCODE)(xb, keys, fmt, fmt_info.element, scale, four_over_six)
+    codes_b, scales, tensor_scale = (encode or encode_blocks)(xb, keys, fmt, fmt_info.element, scale, four_over_six)
     codes = layout.unblockify(codes_b)
     if fmt_info.element == "e2m1":
         codes = e2m1.pack(codes)
@@ -134,7 +138,7 @@ def encode_blocks(xb, keys, fmt: str, element: str, scale: str, four_over_six: b
     """Blocked float32 ``(*scale_shape, n)`` -> (element codes, scales, tensor scale or None).
 
     The whole numerical core of :func:`quantize` (layout work aside) in one function of tensors,
-    so that :func:`set_compiled` can hand it to ``torch.compile``; ``keys`` (int64 ``[2]``, see
+    so that a fused path can hand it to ``torch.compile``; ``keys`` (int64 ``[2]``, see
     :func:`fp4train.counter_rng.seed_keys`) selects stochastic rounding.
     """
     u = None if keys is None else counter_rng.uniform_keys(keys, xb.shape, xb.device)
@@ -147,85 +151,6 @@ def encode_blocks(xb, keys, fmt: str, element: str, scale: str, four_over_six: b
         return codes, scales, ts
     codes, scales = fp8_rowwise.encode_rows(xb, u=u)  # fp8 rowwise: xb is (*rows, 1, n)
     return codes, scales.squeeze(-1), None  # (*rows, 1) == layout.scale_shape
-
-
-_ENCODE = encode_blocks
-_KERNELS = False
-
-
-def set_kernels(enabled: bool = True) -> None:
-    """Route the requests a Triton kernel covers to it (see :func:`fp4train.formats.set_numerics`)."""
-    global _KERNELS
-    if enabled:
-        import fp4train.kernels  # noqa: F401 - fail here, clearly, if Triton is missing
-    _KERNELS = enabled
-
-
-def kernels_usable_on(t: torch.Tensor) -> bool:
-    """Can fp4train's Triton kernels take ``t``? CUDA tensors always; CPU tensors only under
-    Triton's interpreter (tests). Elsewhere a CPU tensor takes the reference path whatever the
-    numerics mode - a model converted on a GPU sets ``triton`` numerics for the whole process."""
-    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _kernel_quantize(x, fmt, block, axis, scale, rounding, seed, four_over_six):
-    """The Triton kernel's result for this request, or None when no kernel covers it: 2D tensors,
-    MXFP4/MXFP8 in 1x32 blocks or 32x32 tiles, NVFP4 (no 4/6) in 1x16 blocks or 16x16 tiles, FP8
-    rowwise with nearest rounding.
-
-    1D blocks along dim 1 run the row kernels; along dim 0 the column kernels, which read the
-    row-major tensor as it is (no transposed copy) and write the reference's canonical layout
-    (``x.T``'s codes) with its stochastic-rounding indices ``k * M + m``.
-    """
-    if x.ndim != 2 or four_over_six or x.dtype not in (torch.float32, torch.bfloat16, torch.float16) or 0 in x.shape:
-        return None
-    from .. import kernels
-
-    if not kernels_usable_on(x):
-        return None
-    if fmt == "fp8":  # rowwise: one scale per row along the axis (0 or 1 here: geometry() normalized it)
-        if rounding != "nearest":
-            return None
-        return kernels.fp8_values.quantize_fp8_rowwise(x.detach(), axis=axis)
-    if fmt in ("mxfp4", "mxfp8") and block == (32, 32):
-        tiles = kernels.quantize_mxfp4_2d if fmt == "mxfp4" else kernels.quantize_mxfp8_2d
-        return tiles(x.detach(), scale=scale, rounding=rounding, seed=seed)
-    if fmt == "nvfp4" and block == (16, 16):
-        return kernels.quantize_nvfp4_2d(x.detach(), rounding=rounding, seed=seed)
-    b = {"mxfp4": 32, "mxfp8": 32, "nvfp4": 16}.get(fmt)
-    if b is None or block != (b,) or x.shape[axis] % b or (fmt == "nvfp4" and scale != "floor"):
-        return None
-    kw = dict(rounding=rounding, seed=seed)
-    if fmt != "nvfp4":
-        kw["scale"] = scale
-    if axis == 0:  # along dim 0 from the row-major layout, without a transposed copy
-        columns = {"mxfp4": kernels.mx_quantize.quantize_mxfp4_columns, "mxfp8": kernels.mx_quantize.quantize_mxfp8_columns,
-                   "nvfp4": kernels.nvfp4_quantize.quantize_nvfp4_columns}[fmt]
-        return columns(x.detach(), **kw)
-    rows = {"mxfp4": kernels.quantize_mxfp4, "mxfp8": kernels.quantize_mxfp8, "nvfp4": kernels.quantize_nvfp4}[fmt]
-    return rows(x.detach(), **kw)  # along dim 1: the row kernels' layout is the reference's
-
-
-def set_compiled(enabled: bool = True) -> None:
-    """Run the numerical core of :func:`quantize` through ``torch.compile`` (fused kernels).
-
-    Same results bit for bit (tested against eager on the CPU; on the GPU by tests/test_cuda.py):
-    the arithmetic is exact or IEEE-rounded in a fixed order, which the compiler preserves. Off by
-    default; the trainer's ``--numerics compiled`` turns it on.
-    """
-    global _ENCODE
-    if enabled:
-        _raise_recompile_limit()
-    _ENCODE = torch.compile(encode_blocks, dynamic=True) if enabled else encode_blocks
-
-
-def _raise_recompile_limit(n: int = 64) -> None:
-    """One compiled graph per (format, scale rule, rounding, dtype) combination in use: more than
-    dynamo's default limit of 8 in a model that mixes recipes' formats (AdaHOP, tib2d's MXFP8)."""
-    cfg = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
-        if hasattr(cfg, name):
-            setattr(cfg, name, max(getattr(cfg, name), n))
 
 
 def dequantize(q: QuantizedTensor, dtype: torch.dtype | None = None) -> torch.Tensor:

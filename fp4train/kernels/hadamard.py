@@ -33,9 +33,9 @@ def _butterfly_sums(y, ROWS: tl.constexpr, B: tl.constexpr, H: tl.constexpr):
     (u, v) lies along axis 2, and ``u + v`` and ``u * 1 + v * -1`` (= ``u - v`` exactly: both products are exact,
     and IEEE defines ``u - v`` as ``u + (-v)``) are reductions over it, put back in the pair's two places. The fused
     fold (kernels/mx_fold.py) takes it on request (``butterfly="sums"``): its sm90 build needs fewer instructions,
-    registers and shared-memory operations (docs/LOG.md, session 18) and it ran 1.5-1.6x faster on a 16384 x 8192 BF16
+    registers and shared-memory operations and it ran 1.5-1.6x faster on a 16384 x 8192 BF16
     tensor along dim 1 on the H200, but 4-16x slower along dim 0 (x read down its columns). Timed on AdaHOP's own
-    calls (bench/fold_calls.py, session 20), sums lead with 1x128 groups on contiguous reads and permutes everywhere
+    calls, sums lead with 1x128 groups on contiguous reads and permutes everywhere
     else; ``FOLD_LAUNCH_HADAMARD`` in mx_fold.py says which. The standalone kernel below
     keeps :func:`_butterfly`, which compiles to fewer instructions there."""
     t = tl.reshape(y, [ROWS, B // (2 * H), 2, H])

@@ -1,6 +1,6 @@
 """MXFP4 quantization folded into FP8 E4M3 with 1x128 or 128x128 group scales, in one pass.
 
-The operand form of an MXFP4 GEMM on Hopper's FP8 tensor cores (METHODS.md section 7,
+The operand form of an MXFP4 GEMM on Hopper's FP8 tensor cores (docs/methods.md, Hopper execution,
 :mod:`fp4train.formats.fold`): quantize ``x`` to MXFP4 along its last dim exactly as the
 reference does (scale rule, RTNE or counter-hash stochastic rounding, NaN/Inf blocks), then per
 group of 32-element blocks - four of a row (``group_rows=1``) or 128 rows x 4 blocks
@@ -429,9 +429,8 @@ def fold_tiles_mxfp4(codes: torch.Tensor, tile_scales: torch.Tensor, *, transpos
 
 
 # (rows per program, warps) of the packed fold (fold_packed_mxfp4, fold_tiles_mxfp4) by group rows: the fastest
-# of bench/fold_sweep.py on the H200 (16384 x 8192 tile-quantized MXFP4; bench/results/fold_sweep-NVIDIA_H200-680aa49.json,
-# the four-codes-a-word kernels): 1x128 groups 16 rows, 2 warps (0.118 ms; 64 rows / 4 warps 0.153); 128x128 groups
-# 4 warps (0.134 ms), transposed 0.219 ms (8 warps 0.216: within noise, one launch kept).
+# measured on the H200 (16384 x 8192 tile-quantized MXFP4): 1x128 groups 16 rows, 2 warps (0.118 ms); 128x128 groups
+# 4 warps (0.134 ms).
 PACKED_FOLD_LAUNCH = {1: (16, 2), 128: (128, 4)}
 
 
@@ -465,31 +464,14 @@ def _packed_fold(codes, scales, R: int, K: int, group_rows: int, counter, *, til
 
 # (rows per program, warps) of quantize_mxfp4_fp8 by (block dim strided, group rows) - whether the operand's block dim
 # is read with a stride (blocks along dim 0 of a row-major x, or along dim 1 of a transposed view: the same reads,
-# the same kernel call) or contiguously; the launch follows the reads, not the axis argument. The fastest of
-# bench/fold_sweep.py on the H200 (16384 x 8192 BF16, nearest; bench/results/fold_sweep-NVIDIA_H200-680aa49.json):
-# along dim 1, 1x128 groups 32 rows, 4 warps (0.196 ms, 51% of copy; 16 rows 0.224), 128x128 groups 16 warps
-# (0.227 ms; 4 warps 0.276); along dim 0 (read down x's columns) 128 rows, 4 warps (0.346 ms for 1x128 groups,
-# 0.375 ms for 128x128). Reading x's tile along its rows and transposing it in the kernel was no faster along
-# dim 0 (best 0.426 ms at 93647de).
+# the same kernel call) or contiguously; the launch follows the reads, not the axis argument. The fastest measured
+# on the H200 (16384 x 8192 BF16, nearest): contiguous, 1x128 groups 32 rows, 4 warps (0.196 ms, 51% of copy),
+# 128x128 groups 16 warps (0.227 ms); strided 128 rows, 4 warps (0.346 ms for 1x128 groups, 0.375 ms for 128x128).
 FOLD_LAUNCH = {(False, 1): (32, 4), (False, 128): (128, 16), (True, 1): (128, 4), (True, 128): (128, 4)}
 # With a fused Hadamard transform (AdaHOP's IHT GEMMs, hadamard_mxfp4): (rows per program, warps, butterflies) by
-# (block dim strided, group rows). On the 16384 x 8192 BF16 tensor of bench/fold_sweep.py --kernels hadamard
-# (bench/results/fold_sweep-NVIDIA_H200-hadamard-1e006b7.json) butterflies by sums were fastest along dim 1 (0.320 ms
-# at (32, 4) for 1x128 groups, 0.355 at (128, 16) for 128x128, against 0.616 / 0.598 here) and 1.2-18x slower along
-# dim 0 (4x / 16x at these launches), where permutes at (8, 4) / (128, 16) led (0.566 / 0.506 against 0.721 / 0.592).
-# Yet that table made AdaHOP's 1b step in CUDA graphs slower, 219.2 ms against 201.6 with permutes at (16, 8) /
-# (128, 32) (docs/LOG.md, session 19): the step's calls are not that tensor. bench/fold_calls.py timed the 205 fused
-# calls of AdaHOP's own 1b step (13 distinct; bench/results/fold_calls-1b-adahop-NVIDIA_H200-e040beb.json): per group,
-# ms per step against (16, 8) / (128, 32) permutes: along dim 1, 1x128, sums at (8, 4) 11.45 against 15.28 (sums at
-# (32, 4), the sweep's choice, 17.61: the step's tensors are small); 128x128 permutes at 8 warps 2.06 against 2.34;
-# along dim 0, 1x128, permutes at (16, 4) 9.21 against 10.70; 128x128 permutes at 32 warps stays best (4.22). That
-# table (session 20, measured end to end: AdaHOP 1.06x at 1b, 1.18x at 3b) grouped the calls by the axis argument; 16
-# of them pass a transposed view along dim 1, which reads x as a call along dim 0 does. Grouped by the reads (the
-# same file, `python bench/fold_calls.py --explain ...`), each group's best is this table: contiguous 1x128 sums at
-# (16, 4), 7.27 ms a step; strided 1x128 permutes at (8, 4), 10.58 ((16, 4) within 0.01); 128x128 permutes at 8 warps
-# (0.46) and 16 warps (5.89): 24.20 ms a step against 26.94 predicted from the per-call times. End to end (session 21)
-# it ran level with the axis-keyed table (AdaHOP 194.0 against 193.9 ms a 1b step in CUDA graphs): kept, as it follows
-# the reads, not for speed.
+# (block dim strided, group rows), the best per group over the fused calls of AdaHOP's own 1b training step on the
+# H200 (their tensors are small: a table tuned on one 16384 x 8192 tensor made the step slower). Butterflies by sums
+# lead only for contiguous reads with 1x128 groups; strided reads run them 4-16x slower than permutes.
 FOLD_LAUNCH_HADAMARD = {(False, 1): (16, 4, "sums"), (False, 128): (128, 8, "permutes"),
                         (True, 1): (8, 4, "permutes"), (True, 128): (128, 16, "permutes")}
 
@@ -518,12 +500,12 @@ def quantize_mxfp4_fp8(x: torch.Tensor, *, group_rows: int, scale: str = "floor"
     ``[x.shape[1], x.shape[0]]``), read from x in place, without the transposed copy.
     ``rows_per_program`` (1x128 groups only; 128x128 groups take 128) and ``num_warps`` (defaults:
     :data:`FOLD_LAUNCH`, with a Hadamard :data:`FOLD_LAUNCH_HADAMARD`, by :func:`block_dim_strided`): launch tuning, the same bits
-    whatever they are (bench/fold_sweep.py times them). ``counter``: an int32 device tensor that the
+    whatever they are. ``counter``: an int32 device tensor that the
     inexact-element count is added to (one is made if None); :attr:`FoldedFP8.inexact` is that tensor. ``hadamard_block`` (a power of two up to
     128): the block Hadamard transform along the last dim first, with ``hadamard_signs`` (RHT) if given -
     ``fold(quantize(hadamard(x, block, seed), "mxfp4", ...))`` bit for bit, for float32 and bfloat16 ``x``.
     ``butterfly`` ("permutes" or "sums"; default :data:`FOLD_LAUNCH_HADAMARD`'s): how the fused transform's stages
-    run, the same bits either way (docs/LOG.md, session 19: sums far slower along dim 0)."""
+    run, the same bits either way (sums are far slower along dim 0)."""
     if axis not in (0, 1, -1, -2):
         raise ValueError(f"quantize_mxfp4_fp8: axis must be 0 or 1 (-2 or -1), got {axis}")
     along_0 = axis % 2 == 0

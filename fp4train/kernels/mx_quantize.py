@@ -51,8 +51,7 @@ def _pow2(k):
 @triton.jit
 def _with_sign(mag, neg):
     """``mag`` (float32, >= 0 or NaN) with its sign bit set where ``neg``, by bits, so that a negative
-    zero code decodes to ``-0.0`` whatever the compiler makes of negating a zero (docs/LOG.md,
-    session 12: the sign-checking decode test on the H200)."""
+    zero code decodes to ``-0.0`` whatever the compiler makes of negating a zero (the sign-checking decode test)."""
     return (mag.to(tl.int32, bitcast=True) | (neg.to(tl.int32) << 31)).to(tl.float32, bitcast=True)
 
 
@@ -258,12 +257,12 @@ def _check(name: str, x: torch.Tensor, scale: str, rounding: str) -> torch.Tenso
     return x.contiguous()
 
 
-# (blocks per program, warps) of the 1D MX kernel by format: the fastest of bench/fold_sweep.py --kernels mx1d on the
-# H200 (16384 x 8192 BF16; bench/results/fold_sweep-NVIDIA_H200-mx1d-38bdbed.json): MXFP4 64 blocks, 4 warps
+# (blocks per program, warps) of the 1D MX kernel by format: the fastest measured on the
+# H200 (16384 x 8192 BF16): MXFP4 64 blocks, 4 warps
 # (nearest 0.274 ms, stochastic 0.438 ms; the earlier 4 blocks 0.752 / 0.948 ms), MXFP8 32 blocks, 4 warps (0.269 ms;
-# 4 blocks 0.748 ms). MXFP4 runs the even/odd-element kernel by default (session 20): at 64 blocks, 4 warps it took
+# 4 blocks 0.748 ms). MXFP4 runs the even/odd-element kernel by default: at 64 blocks, 4 warps it took
 # 0.272 / 0.422 ms against 0.299 / 0.467 for the kernel that packs by reshape at that launch and 0.292 / 0.427 at its
-# best (32 blocks; bench/results/fold_sweep-NVIDIA_H200-mx1d-b65d3f9.json).
+# best (32 blocks).
 MX1D_LAUNCH = {"mxfp4": (64, 4), "mxfp8": (32, 4)}
 
 
@@ -297,8 +296,7 @@ def quantize_mxfp4(x: torch.Tensor, *, scale: str = "floor", rounding: str = "ne
                    blocks_per_program: int | None = None, num_warps: int | None = None, pairs: bool = True) -> QuantizedTensor:
     """MXFP4 along the last dim of a 2D tensor (last dim a multiple of 32), fused; see the module docstring.
     ``blocks_per_program`` (a power of two) / ``num_warps``: launch tuning (:data:`MX1D_LAUNCH`), the same bits.
-    ``pairs``: the even/odd-element kernel (:func:`_mxfp4_pairs_kernel`, the default: 4-10% faster on the H200,
-    docs/LOG.md session 20) or, if False, :func:`_mx_kernel`, which packs codes by a reshape; the same bits."""
+    ``pairs``: the even/odd-element kernel (:func:`_mxfp4_pairs_kernel`, the default: 4-10% faster on the H200) or, if False, :func:`_mx_kernel`, which packs codes by a reshape; the same bits."""
     return _quantize_1d("mxfp4", x, scale, rounding, seed, blocks_per_program, num_warps, pairs)
 
 
@@ -397,8 +395,8 @@ def _mx_cols_kernel(x_ptr, cc_ptr, cs_ptr, M, K, stride_x, stride_cc, stride_cs,
                    cc_ptr, cs_ptr, stride_cc, stride_cs, CEIL, SR, BK, ELEM)
 
 
-# (columns per program, warps) of the along-M kernel by format. MXFP4: the fastest of bench/fold_sweep.py on the H200
-# (0.254 ms on 16384 x 8192 BF16; 64 columns and 4 warps took 0.468 ms; bench/results/fold_sweep-NVIDIA_H200-8c3b88e.json).
+# (columns per program, warps) of the along-M kernel by format. MXFP4: the fastest measured on the H200
+# (0.254 ms on 16384 x 8192 BF16; 64 columns and 4 warps took 0.468 ms).
 # MXFP8: the same launch, not swept (it writes twice the code bytes).
 MX_COLUMNS_LAUNCH = {"mxfp4": (128, 2), "mxfp8": (128, 2)}
 
@@ -435,7 +433,7 @@ def quantize_mxfp8_columns(x: torch.Tensor, *, scale: str = "floor", rounding: s
                            block_cols: int | None = None, num_warps: int | None = None) -> QuantizedTensor:
     """MXFP8 along dim 0, as :func:`quantize_mxfp4_columns` (E4M3 codes a byte each, stored as X^T ``[K, M]``).
     tib2d's q/k projections save X this way for wgrad: the transposed BF16 copy it replaces cost 7.6 ms of a 1b
-    step on the H200 (bench/results/profile_step/1b-H200-copies-5703df7.json)."""
+    step on the H200."""
     return _quantize_columns("mxfp8", x, scale, rounding, seed, block_cols, num_warps)
 
 
@@ -558,8 +556,8 @@ def _mxfp4_tile_kernel(
     tl.store(scales_ptr + tr * stride_s + tc, tl.where(nan_tile, 255, e + 127).to(tl.uint8), mask=tc < n_tc)
 
 
-# The 32x32 tile launch by rounding: (even/odd-column kernel?, tiles per program, warps), the fastest of
-# bench/fold_sweep.py on the H200 (16384 x 8192 BF16, ceil scale; bench/results/fold_sweep-NVIDIA_H200-680aa49.json):
+# The 32x32 tile launch by rounding: (even/odd-column kernel?, tiles per program, warps), the fastest measured
+# on the H200 (16384 x 8192 BF16, ceil scale):
 # stochastic rounding (tib2d's dY) the even/odd-column kernel, 4 tiles, 4 warps (0.426 ms; the general kernel's best
 # 0.429; the earlier launch, 8 tiles / 8 warps, 0.473); nearest (its W) the general kernel, 4 tiles, 8 warps (0.290 ms;
 # the even/odd-column kernel's best 0.332, at 8 tiles / 8 warps). MXFP8 tiles (the general kernel) keep 8 tiles,

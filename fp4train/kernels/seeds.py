@@ -1,9 +1,9 @@
 """Device seeds in one launch each: :mod:`fp4train.counter_rng`'s seed derivation as Triton programs.
 
 Under CUDA graphs a layer that rounds stochastically draws its seed on the device
-(:class:`~fp4train.counter_rng.DeviceSeedStream`) and derives each operand's keys there. Written as int64
+(:class:`~fp4train.device_seeds.DeviceSeedStream`) and derives each operand's keys there. Written as int64
 tensor ops (:func:`~fp4train.counter_rng.derive_seed_tensor`, :func:`~fp4train.counter_rng.seed_keys_tensor`,
-the reference) that is 167 tiny kernels per tib2d layer call (``scripts/probes/seed_ops.py``), and a graph
+the reference) that is 167 tiny kernels per tib2d layer call, and a graph
 replays each of them, a few microseconds apiece. Here one program does the whole chain on scalars:
 
 * :func:`stream_next`: ``count += 1; seed = derive_seed(base, count)`` (the stream's next seed);

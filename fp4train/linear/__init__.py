@@ -1,6 +1,5 @@
-"""The quantized linear layer: one autograd Function (three GEMMs) and its nn.Module."""
+"""The quantized linear layer: its nn.Module, the ``torch.library`` ops it runs, and the three GEMMs."""
 
-from .function import QuantizedLinearFunction
 from .module import QuantizedLinear
 
-__all__ = ["QuantizedLinear", "QuantizedLinearFunction"]
+__all__ = ["QuantizedLinear"]

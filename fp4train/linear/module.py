@@ -7,9 +7,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import backends
-from ..counter_rng import device_seed_stream, fresh_seed
+from ..device_seeds import device_seed_stream
+from ..quantizer import Quantizer
 from ..recipes.spec import LinearSpec
-from .function import QuantizedLinearFunction, fprop
+from .op import LayerConfig, config_key, prep_fits, prep_key
+from .shared_input import SharedInput
 
 
 class QuantizedLinear(nn.Linear):
@@ -19,6 +21,17 @@ class QuantizedLinear(nn.Linear):
     optimizers, checkpoints and FSDP-style wrappers keep working after :func:`fp4train.convert`.
     Weights stay in their master dtype; quantization happens on the fly in every call.
 
+    Everything that decides its numerics is configuration of this layer, set when it is made:
+
+    * ``spec``: what each GEMM operand becomes (from the recipe; AdaHOP's calibration sets it later);
+    * ``backend``: the GEMM path (``emulated``, ``fp8_blockwise``, ``triton``: :mod:`fp4train.backends`);
+    * ``numerics``: how operands are quantized - the reference, compiled cores or Triton kernels, the same
+      bits (:class:`~fp4train.quantizer.Quantizer`);
+    * ``device_seeds``: draw stochastic-rounding seeds on the device (:mod:`fp4train.device_seeds`), which
+      ``torch.compile(mode="reduce-overhead")`` captures in CUDA graphs with fresh draws on every replay;
+      host seeds (torch's CPU generator) otherwise. The same distribution, other bits.
+
+    One implementation runs eagerly and compiled: the ``torch.library`` ops of :mod:`fp4train.linear.op`.
     A spec that quantizes nothing runs ``F.linear`` itself, bit-identical to ``nn.Linear``.
     Under autocast the output dtype is the autocast dtype (BF16 on GPU); unquantized operands
     are cast to it, quantized ones are quantized from the master values directly.
@@ -32,20 +45,31 @@ class QuantizedLinear(nn.Linear):
         *,
         spec: LinearSpec,
         backend: str = "emulated",
+        numerics: str = "eager",
+        device_seeds: bool = False,
         recipe_name: str = "",
+        shared_input: SharedInput | None = None,
         device=None,
         dtype=None,
     ):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
-        self._configure(spec, backend, recipe_name)
+        self._configure(spec, backend, numerics, device_seeds, recipe_name, shared_input)
 
-    def _configure(self, spec: LinearSpec, backend: str, recipe_name: str) -> None:
-        _make_uncompiled()
+    def _configure(self, spec: LinearSpec, backend: str, numerics: str, device_seeds: bool, recipe_name: str,
+                   shared_input: SharedInput | None) -> None:
         self.backend_name = backend
         self.backend = backends.get(backend)
-        self.spec = spec
+        self.quantizer = Quantizer(numerics)
+        self.device_seeds = bool(device_seeds)
         self.recipe_name = recipe_name
+        #: the memo that layers reading the same input share eagerly (one per converted model)
+        self.shared_input = shared_input if shared_input is not None else SharedInput()
+        self.spec = spec
         self._allocate_backend_state()
+
+    @property
+    def numerics(self) -> str:
+        return self.quantizer.numerics
 
     def _allocate_backend_state(self) -> None:
         """Let the backend allocate the state it keeps per device (fp8_blockwise/triton: the inexact counter)
@@ -57,7 +81,7 @@ class QuantizedLinear(nn.Linear):
             return
         if allocate is not None:
             allocate(weight.device)
-        if DEVICE_SEEDS:  # the seed stream too: made inside a captured call it would sit in the graph's pool
+        if getattr(self, "device_seeds", False):  # the seed stream too: made inside a captured call it would sit in the graph's pool
             device_seed_stream(weight.device)
 
     def _apply(self, fn, *args, **kwargs):
@@ -72,50 +96,43 @@ class QuantizedLinear(nn.Linear):
 
     @spec.setter
     def spec(self, spec: LinearSpec) -> None:
-        from .graph_op import config_key, prep_key, with_device_seeds
-
         self._spec = spec
-        self._config = config_key(spec, self.backend_name)  # what the graph op takes for (spec, backend)
-        self._config_device_seeds = with_device_seeds(self._config)  # the same, its seeds drawn on the device
-        self._prep = prep_key(spec, self.backend_name)  # its shared X preparation, if the specs allow one
+        cfg = LayerConfig(spec, self.backend_name, self.quantizer.numerics, self.device_seeds)
+        self._layer_config = cfg
+        self._config = config_key(cfg)  # what the ops take for this layer
+        self._prep = prep_key(cfg)  # its shared X preparation, if the specs allow one
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, spec: LinearSpec, *, backend: str = "emulated", recipe_name: str = "") -> QuantizedLinear:
+    def from_linear(cls, linear: nn.Linear, spec: LinearSpec, *, backend: str = "emulated", numerics: str = "eager",
+                    device_seeds: bool = False, recipe_name: str = "", shared_input: SharedInput | None = None) -> QuantizedLinear:
         """A QuantizedLinear that shares ``linear``'s parameters (no copy)."""
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.in_features, new.out_features = linear.in_features, linear.out_features
         new.weight = linear.weight
         new.bias = linear.bias
-        new._configure(spec, backend, recipe_name)
+        new._configure(spec, backend, numerics, device_seeds, recipe_name, shared_input)
         new.train(linear.training)
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.spec.quantized:
             return F.linear(x, self.weight, self.bias)
-        if IN_GRAPH and torch.compiler.is_compiling():
-            from .graph_op import quantized_linear_in_graph
-
-            # DEVICE_SEEDS: a global that dynamo guards on (flipping it recompiles); the op's config carries it
-            config = self._config_device_seeds if DEVICE_SEEDS else self._config
-            return quantized_linear_in_graph(x, self.weight, self.bias, config, self._prep, self._out_dtype(x))
-        return _UNCOMPILED(self, x)
-
-    @staticmethod
-    def _out_dtype(x: torch.Tensor) -> torch.dtype:
         dev = x.device.type
-        return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        grad = torch.is_grad_enabled()
+        save_x = grad and self.weight.requires_grad
+        save_w = grad and x.requires_grad
+        x_prep = []
+        if save_x and self._prep is not None and prep_fits(x, self._layer_config):
+            prep = self._prep
 
-    def _quantized(self, x: torch.Tensor) -> torch.Tensor:
-        out_dtype = self._out_dtype(x)
-        seed = fresh_seed() if self.spec.needs_seed else 0
-        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
-            return QuantizedLinearFunction.apply(x, self.weight, self.bias, self.spec, self.backend, seed, out_dtype)
-        # no gradient will be asked for: GEMM 1 alone, nothing prepared or saved for backward
-        with torch.autocast(x.device.type, enabled=False):
-            y, *_ = fprop(x.reshape(-1, x.shape[-1]), self.weight, self.bias, self.spec, self.backend, seed, out_dtype)
-        return y.reshape(*x.shape[:-1], self.out_features)
+            def make():
+                return torch.ops.fp4train.prepare_x(x, prep, out_dtype)
+
+            # in a graph the compiler merges equal calls; eagerly the model's memo shares them
+            x_prep = make() if torch.compiler.is_compiling() else self.shared_input.get(x, (prep, out_dtype), make)
+        return torch.ops.fp4train.quantized_linear(x, self.weight, self.bias, self._config, out_dtype, save_x, save_w, x_prep)[0]
 
     #: True while a calibrating recipe (AdaHOP) has not yet given this layer its strategies: it runs in BF16
     uncalibrated: bool = False
@@ -123,44 +140,4 @@ class QuantizedLinear(nn.Linear):
     def extra_repr(self) -> str:
         r = f", recipe={self.recipe_name}" if self.recipe_name else ""
         r += " (uncalibrated: runs in BF16)" if self.uncalibrated else ""
-        return super().extra_repr() + r + f", backend={self.backend_name}"
-
-
-# Under torch.compile a quantized linear is one op of the model's graph (graph_op.py): its numerics are
-# fp4train's kernels or reference ops as they are (the same bits), not a re-compilation of them, and the
-# rest of the model compiles around it in one graph. IN_GRAPH = False (set_in_graph) restores the older
-# way: the model's graph breaks at every quantized linear, which runs uncompiled (compare the two with
-# bench/train_speed.py --graph-breaks). The disabled wrapper is made when the first layer is, not at
-# import (torch.compiler.disable imports dynamo: ~1 s).
-IN_GRAPH = True
-_UNCOMPILED = None
-
-
-#: Compiled layers draw their stochastic-rounding seeds on the device (set_device_seeds).
-DEVICE_SEEDS = False
-
-
-def set_device_seeds(enabled: bool = True) -> None:
-    """Let quantized layers under ``torch.compile`` draw their stochastic-rounding seeds on the device
-    (:class:`~fp4train.counter_rng.DeviceSeedStream`) instead of from torch's CPU generator, so that
-    ``torch.compile(mode="reduce-overhead")`` can capture seeded layers (tib2d's, hadamard_mxfp4's) in CUDA
-    graphs and each replay still draws fresh seeds. The draws have the same distribution as host seeds but
-    other bits, and eager calls keep host seeds. Random Hadamard signs (NVFP4's RHT) come from the device seed
-    too. Set it before the model is converted or moved to its device:
-    the streams are made then, outside any capture. A checkpoint saves the streams' state
-    (:func:`~fp4train.counter_rng.device_seed_state`)."""
-    global DEVICE_SEEDS
-    DEVICE_SEEDS = bool(enabled)
-
-
-def set_in_graph(enabled: bool = True) -> None:
-    """Keep quantized linears in a compiled model's graph (True, the default) or break the graph at each.
-    Takes effect for models compiled afterwards (``torch._dynamo.reset()`` drops earlier compilations)."""
-    global IN_GRAPH
-    IN_GRAPH = bool(enabled)
-
-
-def _make_uncompiled() -> None:
-    global _UNCOMPILED
-    if _UNCOMPILED is None:
-        _UNCOMPILED = torch.compiler.disable(QuantizedLinear._quantized)
+        return super().extra_repr() + r + f", backend={self.backend_name}, numerics={self.numerics}"

@@ -13,14 +13,11 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from .. import formats
-from ..counter_rng import derive_seed, derived_keys_tensor
+from ..counter_rng import derive_seed
+from ..device_seeds import derived_keys
 from ..formats.qtensor import QuantizedTensor, ScaledBF16
-from ..formats.quantize import FORMATS, geometry, kernels_usable_on, quantize, quantize_tensors, sr_keys
-from ..formats.quantize import encode_blocks as _encode_reference
-from ..formats.quantize import _raise_recompile_limit
+from ..quantizer import Quantizer
 from ..recipes.spec import QuantSpec, TransformSpec
-from ..transforms.hadamard import hadamard
 
 Operand = torch.Tensor | QuantizedTensor | ScaledBF16
 
@@ -39,45 +36,47 @@ def prepare(
     gemm: int,
     operand: int,
     compute_dtype: torch.dtype,
+    quantizer: Quantizer,
 ) -> Operand:
-    """Transform ``x`` along ``axis`` (if asked), then quantize it along ``axis``.
+    """Transform ``x`` along ``axis`` (if asked), then quantize it along ``axis``, by ``quantizer``.
 
     ``seed`` is the layer call's base seed: the stochastic-rounding stream of this operand is
     ``derive_seed(seed, gemm, operand)`` and the transform's signs use
     ``derive_seed(seed, gemm, OP_TRANSFORM)``, the same for both operands of one GEMM (the
     inner transform must be identical on both sides to cancel).
     """
-    x = _transform(x, transform, axis=axis, seed=seed, gemm=gemm)
+    x = _transform(x, transform, axis=axis, seed=seed, gemm=gemm, quantizer=quantizer)
     if not q.quantized:
         return x.to(compute_dtype)
-    return quantize(x, q.format, axis=axis, seed=sr_seed(q, seed, gemm, operand), **q.quantize_kwargs())
+    return quantizer.quantize(x, q.format, axis=axis, seed=sr_seed(q, seed, gemm, operand), **q.quantize_kwargs())
 
 
 def sr_seed(q: QuantSpec, seed: int | torch.Tensor, gemm: int, operand: int) -> int | torch.Tensor | None:
     """The stochastic-rounding seed of an operand: ``derive_seed(seed, gemm, operand)``, None for
     nearest rounding (or no quantization). A layer seed that lives on a device (a 0-d int64 tensor from
-    :class:`~fp4train.counter_rng.DeviceSeedStream`) is derived there, and the operand gets its keys
-    (``derived_keys_tensor``: what the kernels and the reference take in place of the int)."""
+    :class:`~fp4train.device_seeds.DeviceSeedStream`) is derived there, and the operand gets its keys
+    (``derived_keys``: what the kernels and the reference take in place of the int)."""
     return _derived(seed, gemm, operand) if q.quantized and q.stochastic else None
 
 
 def _derived(seed: int | torch.Tensor, gemm: int, salt: int) -> int | torch.Tensor:
     """``derive_seed(seed, gemm, salt)``; from a layer seed that lives on a device, the derived seed's keys there."""
-    return derived_keys_tensor(seed, gemm, salt) if isinstance(seed, torch.Tensor) else derive_seed(seed, gemm, salt)
+    return derived_keys(seed, gemm, salt) if isinstance(seed, torch.Tensor) else derive_seed(seed, gemm, salt)
 
 
 def transform_seed(transform: TransformSpec, seed: int | torch.Tensor, gemm: int) -> int | torch.Tensor | None:
     """The seed of a GEMM's random Hadamard signs, ``derive_seed(seed, gemm, OP_TRANSFORM)`` (None for a plain
-    transform); from a layer seed that lives on a device, its keys there (``derived_keys_tensor``, which
+    transform); from a layer seed that lives on a device, its keys there (``derived_keys``, which
     :func:`~fp4train.transforms.hadamard.signs` takes in place of the int)."""
     return _derived(seed, gemm, OP_TRANSFORM) if transform.random_signs else None
 
 
-def _transform(x: torch.Tensor, transform: TransformSpec | None, *, axis: int, seed: int | torch.Tensor, gemm: int) -> torch.Tensor:
+def _transform(x: torch.Tensor, transform: TransformSpec | None, *, axis: int, seed: int | torch.Tensor, gemm: int,
+               quantizer: Quantizer) -> torch.Tensor:
     """The GEMM's inner transform of ``x`` (signs from ``derive_seed(seed, gemm, OP_TRANSFORM)``), or ``x``."""
     if transform is None:
         return x
-    return hadamard(x, transform.block, axis=axis, seed=transform_seed(transform, seed, gemm))
+    return quantizer.hadamard(x, transform.block, axis=axis, seed=transform_seed(transform, seed, gemm))
 
 
 def prepare_now(
@@ -90,131 +89,35 @@ def prepare_now(
     gemm: int,
     operand: int,
     compute_dtype: torch.dtype,
+    quantizer: Quantizer,
     backend=None,
 ) -> Operand:
     """:func:`prepare` for an operand that a GEMM multiplies at once (nothing saves it).
 
     A ``backend`` with an ``operand`` method (``fp8_blockwise``, ``triton``) is asked first: it may
     return the operand in its own form (MXFP4 folded into FP8 group scales), with the transform
-    fused into the same pass where it can, else after the transform.
-
-    Under ``set_numerics("compiled")`` the quantization and the split into BF16 values and
-    factors (:meth:`QuantizedTensor.scaled_bf16`) run as one compiled graph, which never
-    writes the codes to memory: the result is that :class:`ScaledBF16`, equal bit for bit to
-    ``prepare(...).scaled_bf16()``. The transform runs before it, on its own (Inductor
+    fused into the same pass where it can, else after the transform. Then the quantizer's
+    :meth:`~fp4train.quantizer.Quantizer.values`: the BF16 values and factors of
+    ``prepare(...).scaled_bf16()`` without the codes ever written (a fake-quantization kernel, or
+    the compiled reference as one graph); the transform runs before it, on its own (Inductor
     compiles the butterflies slowly and badly; on a GPU a Triton kernel does them in one pass).
-    Under ``set_numerics("triton")`` a Triton fake-quantization kernel writes the BF16 values
-    directly where one covers the request (MXFP4 1x32 along either axis, 32x32 tiles; NVFP4
-    1x16 along either axis, 16x16 tiles; FP8 rowwise), and
-    the compiled graph does the rest on a GPU (the eager reference on a CPU).
     Otherwise it is :func:`prepare`.
     """
-    mode = formats.numerics()
     own = getattr(backend, "operand", None)
-    if not q.quantized or x.ndim != 2 or (mode == "eager" and own is None):
-        return prepare(x, q, axis=axis, transform=transform, seed=seed, gemm=gemm, operand=operand,
-                       compute_dtype=compute_dtype)
+    common = dict(axis=axis, seed=seed, gemm=gemm, operand=operand, compute_dtype=compute_dtype, quantizer=quantizer)
+    if not q.quantized or x.ndim != 2 or (quantizer.numerics == "eager" and own is None):
+        return prepare(x, q, transform=transform, **common)
     op_seed = sr_seed(q, seed, gemm, operand)
     if own is not None and transform is not None:  # the backend may fuse the transform into its quantization
         t_seed = transform_seed(transform, seed, gemm)
         if (op := own(x, q, axis=axis, role=operand, seed=op_seed, transform=transform, transform_seed=t_seed)) is not None:
             return op
-    # transformed once, outside any graph: a Triton kernel on GPUs (fp4train.transforms.hadamard.set_kernel)
-    x = _transform(x, transform, axis=axis, seed=seed, gemm=gemm)
+    x = _transform(x, transform, axis=axis, seed=seed, gemm=gemm, quantizer=quantizer)  # once, outside any graph
     if own is not None and (op := own(x, q, axis=axis, role=operand, seed=op_seed)) is not None:
         return op
-    kw = q.quantize_kwargs()
-    if mode == "triton" and kernels_usable_on(x) and (v := _kernel_values(x, q, kw, axis, op_seed)) is not None:
+    if (v := quantizer.values(x, q.format, q.quantize_kwargs(), axis=axis, seed=op_seed)) is not None:
         return v
-    if not (mode == "compiled" or (mode == "triton" and x.is_cuda)):
-        return prepare(x, q, axis=axis, transform=None, seed=seed, gemm=gemm, operand=operand, compute_dtype=compute_dtype)
-    block, ax = geometry(x, FORMATS[q.format], axis, kw.get("block"))
-    values, scale, divisor = _fused()(
-        x.detach(), sr_keys(op_seed) if q.stochastic else None, fmt=q.format,
-        block=block, block_axis=ax, scale=kw.get("scale", "floor"), four_over_six=kw.get("four_over_six", False),
-    )
-    return ScaledBF16(values, scale, divisor, ax)
-
-
-def _kernel_values(x, q: QuantSpec, kw: dict, axis: int, seed: int | None) -> ScaledBF16 | None:
-    """The Triton fake-quantization kernel's result, or None where none covers the request
-    (MXFP4/MXFP8 1x32 along either axis or 32x32 tiles; NVFP4 1x16 along either axis or 16x16
-    tiles; FP8 rowwise with nearest rounding)."""
-    if kw.get("four_over_six") or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        return None
-    block, rounding = kw.get("block"), kw.get("rounding", "nearest")
-    if q.format in ("mxfp4", "mxfp8"):
-        if isinstance(block, (tuple, list)):
-            if tuple(block) != (32, 32):
-                return None
-            kaxis = None
-        elif block in (None, 32) and x.shape[axis] % 32 == 0:
-            kaxis = axis % 2
-        else:
-            return None
-        from ..kernels import mx_values
-
-        values = mx_values.mxfp4_values if q.format == "mxfp4" else mx_values.mxfp8_values
-        return values(x.detach(), axis=kaxis, scale=kw.get("scale", "floor"), rounding=rounding, seed=seed)
-    if q.format == "nvfp4" and isinstance(block, (tuple, list)):
-        if tuple(block) != (16, 16):
-            return None
-        from ..kernels.nvfp4_tiles import nvfp4_tile_values
-
-        return nvfp4_tile_values(x.detach(), rounding=rounding, seed=seed)
-    if q.format == "nvfp4" and block in (None, 16) and x.shape[axis] % 16 == 0:
-        from ..kernels.nvfp4_values import nvfp4_values
-
-        return nvfp4_values(x.detach(), axis=axis % 2, rounding=rounding, seed=seed)
-    if q.format == "fp8" and not q.stochastic:
-        from ..kernels.fp8_values import fp8_rowwise_values
-
-        return fp8_rowwise_values(x.detach(), axis=axis % 2)
-    return None
-
-
-def prepared_scaled_tensors(x, keys, *, fmt, block, block_axis, scale, four_over_six):
-    """Quantize and split one operand: a function of tensors (the input and the stochastic-
-    rounding keys) that ``torch.compile`` fuses. Returns ``(values, scale, divisor)`` of
-    :class:`ScaledBF16`."""
-    qt = quantize_tensors(x, keys, fmt=fmt, block=block, axis=block_axis, scale=scale, four_over_six=four_over_six,
-                          encode=_encode_reference)
-    s = qt.scaled_bf16()
-    return s.values, s.scale, s.divisor
-
-
-_COMPILED = None
-
-
-def _fused():
-    global _COMPILED
-    if _COMPILED is None:
-        _raise_recompile_limit()
-        _COMPILED = torch.compile(prepared_scaled_tensors, dynamic=True)
-    return _COMPILED
-
-
-def gemm_with_outliers(a, b, g, *, seed: int, gemm: int, compute_dtype, backend, out_dtype) -> torch.Tensor:
-    """GEMM ``a @ b.T`` (both ``[outer, inner]``, high precision) with AdaHOP outlier extraction.
-
-    FOID picks the outliers ``g.outliers`` asks for; they stay in the operands' own precision
-    and are multiplied in FP32; the residuals (outliers zeroed) are prepared as ``g`` says
-    (transform + quantization along the inner dim) and multiplied by ``backend``.
-    """
-    from ..adahop.outlier_gemm import oe_gemm
-    from ..adahop.strategy import extraction_for
-
-    o = g.outliers
-    ext = extraction_for(a, b, o.a, o.b, o.k)
-
-    def residual(a_res, b_res):
-        qa = prepare_now(a_res, g.a, axis=1, transform=g.transform, seed=seed, gemm=gemm, operand=OP_A, compute_dtype=compute_dtype,
-                         backend=backend)
-        qb = prepare_now(b_res, g.b, axis=1, transform=g.transform, seed=seed, gemm=gemm, operand=OP_B, compute_dtype=compute_dtype,
-                         backend=backend)
-        return backend.gemm(qa, qb, torch.float32)
-
-    return oe_gemm(a, b, ext, residual).to(out_dtype)
+    return prepare(x, q, transform=None, **common)
 
 
 def shares_quantization(p: QuantSpec, tp: TransformSpec | None, q: QuantSpec, tq: TransformSpec | None) -> bool:

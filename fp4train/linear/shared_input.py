@@ -1,4 +1,4 @@
-"""Layers that read the same input prepare it once: q/k/v (and gate/up) share one quantized X.
+"""Layers that read the same input prepare it once, eagerly: q/k/v (and gate/up) share one quantized X.
 
 In a Llama block, ``q_proj``, ``k_proj`` and ``v_proj`` all read the normed hidden state, and
 ``gate_proj`` and ``up_proj`` both read the second one. Each quantized linear prepares its X for
@@ -6,7 +6,9 @@ fprop (along K) and for wgrad (along M, saved packed for backward). Where that p
 deterministic - nearest rounding, no random Hadamard signs - it depends only on the tensor's
 values and the spec, so the second and third layer can take the first one's result: the same bits,
 one quantization pass instead of three, and one saved packed copy (all three layers' autograd
-contexts hold the same tensors) instead of three.
+contexts hold the same tensors) instead of three. Under ``torch.compile`` the compiler's
+common-subexpression pass merges the layers' ``prepare_x`` calls instead; eagerly, the layers of one
+:func:`fp4train.convert` share one :class:`SharedInput` (a memo of that model, not of the process).
 
 The memo holds the results for one input at a time: the root tensor of the view (``x._base``), by
 weak reference, at its version counter. A different input, an in-place change of this one, or its
@@ -45,6 +47,9 @@ class SharedInput:
             self._entries[k] = make()
         return self._entries[k]
 
+    def __reduce__(self):
+        return SharedInput, ()  # a copied or pickled model starts with an empty memo (it holds a weak reference)
+
     def clear(self) -> None:
         self._root, self._version, self._entries = None, -1, {}
 
@@ -55,19 +60,3 @@ class SharedInput:
                 m.clear()
 
         self._root, self._version, self._entries = weakref.ref(root, released), root._version, {}
-
-
-#: the one memo the quantized linears use (layers run one after another on one thread)
-SHARED = SharedInput()
-
-
-class Unshared:
-    """The memo's interface without a memo: every ``get`` makes its operand (the graph op's choice,
-    see :mod:`fp4train.linear.graph_op`)."""
-
-    @staticmethod
-    def get(x: torch.Tensor, key: Hashable | None, make: Callable[[], T]) -> T:
-        return make()
-
-
-UNSHARED = Unshared()

@@ -1,4 +1,4 @@
-"""The preset recipes of METHODS.md section 4 (AdaHOP and Full-Stack FP4 come with their own modules).
+"""The preset recipes of docs/methods.md, Recipes (AdaHOP and Full-Stack FP4 come with their own modules).
 
 Operand names per GEMM (``C = A B^T``, blocks along the inner dim):
 fprop ``a=X, b=W`` (inner K), dgrad ``a=dY, b=W^T`` (inner N), wgrad ``a=dY^T, b=X^T`` (inner M).

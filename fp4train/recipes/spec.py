@@ -1,7 +1,7 @@
 """Recipes are data: what to do with each operand of each GEMM of a linear layer.
 
 A linear layer ``Y = X W^T`` runs three GEMMs, each written ``C = A B^T`` with both operands
-blocked along the inner dimension (METHODS.md section 3):
+blocked along the inner dimension (docs/methods.md):
 
 =======  =====================  ==========  ===================  ===================
 GEMM     product                inner dim   operand ``a``        operand ``b``

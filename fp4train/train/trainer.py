@@ -26,13 +26,13 @@ from pathlib import Path
 
 import torch
 
-from .. import backends, counter_rng, formats, models
+from .. import backends, device_seeds, models
 from .. import recipes as _recipes
 from ..adahop.calibration import Calibration, PatternRecorder
 from ..timing import code_commit
 from ..convert import convert
+from ..linear import QuantizedLinear
 from ..data import PackedBatches, eval_batches, load_splits, load_tokenizer
-from ..linear.module import set_device_seeds
 from .checkpoint import MANIFEST, CheckpointError, Checkpoints
 from .config import TrainConfig
 
@@ -141,8 +141,13 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
 
 
+def _numerics(model: torch.nn.Module) -> str | None:
+    """The numerics the model's quantized layers run (None if it has none)."""
+    return next((m.numerics for m in model.modules() if isinstance(m, QuantizedLinear)), None)
+
+
 def _rng_state(device: torch.device) -> dict:
-    st = {"torch": torch.get_rng_state(), "python": random.getstate(), "device_seeds": counter_rng.device_seed_state()}
+    st = {"torch": torch.get_rng_state(), "python": random.getstate(), "device_seeds": device_seeds.device_seed_state()}
     if device.type == "cuda":
         st["cuda"] = torch.cuda.get_rng_state(device)
     return st
@@ -153,7 +158,7 @@ def _set_rng_state(st: dict, device: torch.device) -> None:
     random.setstate(st["python"])
     if device.type == "cuda" and "cuda" in st:
         torch.cuda.set_rng_state(st["cuda"].cpu(), device)
-    counter_rng.load_device_seed_state(st.get("device_seeds", {}))  # compile_mode reduce-overhead's seed streams
+    device_seeds.load_device_seed_state(st.get("device_seeds", {}))  # compile_mode reduce-overhead's seed streams
 
 
 def load_data(cfg: TrainConfig):
@@ -191,20 +196,16 @@ class Trainer:
         # CUDA graphs (compile_mode reduce-overhead): compiled layers draw stochastic-rounding seeds on the device,
         # from a stream (re)started here, at a fixed point of the seeded CPU generator
         self._graphs = cfg.compile and cfg.compile_mode == "reduce-overhead"
-        set_device_seeds(self._graphs)
         if self._graphs:
-            counter_rng.restart_device_seed_stream(self.device)
-        from ..formats import set_numerics
-
-        if cfg.numerics is not None:
-            set_numerics(cfg.numerics)
+            device_seeds.restart_device_seed_stream(self.device)
         self.tokenizer, self.train_split, self.val_split, self.batches, self.evals = load_data(cfg)
         mcfg = models.config(cfg.model, vocab_size=self.tokenizer.vocab_size)
         if cfg.seq_len > mcfg.max_seq_len:
             mcfg = models.config(cfg.model, vocab_size=self.tokenizer.vocab_size, max_seq_len=cfg.seq_len)
         self.model = models.Llama(mcfg).to(self.device)
         # AdaHOP: the layers run BF16 until calibration (below) gives them their strategies
-        convert(self.model, self.recipe, backend=cfg.backend, calibrating=bool(self.recipe.calibrate))
+        convert(self.model, self.recipe, backend=cfg.backend, numerics=cfg.numerics, device_seeds=self._graphs,
+                calibrating=bool(self.recipe.calibrate))
         decay = [p for p in self.model.parameters() if p.ndim >= 2]
         no_decay = [p for p in self.model.parameters() if p.ndim < 2]
         self.opt = torch.optim.AdamW(
@@ -231,7 +232,8 @@ class Trainer:
             self.recorder.detach()
             self.recorder = None
         self.calibration = cal
-        convert(self.model, cal.recipe(self.recipe.name, base=self.recipe), backend=self.cfg.backend)
+        convert(self.model, cal.recipe(self.recipe.name, base=self.recipe), backend=self.cfg.backend, numerics=self.cfg.numerics,
+                device_seeds=self._graphs)
         if self.cfg.compile:
             self.forward = self._compiled()
 
@@ -451,7 +453,7 @@ class Trainer:
             "tokens_per_s": (sum(tok_rates) / len(tok_rates)) if tok_rates else None,
             "peak_mem_gib": peak, "device": str(self.device),
             "gpu": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
-            "numerics": formats.numerics(), "backend": backends.resolve(cfg.backend or self.recipe.backend),
+            "numerics": _numerics(self.model), "backend": backends.resolve(cfg.backend or self.recipe.backend),
             "commit": code_commit(), "torch": torch.__version__,
         }
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -64,6 +64,13 @@ def hadamard(
             with seeded random signs (or that seed's keys as an int64 tensor ``[key, key2]``, see :func:`signs`).
         inverse: apply the exact inverse (for RHT the signs are applied after ``H``).
     """
+    check_request(x, block, axis)
+    d = signs(seed, block, device=x.device) if seed is not None else None
+    return hadamard_tensors(x, d, block=block, axis=axis, inverse=inverse)
+
+
+def check_request(x, block: int, axis: int) -> None:
+    """Validate a :func:`hadamard` request: a one-line error naming the culprit otherwise."""
     if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
         got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
         raise TypeError(f"hadamard expects a floating-point tensor, got {got}")
@@ -76,55 +83,31 @@ def hadamard(
             f"hadamard: dimension {axis} has size {n}, not a multiple of block={block}; "
             f"pad it or pick a block that divides it"
         )
-    d = signs(seed, block, device=x.device) if seed is not None else None
-    if _KERNEL and x.is_cuda and x.ndim == 2 and not inverse and x.dtype in (torch.float32, torch.bfloat16, torch.float16):
-        from ..kernels.hadamard import block_hadamard
-
-        return block_hadamard(x, d, block=block, axis=axis)
-    return hadamard_tensors(x, d, block=block, axis=axis, inverse=inverse)
 
 
-def hadamard_tensors(x: torch.Tensor, d: torch.Tensor | None, *, block: int, axis: int, inverse: bool = False) -> torch.Tensor:
+def hadamard_tensors(x: torch.Tensor, d: torch.Tensor | None, *, block: int, axis: int, inverse: bool = False,
+                     core=None) -> torch.Tensor:
     """:func:`hadamard` for a checked request, the signs given as a tensor (or None): a function
-    of tensors that a fused path can trace."""
+    of tensors that a fused path can trace. ``core``: the numerical core, :func:`block_transform`
+    unless given (a compiled copy of it)."""
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
     y = x.to(work).movedim(axis, -1)
     lead = y.shape[:-1]
     n = y.shape[-1]
     y = y.reshape(*lead, n // block, block)
-    transform = block_transform if torch.compiler.is_compiling() else _TRANSFORM  # traced: inline the reference
-    y = transform(y, d.to(work) if d is not None else None, inverse)
+    y = (core or block_transform)(y, d.to(work) if d is not None else None, inverse)
     return y.reshape(*lead, n).movedim(-1, axis).to(x.dtype)
 
 
 def block_transform(y: torch.Tensor, d: torch.Tensor | None, inverse: bool) -> torch.Tensor:
     """``y`` ``[..., b]`` -> ``(y * d) H_b`` (or its inverse ``(y H_b) * d``): the numerical core,
-    a function of tensors so :func:`set_compiled` can fuse it (same float order, same bits)."""
+    a function of tensors that a fused path can compile (same float order, same bits)."""
     if d is not None and not inverse:
         y = y * d
     y = _fwht(y) * (1.0 / math.sqrt(y.shape[-1]))
     if d is not None and inverse:
         y = y * d
     return y
-
-
-_TRANSFORM = block_transform
-_KERNEL = False
-
-
-def set_kernel(enabled: bool = True) -> None:
-    """Transform 2D CUDA tensors with the Triton kernel (:mod:`fp4train.kernels.hadamard`, same
-    bits); set by ``fp4train.formats.set_numerics("compiled" | "triton")``."""
-    global _KERNEL
-    if enabled:
-        import fp4train.kernels.hadamard  # noqa: F401 - fail here, clearly, if Triton is missing
-    _KERNEL = enabled
-
-
-def set_compiled(enabled: bool = True) -> None:
-    """Run the block transform through ``torch.compile`` (see fp4train.formats.set_numerics)."""
-    global _TRANSFORM
-    _TRANSFORM = torch.compile(block_transform, dynamic=True) if enabled else block_transform
 
 
 def _fwht(y: torch.Tensor) -> torch.Tensor:

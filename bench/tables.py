@@ -1,0 +1,112 @@
+"""The performance tables of the docs, made from the committed result files.
+
+Question: what do the benchmarks say, in one place? Reads ``bench/results/*-<gpu>.json`` (one file per
+benchmark and GPU, as each script writes it) and rewrites the blocks between ``<!-- table:NAME -->`` and
+``<!-- /table -->`` in ``docs/performance.md`` and ``README.md``; prints them with ``--print``.
+
+    python bench/tables.py [--gpu NVIDIA_H200] [--print]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench/results"
+DOCS = (ROOT / "docs/performance.md", ROOT / "README.md")
+
+
+def _load(name: str) -> dict | None:
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _source(d: dict, script: str) -> str:
+    return f"_{d['gpu']}, torch {d['torch'].split('+')[0]}, commit {d['commit']}, {d['date']}; `python bench/{script}`._"
+
+
+def train_table(runs: list[dict]) -> str:
+    """Tokens/s of each recipe against the BF16 of its own run, one column per model."""
+    models = [d["model"] for d in runs]
+    recipes = []
+    for d in runs:
+        recipes += [r["recipe"] for r in d["results"] if r["recipe"] not in recipes]
+    lines = ["| recipe | " + " | ".join(f"{m}: tokens/s (× BF16) | {m}: peak GiB" for m in models) + " |",
+             "|---|" + "---:|---:|" * len(models)]
+    for rec in recipes:
+        cells = []
+        for d in runs:
+            r = next((r for r in d["results"] if r["recipe"] == rec), None)
+            if r is None or "error" in r:
+                cells += ["—" if r is None else "failed", "—"]
+                continue
+            bf16 = d["results"][0]["tokens_per_s"]
+            peak = f"{r['peak_mem_gib']:.1f}" if r.get("peak_mem_gib") else "—"
+            cells += [f"{r['tokens_per_s'] / 1e3:,.1f}k ({r['tokens_per_s'] / bf16:.2f}×)", peak]
+        lines.append(f"| {rec} | " + " | ".join(cells) + " |")
+    settings = runs[0]
+    mode = settings.get("compile_mode", "default") if settings.get("compile") else "eager"
+    lines.append("")
+    sources = dict.fromkeys(_source(d, "train_speed.py").strip("_") for d in runs)  # once per distinct run
+    lines.append(f"_Batch {settings['batch_size']} × sequence {settings['seq_len']}, compiled ({mode}); " + "; ".join(sources) + "_")
+    return "\n".join(lines)
+
+
+def gemm_table(d: dict) -> str:
+    """TFLOP/s of BF16, FP8 rowwise and MXFP4 on FP8 tensor cores per GEMM shape."""
+    lines = ["| shape | BF16 | FP8 rowwise | MXFP4 (FP8 blockwise) | MXFP4 × BF16 |", "|---|---:|---:|---:|---:|"]
+    for r in d["results"]:
+        lines.append(f"| {r['model']} {r['layer']} ({r['M']}×{r['N']}×{r['K']}) | {r['bf16']:.0f} | {r['fp8_rowwise']:.0f} | "
+                     f"{r['mxfp4_fp8_blockwise']:.0f} | {r['mxfp4_fp8_blockwise'] / r['bf16']:.2f}× |")
+    return "\n".join(lines + ["", _source(d, "gemm_speed.py")])
+
+
+def quantize_table(d: dict) -> str:
+    """Each quantize kernel's time and its fraction of the measured copy bandwidth."""
+    lines = [f"| kernel ({'×'.join(map(str, d['shape']))} {d['dtype']}) | ms | GB/s | of copy |", "|---|---:|---:|---:|"]
+    for name, r in d["results"].items():
+        frac = f"{r['fraction_of_copy']:.0%}" if "fraction_of_copy" in r else "—"
+        lines.append(f"| {name} | {r['ms']:.3f} | {r['GBps']:,.0f} | {frac} |")
+    return "\n".join(lines + ["", _source(d, "quantize_speed.py")])
+
+
+def tables(gpu: str) -> dict[str, str]:
+    out = {}
+    runs = [d for d in (_load(f"train_speed-{m}-{gpu}.json") for m in ("1b", "3b")) if d]
+    if runs:
+        out["train"] = train_table(runs)
+    if d := _load(f"gemm_speed-{gpu}.json"):
+        out["gemm"] = gemm_table(d)
+    if d := _load(f"quantize_speed-{gpu}.json"):
+        out["quantize"] = quantize_table(d)
+    return out
+
+
+def replace_blocks(text: str, blocks: dict[str, str]) -> str:
+    """``text`` with each ``<!-- table:NAME -->...<!-- /table -->`` block's body replaced by ``blocks[NAME]``."""
+    def sub(m):
+        name = m.group(1)
+        return f"<!-- table:{name} -->\n{blocks[name]}\n<!-- /table -->" if name in blocks else m.group(0)
+
+    return re.sub(r"<!-- table:(\w+) -->.*?<!-- /table -->", sub, text, flags=re.S)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gpu", default="NVIDIA_H200", help="the GPU part of the result file names")
+    ap.add_argument("--print", action="store_true", help="print the tables instead of rewriting the docs")
+    args = ap.parse_args(argv)
+    blocks = tables(args.gpu)
+    if args.print:
+        for name, t in blocks.items():
+            print(f"## {name}\n\n{t}\n")
+        return
+    for doc in DOCS:
+        doc.write_text(replace_blocks(doc.read_text(), blocks))
+
+
+if __name__ == "__main__":
+    main()

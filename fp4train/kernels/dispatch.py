@@ -1,0 +1,74 @@
+"""Which Triton kernel covers a request: the kernel's result, or None where none does (the caller then
+takes the reference path). Every kernel returns the reference's bits; docs/formats.md lists them."""
+
+from __future__ import annotations
+
+import torch
+
+from ..formats.qtensor import QuantizedTensor, ScaledBF16
+from . import fp8_values, mx_quantize, mx_values, nvfp4_quantize, nvfp4_tiles
+from .nvfp4_values import nvfp4_values  # the package re-exports the function under the module's name
+
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def quantize(x: torch.Tensor, fmt: str, block, axis, scale: str, rounding: str, seed, four_over_six: bool) -> QuantizedTensor | None:
+    """The kernel's :class:`QuantizedTensor` for a checked request (``block``/``axis`` as
+    :func:`fp4train.formats.quantize.geometry` gives them), or None: 2D tensors, MXFP4/MXFP8 in 1x32
+    blocks or 32x32 tiles, NVFP4 (no 4/6) in 1x16 blocks or 16x16 tiles, FP8 rowwise with nearest rounding.
+
+    1D blocks along dim 1 run the row kernels; along dim 0 the column kernels, which read the
+    row-major tensor as it is (no transposed copy) and write the reference's canonical layout
+    (``x.T``'s codes) with its stochastic-rounding indices ``k * M + m``.
+    """
+    if x.ndim != 2 or four_over_six or x.dtype not in _KERNEL_DTYPES or 0 in x.shape:
+        return None
+    x = x.detach()
+    if fmt == "fp8":  # rowwise: one scale per row along the axis (0 or 1 here: geometry() normalized it)
+        return fp8_values.quantize_fp8_rowwise(x, axis=axis) if rounding == "nearest" else None
+    if fmt in ("mxfp4", "mxfp8") and block == (32, 32):
+        tiles = mx_quantize.quantize_mxfp4_2d if fmt == "mxfp4" else mx_quantize.quantize_mxfp8_2d
+        return tiles(x, scale=scale, rounding=rounding, seed=seed)
+    if fmt == "nvfp4" and block == (16, 16):
+        return nvfp4_tiles.quantize_nvfp4_2d(x, rounding=rounding, seed=seed)
+    b = {"mxfp4": 32, "mxfp8": 32, "nvfp4": 16}.get(fmt)
+    if b is None or block != (b,) or x.shape[axis] % b or (fmt == "nvfp4" and scale != "floor"):
+        return None
+    kw = dict(rounding=rounding, seed=seed)
+    if fmt != "nvfp4":
+        kw["scale"] = scale
+    if axis == 0:  # along dim 0 from the row-major layout, without a transposed copy
+        columns = {"mxfp4": mx_quantize.quantize_mxfp4_columns, "mxfp8": mx_quantize.quantize_mxfp8_columns,
+                   "nvfp4": nvfp4_quantize.quantize_nvfp4_columns}[fmt]
+        return columns(x, **kw)
+    rows = {"mxfp4": mx_quantize.quantize_mxfp4, "mxfp8": mx_quantize.quantize_mxfp8, "nvfp4": nvfp4_quantize.quantize_nvfp4}[fmt]
+    return rows(x, **kw)  # along dim 1: the row kernels' layout is the reference's
+
+
+def fake_quantize_values(x: torch.Tensor, fmt: str, kw: dict, axis: int, seed) -> ScaledBF16 | None:
+    """The fake-quantization kernel's :class:`ScaledBF16` (what ``quantize(...).scaled_bf16()`` gives,
+    without writing codes), or None where none covers the request: MXFP4/MXFP8 1x32 along either axis or
+    32x32 tiles; NVFP4 1x16 along either axis or 16x16 tiles; FP8 rowwise with nearest rounding.
+    ``kw``: the operand's ``QuantSpec.quantize_kwargs()``."""
+    if kw.get("four_over_six") or x.dtype not in _KERNEL_DTYPES:
+        return None
+    x = x.detach()
+    block, rounding = kw.get("block"), kw.get("rounding", "nearest")
+    if fmt in ("mxfp4", "mxfp8"):
+        if isinstance(block, (tuple, list)):
+            if tuple(block) != (32, 32):
+                return None
+            kaxis = None
+        elif block in (None, 32) and x.shape[axis] % 32 == 0:
+            kaxis = axis % 2
+        else:
+            return None
+        values = mx_values.mxfp4_values if fmt == "mxfp4" else mx_values.mxfp8_values
+        return values(x, axis=kaxis, scale=kw.get("scale", "floor"), rounding=rounding, seed=seed)
+    if fmt == "nvfp4" and isinstance(block, (tuple, list)):
+        return nvfp4_tiles.nvfp4_tile_values(x, rounding=rounding, seed=seed) if tuple(block) == (16, 16) else None
+    if fmt == "nvfp4" and block in (None, 16) and x.shape[axis] % 16 == 0:
+        return nvfp4_values(x, axis=axis % 2, rounding=rounding, seed=seed)
+    if fmt == "fp8" and rounding == "nearest":
+        return fp8_values.fp8_rowwise_values(x, axis=axis % 2)
+    return None

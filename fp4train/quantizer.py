@@ -1,0 +1,126 @@
+"""The quantizer: how a converted layer turns a tensor into the operand a GEMM needs.
+
+Three numerics, the same bits in each (tested): ``"eager"`` runs the plain-PyTorch reference
+(:mod:`fp4train.formats`, :mod:`fp4train.transforms`) op by op; ``"compiled"`` runs the reference's
+numerical cores through ``torch.compile`` (fused; on a GPU the block Hadamard transform of 2D tensors
+runs as a Triton kernel); ``"triton"`` runs fp4train's Triton kernels wherever one covers the request
+(:mod:`fp4train.kernels.dispatch`) and the compiled cores elsewhere on a GPU (the reference on a CPU,
+where Triton runs interpreted, for tests).
+
+A :class:`Quantizer` is plain data stored on each converted layer (``convert(..., numerics=)``): nothing
+here is a process-wide switch, and :func:`fp4train.quantize` is the reference whatever a layer chose.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .formats.qtensor import QuantizedTensor, ScaledBF16
+from .formats.quantize import FORMATS, check_request, encode_blocks, geometry, quantize_tensors, sr_keys
+from .transforms.hadamard import block_transform, hadamard_tensors, signs
+from .transforms.hadamard import check_request as check_hadamard
+
+NUMERICS = ("eager", "compiled", "triton")
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def kernels_usable_on(t: torch.Tensor) -> bool:
+    """Can fp4train's Triton kernels take ``t``? CUDA tensors always; CPU tensors only under
+    Triton's interpreter (``TRITON_INTERPRET=1``: tests)."""
+    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def raise_recompile_limit(n: int = 64) -> None:
+    """One compiled graph per (format, scale rule, rounding, dtype) combination in use: more than
+    dynamo's default limit of 8 in a model that mixes recipes' formats (AdaHOP, tib2d's MXFP8)."""
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), n))
+
+
+@functools.cache
+def compiled(fn):
+    """``torch.compile(fn, dynamic=True)``, made once per function (a cache, not a switch)."""
+    raise_recompile_limit()
+    return torch.compile(fn, dynamic=True)
+
+
+def operand_values(x, keys, *, fmt, block, block_axis, scale, four_over_six):
+    """Quantize and split one operand: a function of tensors (the input and the stochastic-rounding
+    keys) that ``torch.compile`` fuses without writing the codes. Returns ``(values, scale, divisor)``
+    of :class:`ScaledBF16`, bit for bit ``quantize(...).scaled_bf16()``."""
+    qt = quantize_tensors(x, keys, fmt=fmt, block=block, axis=block_axis, scale=scale, four_over_six=four_over_six)
+    s = qt.scaled_bf16()
+    return s.values, s.scale, s.divisor
+
+
+@dataclass(frozen=True)
+class Quantizer:
+    """Reference, compiled or Triton-kernel quantization (``numerics``), one result bit for bit."""
+
+    numerics: str = "eager"
+
+    def __post_init__(self) -> None:
+        if self.numerics not in NUMERICS:
+            raise ValueError(f"unknown numerics {self.numerics!r}; choose one of {', '.join(NUMERICS)}")
+
+    def kernels_on(self, t: torch.Tensor) -> bool:
+        """Do Triton kernels quantize ``t``?"""
+        return self.numerics == "triton" and kernels_usable_on(t)
+
+    def compiled_on(self, t: torch.Tensor) -> bool:
+        """Do compiled reference cores quantize ``t`` (where no kernel covers it)? Never while tracing:
+        the reference then inlines into the caller's graph."""
+        if torch.compiler.is_compiling():
+            return False
+        return self.numerics == "compiled" or (self.numerics == "triton" and t.is_cuda)
+
+    def quantize(self, x: torch.Tensor, fmt: str, *, axis: int = -1, block=None, scale: str = "floor",
+                 rounding: str = "nearest", seed=None, four_over_six: bool = False) -> QuantizedTensor:
+        """:func:`fp4train.formats.quantize`'s result, by a kernel where one covers the request."""
+        block, axis = check_request(x, fmt, axis=axis, block=block, scale=scale, rounding=rounding, seed=seed,
+                                    four_over_six=four_over_six)
+        if self.kernels_on(x):
+            from .kernels import dispatch
+
+            if (q := dispatch.quantize(x, fmt, block, axis, scale, rounding, seed, four_over_six)) is not None:
+                return q
+        keys = sr_keys(seed) if rounding == "stochastic" else None
+        encode = compiled(encode_blocks) if self.compiled_on(x) else encode_blocks
+        return quantize_tensors(x, keys, fmt=fmt, block=block, axis=axis, scale=scale, four_over_six=four_over_six,
+                                encode=encode)
+
+    def hadamard(self, x: torch.Tensor, block: int, *, axis: int, seed=None) -> torch.Tensor:
+        """:func:`fp4train.hadamard`'s result (forward transform), by the Triton kernel for 2D CUDA tensors
+        unless the numerics are ``"eager"``."""
+        check_hadamard(x, block, axis)
+        d = signs(seed, block, device=x.device) if seed is not None else None
+        if self.numerics != "eager" and x.is_cuda and x.ndim == 2 and x.dtype in _KERNEL_DTYPES:
+            from .kernels.hadamard import block_hadamard
+
+            return block_hadamard(x, d, block=block, axis=axis)
+        core = compiled(block_transform) if self.compiled_on(x) else None
+        return hadamard_tensors(x, d, block=block, axis=axis, core=core)
+
+    def values(self, x: torch.Tensor, fmt: str, kw: dict, *, axis: int, seed) -> ScaledBF16 | None:
+        """``quantize(x, fmt, axis=axis, seed=seed, **kw).scaled_bf16()`` for a 2D operand that a GEMM
+        multiplies at once (the codes are never written): by a fake-quantization kernel, or the compiled
+        reference fused into one graph; None where this quantizer has no faster way (eager numerics)."""
+        if self.kernels_on(x):
+            from .kernels import dispatch
+
+            if (v := dispatch.fake_quantize_values(x, fmt, kw, axis, seed)) is not None:
+                return v
+        if not self.compiled_on(x):
+            return None
+        block, ax = geometry(x, FORMATS[fmt], axis, kw.get("block"))
+        stochastic = kw.get("rounding", "nearest") == "stochastic"
+        values, scale, divisor = compiled(operand_values)(
+            x.detach(), sr_keys(seed) if stochastic else None, fmt=fmt, block=block, block_axis=ax,
+            scale=kw.get("scale", "floor"), four_over_six=kw.get("four_over_six", False))
+        return ScaledBF16(values, scale, divisor, ax)
