@@ -272,7 +272,8 @@ def test_prepare_op_fake_layouts(recipe, kind):
         q = QuantizedLinear.from_linear(nn.Linear(128, 96), _iht_wgrad_spec(), backend="triton")
     else:
         q = fp4train.convert(nn.Sequential(nn.Linear(128, 96)), recipe, backend="triton")[0]
-    x = torch.randn(64, 128)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels: on the GPU, or interpreted on a CPU
+    q, x = q.to(dev), torch.randn(64, 128, device=dev)
     cfg = parse(q._prep)
     assert q._prep is not None and prep_kind(cfg.spec, cfg.backend_name) == kind and prep_fits(x, q._layer_config)
     for dt in (torch.float32, torch.bfloat16):

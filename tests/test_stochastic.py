@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from fp4train import counter_rng, quantize
+from fp4train import counter_rng, device_seeds, quantize
 from fp4train.formats import e4m3
 
 N_DRAWS = 1000
