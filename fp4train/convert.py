@@ -19,7 +19,7 @@ from . import backends
 from . import recipes as _recipes
 from .linear.module import QuantizedLinear
 from .linear.shared_input import SharedInput
-from .quantizer import NUMERICS
+from .quantizer import Quantizer
 from .recipes.spec import Recipe
 
 #: The transformer-block index of a module: the first ".<int>." in its qualified name.
@@ -74,8 +74,7 @@ def convert(
     if numerics is None:
         wanted = getattr(backends.get(backend), "numerics", None)
         numerics = wanted if wanted and torch.cuda.is_available() else "eager"
-    if numerics not in NUMERICS:
-        raise ValueError(f"unknown numerics {numerics!r}; choose one of {', '.join(NUMERICS)}")
+    Quantizer(numerics)  # refuses an unknown name before any layer is swapped
     if isinstance(model, nn.Linear):
         raise TypeError("convert() swaps submodules in place; wrap a bare nn.Linear, e.g. nn.Sequential(linear)")
 

@@ -31,10 +31,9 @@ def _check(device):
         assert torch.equal(q.codes, ref.codes), fmt
         torch.testing.assert_close(q.scales, ref.scales, rtol=0, atol=0, equal_nan=True)
         torch.testing.assert_close(q.dequantize(), ref.dequantize(), rtol=0, atol=0, equal_nan=True)
-        if fmt != "fp8" or "rounding" not in kw:  # the fused quantize-and-split of an operand a GEMM takes at once
-            v = COMPILED.values(x, fmt, kw, axis=-1, seed=kw.get("seed"))
-            s = ref.scaled_bf16()
-            assert torch.equal(v.values.view(torch.int16), s.values.view(torch.int16)), fmt
+        # the fused quantize-and-split of an operand a GEMM takes at once
+        v, s = COMPILED.values(x, fmt, kw, axis=-1, seed=kw.get("seed")), ref.scaled_bf16()
+        assert torch.equal(v.values.view(torch.int16), s.values.view(torch.int16)), fmt
 
 
 def test_compiled_numerics_equal_eager_on_cpu():

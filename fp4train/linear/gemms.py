@@ -76,14 +76,18 @@ def fprop(x2, weight, bias, spec: LinearSpec, backend, quantizer: Quantizer, see
     pair = getattr(backend, "operand_pair", None)
     if x_prepared is not None:
         xa, x_saved = x_prepared
-    elif save_x and pair is not None and not keep_x and spec.wgrad.outliers is None and g.transform is None and spec.wgrad.transform is None:
+    elif (save_x and pair is not None and not keep_x and spec.wgrad.outliers is None and g.transform is None
+          and spec.wgrad.transform is None):
         # X read once for fprop (along K) and wgrad (along M), where the backend can
         seeds = (sr_seed(g.a, seed, FPROP, OP_A), sr_seed(spec.wgrad.b, seed, WGRAD, OP_B))
         if (both := pair(x2, g.a, spec.wgrad.b, seeds=seeds)) is not None:
             xa, x_saved = both
     if xa is None:
         xa = prepare(x2, g.a, operand=OP_A, **common) if keep_x else prepare_now(x2, g.a, operand=OP_A, backend=backend, **common)
-    wb = prepare(weight, g.b, operand=OP_B, **common) if keep_w else prepare_now(weight, g.b, operand=OP_B, backend=backend, **common)
+    if keep_w:
+        wb = prepare(weight, g.b, operand=OP_B, **common)
+    else:
+        wb = prepare_now(weight, g.b, operand=OP_B, backend=backend, **common)
     y = backend.gemm(xa, wb, out_dtype)
     if bias is not None:
         y = y + bias.to(out_dtype)
@@ -149,6 +153,7 @@ def backward(dy2, weight, x_op, w_q, spec: LinearSpec, backend, quantizer: Quant
     asks for it (X, W, bias). ``x_op``: X as :func:`forward` saved it for wgrad; ``w_q``: W as
     forward saved it for dgrad, or None (prepared here)."""
     g2, g3 = spec.dgrad, spec.wgrad
+    common = dict(seed=seed, compute_dtype=cdt, quantizer=quantizer, backend=backend)
     share_dy = g2.outliers is None and g3.outliers is None and shares_quantization(g2.a, g2.transform, g3.a, g3.transform)
     dx = dw = db = None
     dy_dgrad = dy_wgrad = None
@@ -160,26 +165,24 @@ def backward(dy2, weight, x_op, w_q, spec: LinearSpec, backend, quantizer: Quant
         if both is not None:
             dy_dgrad, dy_wgrad = both
     if dy_dgrad is None and ((needs[0] and g2.outliers is None) or share_dy):
-        dy_dgrad = prepare_now(dy2, g2.a, axis=1, transform=g2.transform, seed=seed, gemm=DGRAD, operand=OP_A, compute_dtype=cdt, quantizer=quantizer, backend=backend)
+        dy_dgrad = prepare_now(dy2, g2.a, axis=1, transform=g2.transform, gemm=DGRAD, operand=OP_A, **common)
     if needs[0] and g2.outliers is not None:
-        dx = _outliers(dy2, weight.t(), g2, seed=seed, gemm=DGRAD, compute_dtype=cdt, backend=backend, quantizer=quantizer,
-                       out_dtype=x_dtype)
+        dx = _outliers(dy2, weight.t(), g2, gemm=DGRAD, out_dtype=x_dtype, **common)
     elif needs[0]:
         # GEMM 2, dgrad: dX[M,K] = dY[M,N] @ (W^T)[K,N]^T, both along N
         if w_q is None:
-            w_q = prepare_now(weight, g2.b, axis=0, transform=g2.transform, seed=seed, gemm=DGRAD, operand=OP_B, compute_dtype=cdt, quantizer=quantizer, backend=backend)
+            w_q = prepare_now(weight, g2.b, axis=0, transform=g2.transform, gemm=DGRAD, operand=OP_B, **common)
         dx = backend.gemm(dy_dgrad, w_q.t(), x_dtype)
     if needs[1] and g3.outliers is not None:
         mult = g3.transform.block if g3.transform is not None else 1
-        dw = _outliers(pad_rows(dy2, mult).t(), pad_rows(x_op, mult).t(), g3, seed=seed, gemm=WGRAD, compute_dtype=cdt,
-                       backend=backend, quantizer=quantizer, out_dtype=weight.dtype)
+        dw = _outliers(pad_rows(dy2, mult).t(), pad_rows(x_op, mult).t(), g3, gemm=WGRAD, out_dtype=weight.dtype, **common)
     elif needs[1]:
         # GEMM 3, wgrad: dW[N,K] = dY^T[N,M] @ (X^T)[K,M]^T, both along M
         if share_dy:
             dy_wgrad = dy_dgrad
         elif dy_wgrad is None:
             dym = pad_rows(dy2, g3.transform.block) if g3.transform is not None else dy2
-            dy_wgrad = prepare_now(dym, g3.a, axis=0, transform=g3.transform, seed=seed, gemm=WGRAD, operand=OP_A, compute_dtype=cdt, quantizer=quantizer, backend=backend)
+            dy_wgrad = prepare_now(dym, g3.a, axis=0, transform=g3.transform, gemm=WGRAD, operand=OP_A, **common)
         dw = backend.gemm(dy_wgrad.t(), x_op.t(), weight.dtype)
     if needs[2]:
         db = dy2.float().sum(0).to(weight.dtype)

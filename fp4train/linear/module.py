@@ -81,7 +81,8 @@ class QuantizedLinear(nn.Linear):
             return
         if allocate is not None:
             allocate(weight.device)
-        if getattr(self, "device_seeds", False):  # the seed stream too: made inside a captured call it would sit in the graph's pool
+        # the seed stream too: made inside a captured call it would sit in the graph's pool
+        if getattr(self, "device_seeds", False):
             device_seed_stream(weight.device)
 
     def _apply(self, fn, *args, **kwargs):
@@ -104,7 +105,8 @@ class QuantizedLinear(nn.Linear):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, spec: LinearSpec, *, backend: str = "emulated", numerics: str = "eager",
-                    device_seeds: bool = False, recipe_name: str = "", shared_input: SharedInput | None = None) -> QuantizedLinear:
+                    device_seeds: bool = False, recipe_name: str = "",
+                    shared_input: SharedInput | None = None) -> QuantizedLinear:
         """A QuantizedLinear that shares ``linear``'s parameters (no copy)."""
         new = cls.__new__(cls)
         nn.Module.__init__(new)

@@ -149,7 +149,7 @@ def _prep_reference(key: str, x2: torch.Tensor, out_dtype: torch.dtype):
     return xa, reference_layout(xm, w3.b, 0, out_dtype)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=1024)  # one entry per (layer kind, token count): a bounded set in a run
 def prep_layouts(key: str, shape: tuple, dtype: torch.dtype, out_dtype: torch.dtype):
     """``(fprop's X metadata, or None for a folded operand; wgrad's X metadata)`` of :func:`prepare_x`'s
     tensors for X of ``shape`` and ``dtype`` (derived on meta tensors)."""
@@ -260,7 +260,7 @@ def _saved_reference(spec: LinearSpec, x2, weight, cdt, save_x: bool, save_w: bo
     return x_saved, w_saved
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=1024)
 def saved_layouts(config: str, x2_shape: tuple, x_dtype: torch.dtype, w_shape: tuple, w_dtype: torch.dtype,
                   out_dtype: torch.dtype, save_x: bool, save_w: bool):
     """``(x_meta, n_x, w_meta)``: the metadata that rebuilds the saved X and W from their tensors, and how many
