@@ -20,7 +20,6 @@ import argparse
 import datetime
 import json
 import platform
-import re
 from pathlib import Path
 
 import torch
@@ -120,16 +119,15 @@ def main(argv=None) -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
     if args.update_docs:
+        from tables import replace_blocks  # bench/tables.py: the docs' generated blocks
+
         doc = ROOT / "docs/formats.md"
         text = doc.read_text()
-        block = (
-            f"<!-- sqnr-table:start -->\n_Produced by `python bench/sqnr_formats.py --update-docs` "
-            f"({args.rows}x{args.cols}, seed {args.seed}, {meta['date']}, torch {meta['torch']})._\n\n{table}\n<!-- sqnr-table:end -->"
-        )
-        new, n = re.subn(r"<!-- sqnr-table:start -->.*?<!-- sqnr-table:end -->", block, text, flags=re.S)
-        if n != 1:
-            raise SystemExit("docs/formats.md has no <!-- sqnr-table:start/end --> markers")
-        doc.write_text(new)
+        if "<!-- table:sqnr -->" not in text:
+            raise SystemExit("docs/formats.md has no <!-- table:sqnr --> ... <!-- /table --> markers")
+        body = (f"_Produced by `python bench/sqnr_formats.py --update-docs` ({args.rows}x{args.cols}, seed {args.seed}, "
+                f"{meta['date']}, torch {meta['torch']})._\n\n{table}")
+        doc.write_text(replace_blocks(text, {"sqnr": body}))
 
 
 if __name__ == "__main__":

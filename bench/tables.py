@@ -2,7 +2,8 @@
 
 Question: what do the benchmarks say, in one place? Reads ``bench/results/*-<gpu>.json`` (one file per
 benchmark and GPU, as each script writes it) and rewrites the blocks between ``<!-- table:NAME -->`` and
-``<!-- /table -->`` in ``docs/performance.md`` and ``README.md``; prints them with ``--print``.
+``<!-- /table -->`` in ``docs/performance.md`` and ``README.md``; prints them with ``--print``. Other scripts that
+keep a table in the docs (``sqnr_formats.py --update-docs``) use the same blocks through :func:`replace_blocks`.
 
     python bench/tables.py [--gpu NVIDIA_H200] [--print]
 """
