@@ -75,13 +75,13 @@ def test_triton_backend_trains_tiny_on_the_emulated_backends_loss_curve(tmp_path
     dequantized product - the curves are equal; on a GPU only the GEMMs' summation order and output
     rounding differ (run on the H200)."""
     triton_backend = fp4train.backends.get("triton")
-    triton_backend.inexact = None  # a fresh count for this run
+    triton_backend.operands.inexact = None  # a fresh count for this run
     if recipe == "adahop":  # calibrate over 3 steps, so that 3 of the 6 run AdaHOP's FP4 strategies
         recipe = str(tmp_path / "adahop.json")
         fp4train.recipes.get("adahop").replace(calibration_steps=3).save(recipe)
     curves = [tiny_curve(tmp_path / b, recipe, 6, DEV, backend=b) for b in ("emulated", "triton")]
     assert len(curves[0]) == len(curves[1]) == 6
-    assert triton_backend.inexact is None or int(triton_backend.inexact) == 0
+    assert triton_backend.operands.inexact is None or int(triton_backend.operands.inexact) == 0
     gap = max(abs(t - e) / abs(e) for e, t in zip(*curves))
     print(f"{recipe}: largest relative loss gap triton vs emulated over 6 steps: {gap:.2e}")
     if DEV == "cpu":

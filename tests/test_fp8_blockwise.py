@@ -14,7 +14,7 @@ pytest.importorskip("triton")
 
 import fp4train  # noqa: E402
 from fp4train.backends import fp8_blockwise, get  # noqa: E402
-from fp4train.backends.fp8_blockwise import FoldedOperand  # noqa: E402
+from fp4train.backends.fp8_operands import FoldedOperand  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -35,21 +35,21 @@ def test_fp8_blockwise_layer_matches_emulated(recipe, backend, layer_run, spec_o
             bf16_out = backend != "emulated" and False in (fp8_blockwise._FP32_OUT, fp8_blockwise._ROWWISE_FP32_OUT)
             tol = 2**-8 if bf16_out else 1e-3  # 1e-3: FP8 tensor-core accumulation (promoted every 128 of K)
             torch.testing.assert_close(b, a, rtol=tol, atol=tol * a.abs().max().item())
-    assert int(get(backend).inexact if get(backend).inexact is not None else 0) == 0
+    assert int(get(backend).operands.inexact if get(backend).operands.inexact is not None else 0) == 0
 
 
 def test_folded_operand_orientation():
     be = get("fp8_blockwise")
     q = fp4train.recipes.QuantSpec("mxfp4")
     w = torch.randn(128, 256, device=DEV)
-    along_k = be.operand(w, q, axis=1, role=1, seed=None)
-    along_n = be.operand(w, q, axis=0, role=1, seed=None)
+    along_k = be.operands.operand(w, q, axis=1, role=1, seed=None)
+    along_n = be.operands.operand(w, q, axis=0, role=1, seed=None)
     assert isinstance(along_k, FoldedOperand) and along_k.shape == (128, 256) and along_k.block_axis == 1
     assert along_n.shape == (128, 256) and along_n.block_axis == 0 and along_n.t().block_axis == 1
     for op, axis in ((along_k, 1), (along_n, 0)):
         torch.testing.assert_close(op.dequantize(), fp4train.quantize(w, "mxfp4", axis=axis).dequantize(torch.float32),
                                    rtol=0, atol=0)
-    assert be.operand(torch.randn(128, 96, device=DEV), q, axis=1, role=0, seed=None) is None  # K % 128: not folded
+    assert be.operands.operand(torch.randn(128, 96, device=DEV), q, axis=1, role=0, seed=None) is None  # K % 128: not folded
 
 
 def test_saved_x_is_folded_from_its_packed_codes():
@@ -57,11 +57,11 @@ def test_saved_x_is_folded_from_its_packed_codes():
     be = get("fp8_blockwise")
     x = torch.randn(256, 128, device=DEV)
     saved = fp4train.quantize(x, "mxfp4", axis=0)
-    f = be.fold_saved(saved.t())
+    f = be.operands.fold_saved(saved.t())
     assert isinstance(f, FoldedOperand) and f.shape == (128, 256) and f.data.group_rows == 128
     torch.testing.assert_close(f.dequantize(), saved.t().dequantize(torch.float32), rtol=0, atol=0)
-    assert be.fold_saved(saved) is None  # blocks along dim 0 of the logical operand: not a B operand
-    assert be.fold_saved(fp4train.quantize(x, "mxfp4", block=(32, 32))) is None
+    assert be.operands.fold_saved(saved) is None  # blocks along dim 0 of the logical operand: not a B operand
+    assert be.operands.fold_saved(fp4train.quantize(x, "mxfp4", block=(32, 32))) is None
 
 
 def test_a_torch_without_blockwise_fp8_gemms_falls_back_once_with_a_warning(monkeypatch):
@@ -69,8 +69,8 @@ def test_a_torch_without_blockwise_fp8_gemms_falls_back_once_with_a_warning(monk
 
     be = get("triton")
     q = fp4train.recipes.QuantSpec("mxfp4")
-    a = be.operand(torch.randn(64, 256, device=DEV), q, axis=1, role=0, seed=None)
-    b = be.operand(torch.randn(128, 256, device=DEV), q, axis=1, role=1, seed=None)
+    a = be.operands.operand(torch.randn(64, 256, device=DEV), q, axis=1, role=0, seed=None)
+    b = be.operands.operand(torch.randn(128, 256, device=DEV), q, axis=1, role=1, seed=None)
     calls = []
 
     def unsupported(*args):
@@ -97,12 +97,12 @@ def test_32x32_tiles_fold_for_either_role_and_orientation(transposed, role):
     x = torch.randn(256, 384, device=DEV) * torch.logspace(-3, 3, 256, device=DEV)[:, None]
     q = fp4train.quantize(x, "mxfp4", block=(32, 32), scale="ceil")
     view = q.t() if transposed else q
-    f = be.fold_tiles(view, role)
+    f = be.operands.fold_tiles(view, role)
     assert isinstance(f, FoldedOperand) and f.shape == view.shape and f.block_axis == 1
     assert f.data.group_rows == (1 if role == 0 else 128) and f.data.scales.shape[0] == view.shape[0] // f.data.group_rows
     torch.testing.assert_close(f.dequantize(), view.dequantize(torch.float32), rtol=0, atol=0)  # exact
-    assert be.fold_tiles(fp4train.quantize(x[:200], "mxfp4", block=(32, 32)), role) is None  # 200 rows: not whole groups
-    assert be.fold_tiles(fp4train.quantize(x, "mxfp4"), role) is None  # 1x32 blocks: not tiles
+    assert be.operands.fold_tiles(fp4train.quantize(x[:200], "mxfp4", block=(32, 32)), role) is None  # 200 rows: not whole groups
+    assert be.operands.fold_tiles(fp4train.quantize(x, "mxfp4"), role) is None  # 1x32 blocks: not tiles
 
 
 @pytest.mark.parametrize("k_groups", [1, 2, 3, 4, 5, 8])
@@ -149,8 +149,8 @@ def test_a_torch_without_rowwise_fp8_gemms_falls_back_once_with_a_warning(monkey
 
     be = get("triton")
     q = fp4train.recipes.QuantSpec("fp8")
-    a = be.operand(torch.randn(64, 256, device=DEV), q, axis=1, role=0, seed=None)
-    b = be.operand(torch.randn(256, 128, device=DEV), q, axis=0, role=1, seed=None).t()  # W along N, viewed as B
+    a = be.operands.operand(torch.randn(64, 256, device=DEV), q, axis=1, role=0, seed=None)
+    b = be.operands.operand(torch.randn(256, 128, device=DEV), q, axis=0, role=1, seed=None).t()  # W along N, viewed as B
     assert fb._rowwise(a) and fb._rowwise(b) and b.shape == (128, 256)
 
     def unsupported(*args):
@@ -174,10 +174,10 @@ def test_operand_pair_gives_a_second_operand_only_in_a_role_it_can_play():
     be = get("fp8_blockwise")
     x = torch.randn(64, 256, device=DEV)  # where the kernels run (a CPU tensor on a GPU machine has none)
     mx, f8 = QuantSpec("mxfp4"), QuantSpec("fp8")
-    assert be.operand_pair(x, mx, mx, seeds=(None, None)) is not None
-    assert be.operand_pair(x, mx, mx, seeds=(None, None), b_role=0) is None
+    assert be.operands.operand_pair(x, mx, mx, seeds=(None, None)) is not None
+    assert be.operands.operand_pair(x, mx, mx, seeds=(None, None), b_role=0) is None
     for role in (0, 1):
-        rows, cols = be.operand_pair(x, f8, f8, seeds=(None, None), b_role=role)
+        rows, cols = be.operands.operand_pair(x, f8, f8, seeds=(None, None), b_role=role)
         assert rows.block_axis == 1 and cols.block_axis == 0
 
 
@@ -191,17 +191,17 @@ def test_backend_predicates_say_what_its_operand_methods_make():
     be = get("fp8_blockwise")
     mx, mx_sr, f8, f8_sr = QuantSpec("mxfp4"), QuantSpec("mxfp4", rounding="stochastic"), QuantSpec("fp8"), QuantSpec("fp8", rounding="stochastic")
     tiles, nv = QuantSpec("mxfp4", block=(32, 32)), QuantSpec("nvfp4")
-    assert (be.pair_kind(mx, mx), be.pair_kind(mx_sr, mx), be.pair_kind(f8, f8)) == ("mxfp4", "mxfp4", "fp8")
-    assert be.pair_kind(f8_sr, f8) is None and be.pair_kind(mx, f8) is None and be.pair_kind(tiles, mx) is None
-    assert be.pair_kind(nv, nv) is None
+    assert (be.operands.pair_kind(mx, mx), be.operands.pair_kind(mx_sr, mx), be.operands.pair_kind(f8, f8)) == ("mxfp4", "mxfp4", "fp8")
+    assert be.operands.pair_kind(f8_sr, f8) is None and be.operands.pair_kind(mx, f8) is None and be.operands.pair_kind(tiles, mx) is None
+    assert be.operands.pair_kind(nv, nv) is None
     for shape, role, fits in (((64, 256), 1, True), ((48, 256), 1, False), ((64, 192), 1, False), ((64, 256), 0, False)):
         x = torch.randn(*shape, device=DEV)
-        assert be.pair_fits("mxfp4", x, role) is fits
-        assert (be.operand_pair(x, mx, mx, seeds=(None, None), b_role=role) is not None) is fits
-    assert be.pair_fits("fp8", torch.randn(48, 96, device=DEV), 0) and not be.pair_fits(None, torch.randn(64, 256, device=DEV))
+        assert be.operands.pair_fits("mxfp4", x, role) is fits
+        assert (be.operands.operand_pair(x, mx, mx, seeds=(None, None), b_role=role) is not None) is fits
+    assert be.operands.pair_fits("fp8", torch.randn(48, 96, device=DEV), 0) and not be.operands.pair_fits(None, torch.randn(64, 256, device=DEV))
     h32, h256 = TransformSpec("hadamard", block=32), TransformSpec("hadamard", block=256)
-    assert be.fuses(mx, h32) and not be.fuses(mx, h256) and not be.fuses(tiles, h32) and not be.fuses(mx, None)
+    assert be.operands.fuses(mx, h32) and not be.operands.fuses(mx, h256) and not be.operands.fuses(tiles, h32) and not be.operands.fuses(mx, None)
     x16 = torch.randn(64, 256, dtype=torch.float16, device=DEV)
-    assert be.fold_fits(x16, 1) and not be.fold_fits(x16, 1, h32) and not be.fold_fits(torch.randn(64, 96, device=DEV), 1)
-    assert be.operand(x16, mx, axis=1, role=0, seed=None, transform=h32) is None
-    assert be.operand(x16.float(), mx, axis=1, role=0, seed=None, transform=h32) is not None
+    assert be.operands.fold_fits(x16, 1) and not be.operands.fold_fits(x16, 1, h32) and not be.operands.fold_fits(torch.randn(64, 96, device=DEV), 1)
+    assert be.operands.operand(x16, mx, axis=1, role=0, seed=None, transform=h32) is None
+    assert be.operands.operand(x16.float(), mx, axis=1, role=0, seed=None, transform=h32) is not None

@@ -225,7 +225,7 @@ def test_layers_reading_one_input_share_one_prepare_op(recipe, fresh_dynamo, mon
             setattr(m, n, QuantizedLinear.from_linear(getattr(m, n), _iht_wgrad_spec(), backend="triton", shared_input=memo))
     else:
         m = fp4train.convert(_Siblings().to(dev), recipe, backend="triton")
-    be = backends.get("triton")
+    be = backends.get("triton").operands
     calls = []
     # what prepares X for fprop (along K, axis 1) - once per input when shared
     name = "operand_pair" if recipe in ("mxfp4", "tib2d", "fp8_rowwise") else "operand"
@@ -342,7 +342,7 @@ def test_backend_state_is_allocated_when_a_layer_arrives_on_a_device(monkeypatch
     """The triton backend's inexact counter exists on the weight's device once a layer is made or moved, before
     any call: made lazily inside the first call of a model compiled with mode="reduce-overhead", it would sit in
     the CUDA-graph pool without being a graph output, which cudagraph trees refuse (AdaHOP on the H200)."""
-    backend = fp4train.backends.get("triton")
+    backend = fp4train.backends.get("triton").operands
     monkeypatch.setattr(backend, "inexact", None)
     q = fp4train.convert(nn.Sequential(nn.Linear(128, 96)), "mxfp4", backend="triton")[0]
     assert backend.inexact is not None and backend.inexact.device == q.weight.device

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..backends import multiply
 from ..linear.operands import OP_A, OP_B, prepare_now
 from ..quantizer import Quantizer
 from ..recipes.spec import GemmSpec
@@ -28,6 +29,6 @@ def gemm_with_outliers(a, b, g: GemmSpec, *, seed: int, gemm: int, compute_dtype
     def residual(a_res, b_res):
         qa = prepare_now(a_res, g.a, operand=OP_A, **common)
         qb = prepare_now(b_res, g.b, operand=OP_B, **common)
-        return backend.gemm(qa, qb, torch.float32)
+        return multiply(backend, qa, qb, torch.float32)
 
     return oe_gemm(a, b, ext, residual).to(out_dtype)

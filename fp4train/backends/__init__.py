@@ -1,11 +1,12 @@
 """GEMM backends: where a prepared pair of operands is multiplied.
 
-A backend has one method, ``gemm(a, b, out_dtype) -> a @ b.T``, taking plain tensors or
-:class:`~fp4train.formats.QuantizedTensor` s blocked along the inner (last) dimension.
+A backend's ``gemm(a, b, out_dtype) -> a @ b.T`` only multiplies: plain tensors,
+:class:`~fp4train.formats.QuantizedTensor` s blocked along the inner (last) dimension, or operands its
+``operands`` made (None where it makes none: the layer's quantizer prepares every operand).
 ``emulated`` (dequantize + FP32 matmul) runs everywhere and is the reference;
 ``fp8_blockwise`` runs MXFP4 GEMMs on FP8 tensor cores (CUDA; emulated elsewhere); ``triton``
-is that plus Triton-kernel quantization of every operand - the fast path. A backend may also
-prepare its own operands (``operand(x, q, axis=, role=, seed=)``).
+is that plus Triton-kernel quantization of every operand - the fast path. The two FP8 backends'
+``operands`` (:class:`~fp4train.backends.fp8_operands.Fp8Operands`) fold MXFP4 for FP8 tensor cores.
 
 ``"auto"`` (recipes' default) is ``triton`` where a CUDA GPU is present, ``emulated`` elsewhere.
 """
@@ -30,6 +31,14 @@ def resolve(name: str) -> str:
     return name
 
 
+def multiply(backend, a, b, out_dtype: torch.dtype) -> torch.Tensor:
+    """``a @ b.T`` by ``backend``'s GEMM, the operands first put in the form it multiplies by the backend's own
+    operand preparation where it has one (packed MXFP4 folded for FP8 tensor cores)."""
+    if (ops := backend.operands) is not None:
+        a, b = ops.for_gemm(a, b, folded_gemm=backend.takes_folded())
+    return backend.gemm(a, b, out_dtype)
+
+
 def names() -> list[str]:
     return sorted(_BACKENDS)
 
@@ -41,4 +50,4 @@ def get(name: str):
     raise ValueError(f"unknown GEMM backend {name!r}; available: {', '.join(names())} (or {AUTO!r})")
 
 
-__all__ = ["AUTO", "EmulatedBackend", "Fp8BlockwiseBackend", "TritonBackend", "get", "names", "resolve"]
+__all__ = ["AUTO", "EmulatedBackend", "Fp8BlockwiseBackend", "TritonBackend", "get", "multiply", "names", "resolve"]

@@ -94,6 +94,7 @@ class EmulatedBackend:
     """
 
     name = "emulated"
+    operands = None  #: it prepares no operands of its own: the layer's quantizer makes them all
 
     def gemm(self, a: Operand, b: Operand, out_dtype: torch.dtype) -> torch.Tensor:
         check_inner_blocks(a, "a")

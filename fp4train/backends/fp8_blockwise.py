@@ -1,76 +1,24 @@
 """The ``fp8_blockwise`` GEMM backend: MXFP4 GEMMs on Hopper's FP8 tensor cores.
 
-Every E2M1 value is exact in E4M3 and MX scales are powers of two, so an MXFP4 operand folds
-into FP8 with one power-of-two scale per 1x128 (A operand) or 128x128 (B operand) group
-(:mod:`fp4train.formats.fold`, docs/methods.md, Hopper execution), exact while the block exponents in a group
-span at most 14 binades; the elements that are not exact are counted (:attr:`inexact`, a device
-counter, no host synchronisation). The product then runs as one blockwise-scaled FP8 GEMM
-(``torch.nn.functional.scaled_mm`` with 1x128 x 128x128 scaling, FP32 accumulation promoted per
-128-deep K block, BF16/FP32 output).
-
-The backend prepares its own operands (:meth:`operand`): MXFP4 requests with 1x32 blocks along
-the GEMM's inner dimension, floor or ceil scales, nearest or stochastic rounding, whose inner
-dimension is a multiple of 128, quantize and fold in one Triton pass
-(:func:`fp4train.kernels.quantize_mxfp4_fp8`), bit-identical to quantize-then-fold of the
-reference. Where fprop and wgrad both take X as 1x32 MXFP4, one pass makes both (:meth:`operand_pair`).
-The X that forward saved for wgrad stays packed MXFP4 (4.25 bits per element) and is folded
-in backward from its codes (:meth:`fold_saved`, one pass). 32x32-tile operands (tib2d's W and dY)
-are quantized once, kept packed and folded for each GEMM that uses them (:meth:`fold_tiles`).
-FP8 rowwise operands (the ``fp8_rowwise`` baseline) are quantized by one Triton kernel into E4M3
-codes stored with the inner dimension last and multiplied by a rowwise-scaled FP8 GEMM
-(:func:`rowwise_fp8_mm`). Everything else - and any GEMM without two such operands, and every CPU
-GEMM - goes to the ``emulated`` backend (a folded operand is exact in BF16 there).
+:meth:`Fp8BlockwiseBackend.gemm` multiplies prepared operands and nothing else: two folded MXFP4 operands
+(:mod:`fp4train.backends.fp8_operands`: FP8 E4M3 codes with 1x128 groups for A, 128x128 for B) as one
+blockwise-scaled FP8 GEMM (``torch.nn.functional.scaled_mm`` with 1x128 x 128x128 scaling, FP32
+accumulation promoted per 128-deep K block, BF16/FP32 output); two FP8 rowwise operands as one
+rowwise-scaled FP8 GEMM (:func:`rowwise_fp8_mm`); anything else - and every CPU GEMM - on the
+``emulated`` backend (a folded operand is exact in BF16 there). Its operands come from
+:attr:`Fp8BlockwiseBackend.operands`, which the quantized linear asks first.
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
 
 import torch
 
 from ..formats.fold import FoldedFP8
-from ..formats.qtensor import QuantizedTensor, ScaledBF16
-from ..quantizer import kernels_usable_on
+from ..formats.qtensor import QuantizedTensor
 from .emulated import EmulatedBackend
-
-
-@dataclass(frozen=True)
-class FoldedOperand:
-    """A GEMM operand as FP8 E4M3 + group scales, stored with its blocks along the last dim
-    (``data`` ``[rows, K]``); ``transposed`` flips the logical view like ``QuantizedTensor.t()``."""
-
-    data: FoldedFP8
-    transposed: bool = False
-
-    @property
-    def block_axis(self) -> int:
-        return 0 if self.transposed else 1
-
-    @property
-    def shape(self) -> torch.Size:
-        s = self.data.codes.shape
-        return torch.Size((s[1], s[0]) if self.transposed else s)
-
-    @property
-    def ndim(self) -> int:
-        return 2
-
-    @property
-    def device(self) -> torch.device:
-        return self.data.codes.device
-
-    def t(self) -> FoldedOperand:
-        return replace(self, transposed=not self.transposed)
-
-    def scaled_bf16(self) -> ScaledBF16:
-        """Exact BF16 values (E4M3 value x power-of-two scale has <= 4 significant bits)."""
-        v = self.data.dequantize().to(torch.bfloat16)
-        return ScaledBF16(v.mT if self.transposed else v, None, None, self.block_axis)
-
-    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        v = self.data.dequantize()
-        return (v.mT if self.transposed else v).to(dtype)
+from .fp8_operands import FoldedOperand, Fp8Operands
 
 
 def _scaling(*names):
@@ -148,194 +96,19 @@ def blockwise_fp8_mm(a: FoldedFP8, b: FoldedFP8, out_dtype: torch.dtype) -> torc
 
 
 class Fp8BlockwiseBackend:
-    """MXFP4 GEMMs as blockwise-scaled FP8 GEMMs on CUDA; the emulated backend for the rest."""
+    """MXFP4 GEMMs as blockwise-scaled FP8 GEMMs on CUDA; the emulated backend for the rest. Its operands
+    are prepared by :attr:`operands` (:class:`~fp4train.backends.fp8_operands.Fp8Operands`); :meth:`gemm` only
+    multiplies them."""
 
     name = "fp8_blockwise"
 
     def __init__(self) -> None:
         self.fallback = EmulatedBackend()
-        self.inexact: torch.Tensor | None = None  # int32 count of inexact folded elements, on the device
+        self.operands = Fp8Operands()
 
-    def _counter(self, device) -> torch.Tensor:
-        if self.inexact is None or self.inexact.device != device:
-            self.inexact = torch.zeros((), dtype=torch.int32, device=device)
-        return self.inexact
-
-    def allocate_state(self, device) -> None:
-        """Allocate now the device state kept across calls (the inexact counter) for ``device``.
-        QuantizedLinear calls this when its weight arrives on a device: made lazily inside the first
-        call of a model compiled with ``mode="reduce-overhead"``, the counter would live in the CUDA-graph
-        memory pool without being a graph output, which cudagraph trees refuse ("Detected 1 tensor(s)
-        in the cudagraph pool not tracked as outputs": AdaHOP's first compiled step on the H200)."""
-        self._counter(torch.device(device))
-
-    # What this backend prepares itself, as predicates on the specs (known when a model is converted) and
-    # on the tensor (known at the call): operand() and operand_pair() decide by them, and the graph ops
-    # (linear/op.py) ask them which shared preparation of X a layer's fake implementation describes.
-
-    @staticmethod
-    def folds_1x32(q) -> bool:
-        """Is ``q`` MXFP4 in 1x32 blocks (what the fold kernel quantizes, optionally with a fused transform)?"""
-        return (q.quantized and q.format == "mxfp4" and not q.is_2d and not q.four_over_six
-                and q.quantize_kwargs().get("block") in (None, 32))
-
-    @classmethod
-    def fuses(cls, q, transform) -> bool:
-        """Does :meth:`operand` fuse ``transform`` into the fold of ``q`` (a block Hadamard up to 128)?"""
-        return cls.folds_1x32(q) and transform is not None and transform.block <= 128
-
-    @staticmethod
-    def fold_fits(x: torch.Tensor, axis: int, transform=None) -> bool:
-        """Can the fold kernel take ``x`` (2D, blocks along ``axis`` a multiple of 128; with a fused
-        transform float32/bfloat16)? Also for X ``[..., K]`` along its last dim (``axis`` -1)."""
-        return (x.ndim >= 2 and kernels_usable_on(x) and x.shape[axis] % 128 == 0
-                and (transform is None or x.dtype in (torch.float32, torch.bfloat16)))
-
-    @classmethod
-    def pair_kind(cls, qa, qb) -> str | None:
-        """Which pair :meth:`operand_pair` makes for the specs (``qa`` along K, ``qb`` along M): "fp8"
-        (both FP8 rowwise with nearest rounding), "mxfp4" (both MXFP4 in 1x32 blocks), or None."""
-        if all(q.quantized and q.format == "fp8" and not q.stochastic for q in (qa, qb)):
-            return "fp8"
-        if cls.folds_1x32(qa) and cls.folds_1x32(qb):
-            return "mxfp4"
-        return None
-
-    @staticmethod
-    def pair_fits(kind: str | None, x: torch.Tensor, b_role: int = 1) -> bool:
-        """Can :meth:`operand_pair` make pair ``kind`` of ``x`` ``[..., K]`` (M = its rows, flattened) for
-        the along-M half's GEMM operand ``b_role``? FP8 rowwise: any float input, either role; MXFP4:
-        M % 32 == 0, K % 128 == 0, B only (its along-M half is packed for wgrad's B)."""
-        if x.ndim < 2 or not kernels_usable_on(x) or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            return False
-        k = x.shape[-1]
-        if kind == "fp8":
-            return True
-        return kind == "mxfp4" and b_role == 1 and k % 128 == 0 and (x.numel() // k) % 32 == 0
-
-    def operand(self, x: torch.Tensor, q, *, axis: int, role: int, seed: int | None, transform=None, transform_seed=None):
-        """The folded operand for an MXFP4 request (``role`` 0: GEMM operand A, 1: B), or None.
-        ``transform`` (a TransformSpec along ``axis``, signs from ``transform_seed``): fused into the
-        same pass where :meth:`fuses` and :meth:`fold_fits` allow, or None to have it done first."""
-        if not kernels_usable_on(x):
-            return None
-        if q.format == "fp8" and x.ndim == 2 and transform is None and not q.stochastic:
-            from ..kernels.fp8_values import quantize_fp8_rowwise
-
-            # E4M3 codes stored with the inner dim last + row scales: gemm() runs it on FP8 tensor cores
-            return quantize_fp8_rowwise(x.detach(), axis=axis)
-        if x.ndim != 2 or q.format != "mxfp4" or q.four_over_six:
-            return None
-        kw = q.quantize_kwargs()
-        if transform is not None and not (self.fuses(q, transform) and self.fold_fits(x, axis, transform)):
-            return None
-        if q.is_2d:
-            # 32x32 tiles: quantized once, packed; gemm() folds them for each use (either orientation)
-            if tuple(kw["block"]) != (32, 32) or x.shape[0] % 128 or x.shape[1] % 128:
-                return None
-            from ..kernels import quantize_mxfp4_2d
-
-            return quantize_mxfp4_2d(x.detach(), scale=kw.get("scale", "floor"), rounding=kw.get("rounding", "nearest"), seed=seed)
-        if not (self.folds_1x32(q) and self.fold_fits(x, axis)):
-            return None
-        from ..kernels.mx_fold import quantize_mxfp4_fp8
-
-        had = {}
-        if transform is not None:
-            from ..transforms.hadamard import signs
-
-            had = dict(hadamard_block=transform.block,
-                       hadamard_signs=signs(transform_seed, transform.block, device=x.device) if transform_seed is not None else None)
-        # blocks along dim 0 (W along N for dgrad, dY along M for wgrad): the kernel reads x in place as x^T
-        folded = quantize_mxfp4_fp8(x.detach(), axis=axis, group_rows=1 if role == 0 else 128, scale=kw.get("scale", "floor"),
-                                    rounding=kw.get("rounding", "nearest"), seed=seed, counter=self._counter(x.device), **had)
-        return FoldedOperand(folded, transposed=axis % 2 == 0)
-
-    def operand_pair(self, x: torch.Tensor, qa, qb, *, seeds: tuple[int | None, int | None], b_role: int = 1):
-        """A tensor ``[M, K]`` read once for its two GEMMs: (the A operand along K, the operand along M
-        for GEMM operand ``b_role`` - 1: B, X for wgrad; 0: A, dY for wgrad), or None where the specs,
-        the shape or the role do not allow it:
-
-        * both MXFP4 with 1x32 blocks, M % 32 == 0, K % 128 == 0, ``b_role`` 1: (folded into FP8, packed
-          MXFP4 along M - what the layer saves for wgrad, folded there as a B operand);
-        * both FP8 rowwise with nearest rounding, either role: the two QuantizedTensors, from two reads
-          instead of four."""
-        kind = self.pair_kind(qa, qb)
-        if x.ndim != 2 or not self.pair_fits(kind, x, b_role):
-            return None
-        if kind == "fp8":
-            from ..kernels.fp8_values import quantize_fp8_rowwise_both
-
-            return quantize_fp8_rowwise_both(x.detach())
-        kws = [qa.quantize_kwargs(), qb.quantize_kwargs()]
-        from ..kernels.mx_fold import quantize_mxfp4_fp8_and_columns
-
-        folded, cols = quantize_mxfp4_fp8_and_columns(
-            x.detach(), scale=tuple(k.get("scale", "floor") for k in kws), rounding=tuple(k.get("rounding", "nearest") for k in kws),
-            seed=seeds, counter=self._counter(x.device))
-        return FoldedOperand(folded), cols
-
-    def fold_saved(self, q: QuantizedTensor) -> FoldedOperand | None:
-        """A packed MXFP4 operand (the X that forward saved for wgrad) folded as a B operand, in one
-        pass over its codes; None unless its stored layout is the GEMM's (1x32 blocks along the
-        inner dim, which is a multiple of 128)."""
-        if not self._saved_foldable(q):
-            return None
-        from ..kernels.mx_fold import fold_packed_mxfp4
-
-        return FoldedOperand(fold_packed_mxfp4(q.codes, q.scales, group_rows=128, counter=self._counter(q.device)))
-
-    def fold_tiles(self, q: QuantizedTensor, role: int) -> FoldedOperand | None:
-        """A packed MXFP4 operand with 32x32 tiles folded for GEMM operand ``role`` (0: A, 1x128
-        groups; 1: B, 128x128), whichever way it is viewed; None unless both dims are multiples of 128.
-
-        A tile's scale is the scale of each 1x32 row (or column) piece in it, so the stored codes are
-        1x32 MXFP4 along either stored dim: :func:`~fp4train.kernels.mx_fold.fold_tiles_mxfp4` folds
-        them along the stored columns, or - viewed transposed, the inner dim being the stored rows -
-        reads them in place as the transposed operand with 128x128 groups (a group maps onto a group
-        under transposition); as an A operand the group's scale is then stored on each row (1x128
-        groups with equal scales: the same values, a wider span for the exactness rule)."""
-        if not self._tiles_foldable(q):
-            return None
-        from ..kernels.mx_fold import fold_tiles_mxfp4
-
-        counter = self._counter(q.device)
-        if not q.transposed:  # inner dim = the stored columns
-            return FoldedOperand(fold_tiles_mxfp4(q.codes, q.scales, transposed=False, group_rows=1 if role == 0 else 128,
-                                                  counter=counter))
-        # inner dim = the stored rows: read in place; 128x128 groups (a group maps onto a group), as an A
-        # operand with the group's scale on each row
-        return FoldedOperand(fold_tiles_mxfp4(q.codes, q.scales, transposed=True, group_rows=128, scale_per_row=role == 0,
-                                              counter=counter))
-
-    @staticmethod
-    def _saved_foldable(q: QuantizedTensor) -> bool:
-        """1x32 MXFP4 stored with its blocks along the logical inner dim (a multiple of 128)."""
-        lay = q.layout
-        if q.fmt != "mxfp4" or q.ndim != 2 or lay.is_2d or not kernels_usable_on(q.codes) or q.block_axis != 1:
-            return False
-        return (lay.axis == 1) != q.transposed and lay.shape[lay.axis] % 128 == 0  # stored rows = logical rows
-
-    @staticmethod
-    def _tiles_foldable(q: QuantizedTensor) -> bool:
-        """32x32-tile MXFP4 with both dims multiples of 128."""
-        lay = q.layout
-        return (q.fmt == "mxfp4" and q.ndim == 2 and lay.is_2d and lay.block == (32, 32) and kernels_usable_on(q.codes)
-                and lay.shape[0] % 128 == 0 and lay.shape[1] % 128 == 0)
-
-    def _can_fold(self, op, role: int) -> bool:
-        """Can ``op`` be the FoldedOperand of ``role`` (checks only, nothing launched)?"""
-        if isinstance(op, FoldedOperand):
-            return True
-        if not isinstance(op, QuantizedTensor):
-            return False
-        return self._tiles_foldable(op) if op.layout.is_2d else (role == 1 and self._saved_foldable(op))
-
-    def _fold(self, op, role: int) -> FoldedOperand:
-        """``op`` (one that :meth:`_can_fold`) as the FoldedOperand of ``role``."""
-        if isinstance(op, FoldedOperand):
-            return op
-        return self.fold_tiles(op, role) if op.layout.is_2d else self.fold_saved(op)
+    def takes_folded(self) -> bool:
+        """Does :meth:`gemm` multiply folded operands on FP8 tensor cores here (not known to fail)?"""
+        return _BLOCKWISE_OK is not False
 
     @staticmethod
     def _rowwise_pair(a, b) -> bool:
@@ -351,6 +124,7 @@ class Fp8BlockwiseBackend:
                 and a.data.group_rows == 1 and b.data.group_rows == 128 and a.device.type == "cuda")
 
     def gemm(self, a, b, out_dtype: torch.dtype) -> torch.Tensor:
+        """``a @ b.T`` of two prepared operands (blocked along their inner, last dim)."""
         global _BLOCKWISE_OK, _ROWWISE_OK
         if _ROWWISE_OK is not False and self._rowwise_pair(a, b):
             try:
@@ -365,8 +139,6 @@ class Fp8BlockwiseBackend:
                 _ROWWISE_OK = False
                 warnings.warn(f"fp4train: this PyTorch/GPU cannot run rowwise-scaled FP8 GEMMs ({type(e).__name__}: {e}); "
                               "FP8 rowwise GEMMs run on BF16 tensor cores instead (same values, slower)", RuntimeWarning, stacklevel=2)
-        if _BLOCKWISE_OK is not False and self._can_fold(a, 0) and self._can_fold(b, 1):
-            a, b = self._fold(a, 0), self._fold(b, 1)  # both on FP8 tensor cores, or (CPU, another view) exact in BF16 below
         if _BLOCKWISE_OK is not False and self._blockwise(a, b):
             try:
                 y = blockwise_fp8_mm(a.data, b.data, out_dtype)

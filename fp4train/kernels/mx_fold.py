@@ -198,7 +198,7 @@ def _fold_store(code, eb, bad, r, rmask, codes_ptr, scales_ptr, count_ptr, sc, s
     """Fold E2M1 codes [RB, 4, 32] with block exponents ``eb`` [RB, 4] into E4M3 bytes + group scale(s),
     store them for rows ``r`` and columns ``program_id(1) * 128 ..``, and add the inexact count.
     ``SCALE_PER_ROW`` with 128x128 groups: the group's scale stored on each of its rows (a 1x128-group
-    A operand with the same values - see fp8_blockwise.fold_tiles)."""
+    A operand with the same values - see fp8_operands.Fp8Operands.fold_tiles)."""
     g, nan_g, d = _group_max(eb, bad, rmask, GR)
     live = tl.max(code & 7, axis=2) > 0  # blocks with a nonzero element (all-zero blocks fold to zeros either way)
     if tl.max(tl.reshape(tl.where(live, d, 0), [RB * 4]), axis=0) <= 11:  # the usual tile: within 11 binades of the top

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import torch
 
+from ..backends import multiply
 from ..quantizer import Quantizer
 from ..recipes.spec import LinearSpec
 from .operands import DGRAD, FPROP, OP_A, OP_B, WGRAD, pad_rows, prepare, prepare_now, shares_quantization, sr_seed
@@ -58,7 +59,7 @@ def fprop(x2, weight, bias, spec: LinearSpec, backend, quantizer: Quantizer, see
     """GEMM 1, fprop: ``Y[M,N] = X[M,K] @ W[N,K]^T (+ b)``, both operands along K.
 
     Returns ``(Y, xa, wb, x_wgrad)``: the two prepared operands (the caller may keep them for
-    backward) and, with ``save_x``, X prepared for wgrad where a backend's ``operand_pair`` made
+    backward) and, with ``save_x``, X prepared for wgrad where a backend's ``operands.operand_pair`` made
     it in the same pass as fprop's (else None). Also the whole forward of the layer when no
     gradient is needed (inference, evaluation). ``x_prepared``: ``(fprop's X, wgrad's X)`` made
     beforehand (the shared preparation of :func:`fp4train.linear.op.prepare_x`), used as they are.
@@ -73,7 +74,7 @@ def fprop(x2, weight, bias, spec: LinearSpec, backend, quantizer: Quantizer, see
     keep_w = saves_fprop_w(spec)
     common = dict(axis=1, transform=g.transform, seed=seed, gemm=FPROP, compute_dtype=out_dtype, quantizer=quantizer)
     xa = x_saved = None
-    pair = getattr(backend, "operand_pair", None)
+    pair = backend.operands.operand_pair if backend.operands is not None else None
     if x_prepared is not None:
         xa, x_saved = x_prepared
     elif (save_x and pair is not None and not keep_x and spec.wgrad.outliers is None and g.transform is None
@@ -88,7 +89,7 @@ def fprop(x2, weight, bias, spec: LinearSpec, backend, quantizer: Quantizer, see
         wb = prepare(weight, g.b, operand=OP_B, **common)
     else:
         wb = prepare_now(weight, g.b, operand=OP_B, backend=backend, **common)
-    y = backend.gemm(xa, wb, out_dtype)
+    y = multiply(backend, xa, wb, out_dtype)
     if bias is not None:
         y = y + bias.to(out_dtype)
     return y, xa, wb, x_saved
@@ -157,7 +158,7 @@ def backward(dy2, weight, x_op, w_q, spec: LinearSpec, backend, quantizer: Quant
     share_dy = g2.outliers is None and g3.outliers is None and shares_quantization(g2.a, g2.transform, g3.a, g3.transform)
     dx = dw = db = None
     dy_dgrad = dy_wgrad = None
-    pair = getattr(backend, "operand_pair", None)
+    pair = backend.operands.operand_pair if backend.operands is not None else None
     if (needs[0] and needs[1] and pair is not None and not share_dy and g2.outliers is None and g3.outliers is None
             and g2.transform is None and g3.transform is None):
         # dY for dgrad (along N) and wgrad (along M, an A operand there) in one go, where the backend can
@@ -172,7 +173,7 @@ def backward(dy2, weight, x_op, w_q, spec: LinearSpec, backend, quantizer: Quant
         # GEMM 2, dgrad: dX[M,K] = dY[M,N] @ (W^T)[K,N]^T, both along N
         if w_q is None:
             w_q = prepare_now(weight, g2.b, axis=0, transform=g2.transform, gemm=DGRAD, operand=OP_B, **common)
-        dx = backend.gemm(dy_dgrad, w_q.t(), x_dtype)
+        dx = multiply(backend, dy_dgrad, w_q.t(), x_dtype)
     if needs[1] and g3.outliers is not None:
         mult = g3.transform.block if g3.transform is not None else 1
         dw = _outliers(pad_rows(dy2, mult).t(), pad_rows(x_op, mult).t(), g3, gemm=WGRAD, out_dtype=weight.dtype, **common)
@@ -183,7 +184,7 @@ def backward(dy2, weight, x_op, w_q, spec: LinearSpec, backend, quantizer: Quant
         elif dy_wgrad is None:
             dym = pad_rows(dy2, g3.transform.block) if g3.transform is not None else dy2
             dy_wgrad = prepare_now(dym, g3.a, axis=0, transform=g3.transform, gemm=WGRAD, operand=OP_A, **common)
-        dw = backend.gemm(dy_wgrad.t(), x_op.t(), weight.dtype)
+        dw = multiply(backend, dy_wgrad.t(), x_op.t(), weight.dtype)
     if needs[2]:
         db = dy2.float().sum(0).to(weight.dtype)
     return dx, dw, db

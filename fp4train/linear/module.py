@@ -72,10 +72,10 @@ class QuantizedLinear(nn.Linear):
         return self.quantizer.numerics
 
     def _allocate_backend_state(self) -> None:
-        """Let the backend allocate the state it keeps per device (fp8_blockwise/triton: the inexact counter)
-        on the weight's device now, outside any compiled call (see ``Fp8BlockwiseBackend.allocate_state``)."""
+        """Let the backend's operand preparation allocate the state it keeps per device (fp8_blockwise/triton: the
+        inexact counter) on the weight's device now, outside any compiled call (see ``Fp8Operands.allocate_state``)."""
         # whatever the spec: AdaHOP's layers start unquantized and get their specs from calibration
-        allocate = getattr(getattr(self, "backend", None), "allocate_state", None)
+        allocate = getattr(getattr(getattr(self, "backend", None), "operands", None), "allocate_state", None)
         weight = getattr(self, "weight", None)
         if weight is None or weight.device.type == "meta":
             return

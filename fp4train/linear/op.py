@@ -98,10 +98,10 @@ def prep_kind(spec: LinearSpec, backend: str) -> str | None:
     """Which shared X preparation this layer's specs allow, or None (X is then prepared inside the
     layer's own op). Shared preparations are deterministic (nearest rounding, no random signs), have
     wgrad's X saved packed, and are made by a backend that prepares its own operands - which of them,
-    its predicates say (``pair_kind``, ``fuses``; backends/fp8_blockwise.py)."""
+    its predicates say (``pair_kind``, ``fuses``; backends/fp8_operands.py)."""
     g, w3 = spec.fprop, spec.wgrad
-    be = backends.get(backend)
-    if getattr(be, "pair_kind", None) is None or saved_x_source(spec) != X_WGRAD or g.outliers is not None or w3.outliers is not None:
+    be = backends.get(backend).operands
+    if be is None or saved_x_source(spec) != X_WGRAD or g.outliers is not None or w3.outliers is not None:
         return None
     if not (g.a.quantized and w3.b.quantized and deterministic(g.a, g.transform) and deterministic(w3.b, w3.transform)):
         return None
@@ -132,7 +132,7 @@ def _prep_kind_of(key: str) -> str | None:
 def prep_fits(x: torch.Tensor, cfg: LayerConfig) -> bool:
     """Does X's shape, dtype and device allow the layer's shared preparation? The backend's predicates
     decide (``pair_fits``, ``fold_fits``)."""
-    kind, be = prep_kind(cfg.spec, cfg.backend_name), cfg.backend  # traced by dynamo: no cache wrapper
+    kind, be = prep_kind(cfg.spec, cfg.backend_name), cfg.backend.operands  # traced by dynamo: no cache wrapper
     if kind == FOLD:
         return be.fold_fits(x, -1, cfg.spec.fprop.transform)
     return be.pair_fits(kind, x)
@@ -166,7 +166,7 @@ def prepare_x(x: torch.Tensor, key: str, out_dtype: torch.dtype) -> list[torch.T
     backend, quantizer = cfg.backend, cfg.quantizer
     g, w3 = cfg.spec.fprop, cfg.spec.wgrad
     x2 = x.reshape(-1, x.shape[-1])
-    both = backend.operand_pair(x2, g.a, w3.b, seeds=(None, None)) if kind in (PAIR, FP8_ROWWISE) else None
+    both = backend.operands.operand_pair(x2, g.a, w3.b, seeds=(None, None)) if kind in (PAIR, FP8_ROWWISE) else None
     if kind == PAIR and both is None:
         raise RuntimeError(f"fp4train: the {cfg.backend_name} backend made no operand pair for X {tuple(x2.shape)} ({x2.dtype}, {x2.device})")
     if both is not None:
@@ -184,7 +184,7 @@ def prepare_x(x: torch.Tensor, key: str, out_dtype: torch.dtype) -> list[torch.T
 
 
 def _pack_xa(xa, kind: str, backend: str, expected):
-    from ..backends.fp8_blockwise import FoldedOperand
+    from ..backends.fp8_operands import FoldedOperand
 
     folded = kind in (PAIR, FOLD)
     if folded and isinstance(xa, FoldedOperand) and not xa.transposed and xa.data.group_rows == 1:
@@ -219,9 +219,9 @@ def _unpack_prep(tensors: list[torch.Tensor], x2: torch.Tensor, config: str, out
     cfg, key = parse(config), _prep_key_of(config)
     xa_meta, xs_meta = prep_layouts(key, tuple(x2.shape), x2.dtype, out_dtype)
     if xa_meta is None:
-        from ..backends.fp8_blockwise import FoldedOperand
+        from ..backends.fp8_operands import FoldedOperand
 
-        xa = FoldedOperand(FoldedFP8(tensors[0], tensors[1], 1, cfg.backend._counter(x2.device)))
+        xa = FoldedOperand(FoldedFP8(tensors[0], tensors[1], 1, cfg.backend.operands.counter(x2.device)))
     else:
         xa = unpack_operand(tuple(tensors[:_N_XA]), xa_meta)
     return xa, unpack_operand(tuple(tensors[_N_XA:]), xs_meta)

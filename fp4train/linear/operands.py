@@ -94,7 +94,7 @@ def prepare_now(
 ) -> Operand:
     """:func:`prepare` for an operand that a GEMM multiplies at once (nothing saves it).
 
-    A ``backend`` with an ``operand`` method (``fp8_blockwise``, ``triton``) is asked first: it may
+    A ``backend`` that prepares operands of its own (``fp8_blockwise``, ``triton``: ``backend.operands``) is asked first: it may
     return the operand in its own form (MXFP4 folded into FP8 group scales), with the transform
     fused into the same pass where it can, else after the transform. Then the quantizer's
     :meth:`~fp4train.quantizer.Quantizer.values`: the BF16 values and factors of
@@ -103,7 +103,7 @@ def prepare_now(
     compiles the butterflies slowly and badly; on a GPU a Triton kernel does them in one pass).
     Otherwise it is :func:`prepare`.
     """
-    own = getattr(backend, "operand", None)
+    own = backend.operands.operand if backend is not None and backend.operands is not None else None
     common = dict(axis=axis, seed=seed, gemm=gemm, operand=operand, compute_dtype=compute_dtype, quantizer=quantizer)
     if not q.quantized or x.ndim != 2 or (quantizer.numerics == "eager" and own is None):
         return prepare(x, q, transform=transform, **common)
