@@ -12,18 +12,16 @@ and prints a Markdown table; the real-tensor version of this table comes from ``
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
-import json
 import statistics
 from pathlib import Path
 
 import torch
 
 from fp4train.adahop.patterns import Relative
+from common import results_path, write_results
 from fp4train.adahop.strategy import DEFAULT_K, Strategy, relative_error
 
-ROOT = Path(__file__).resolve().parent.parent
 RELS = (Relative.NONE, Relative.INNER, Relative.OUTER)
 
 
@@ -71,15 +69,11 @@ def main(argv=None):
     ap.add_argument("--scale", type=float, default=50.0)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--topk", type=int, default=DEFAULT_K)
-    ap.add_argument("--json", type=Path, default=ROOT / "bench/results/adahop_pattern_pairs.json")
+    ap.add_argument("--json", type=Path, default=results_path("adahop_pattern_pairs", per_device=False))
     args = ap.parse_args(argv)
     rows = measure(args.m, args.n, args.k, args.n_outliers, args.scale, args.seeds, args.topk)
     print(markdown(rows))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"script": "bench/adahop_pattern_pairs.py", "date": datetime.date.today().isoformat(),
-                "torch": torch.__version__, **{k: v for k, v in vars(args).items() if k != "json"}}
-        args.json.write_text(json.dumps({"meta": meta, "results": rows}, indent=1) + "\n")
+    write_results(args.json, rows, **{k: v for k, v in vars(args).items() if k != "json"})
 
 
 if __name__ == "__main__":

@@ -15,17 +15,15 @@ Writes ``bench/results/gemm_speed-<gpu>.json``.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 from pathlib import Path
 
 import torch
 
-from fp4train.timing import code_commit, median_time
+from common import results_path, write_results
+from fp4train.timing import median_time
 from fp4train.backends.fp8_blockwise import blockwise_fp8_mm
 from fp4train.formats.fold import FoldedFP8
 
-ROOT = Path(__file__).resolve().parent.parent
 
 # (name, N, K) of the linear layers; M = tokens
 MODELS = {
@@ -99,12 +97,7 @@ def main(argv=None):
               f"mxfp4->fp8 blockwise {r['mxfp4_fp8_blockwise']:7.1f} ({r['speedup_vs_bf16']:.2f}x bf16; "
               f"with quantize {r['mxfp4_fp8_blockwise_with_quantize']:7.1f}) TFLOP/s, rel err {r['rel_err_vs_fp64']:.2e}, "
               f"inexact {r['inexact_elements_first_fold']}", flush=True)
-    gpu = torch.cuda.get_device_name()
-    out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit() or "unknown",
-           "torch": torch.__version__, "unit": "TFLOP/s", "results": rows}
-    path = args.json or ROOT / "bench/results" / f"gemm_speed-{gpu.replace(' ', '_')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    write_results(args.json or results_path("gemm_speed"), rows, unit="TFLOP/s")
 
 
 if __name__ == "__main__":

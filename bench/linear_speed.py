@@ -14,17 +14,15 @@ Writes ``bench/results/linear_speed-<gpu>.json``.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
 import fp4train
-from fp4train.timing import code_commit, median_time
+from common import results_path, write_results
+from fp4train.timing import median_time
 
-ROOT = Path(__file__).resolve().parent.parent
 SHAPES = {  # (N, K) per layer
     "llama-3.2-1b": {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)},
     "llama-3-8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)},
@@ -88,16 +86,9 @@ def main(argv=None):
             rows.append(row)
             print(f"{model:>13} {name:>8} [{args.tokens}x{K}]x[{N}x{K}]^T: bf16 {t_bf16 * 1e3:7.2f} ms | "
                   + " | ".join(f"{k} {r['ms']:.2f} ms ({r['speedup_vs_bf16']:.2f}x)" for k, r in row["variants"].items()), flush=True)
-            _write(args.json, rows)  # after every shape: a run cut short keeps what it measured
+            write_results(args.json or results_path("linear_speed"), rows)  # after every shape: a run cut short keeps what it measured
 
 
-def _write(path, rows):
-    gpu = torch.cuda.get_device_name()
-    out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit() or "unknown",
-           "torch": torch.__version__, "results": rows}
-    path = path or ROOT / "bench/results" / f"linear_speed-{gpu.replace(' ', '_')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

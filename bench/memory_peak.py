@@ -18,8 +18,6 @@ and the recorded step's. Needs a GPU; writes ``--json``.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -27,9 +25,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import results_path, write_results  # noqa: E402
 from train_speed import setup  # noqa: E402 - the same run as the figures it is compared with
 
-ROOT = Path(__file__).resolve().parent.parent
 GIB = 2**30
 
 
@@ -128,7 +126,6 @@ def main(argv=None):
     if not torch.cuda.is_available():
         raise SystemExit("memory_peak.py reads the CUDA allocator's history: it needs a GPU")
     import fp4train
-    from fp4train.timing import code_commit
 
     backend = fp4train.backends.resolve(args.backend or "auto")
     rows = []
@@ -148,12 +145,8 @@ def main(argv=None):
                   f"(replayed {res['replayed_peak_gib']:.2f}; {res['start_gib']:.2f} alive before the step)", flush=True)
             for g in res["alive_at_peak"][:12]:
                 print(f"    {g['gib']:8.3f} GiB {g['blocks']:6d} blocks  {g['origin']}", flush=True)
-        out = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "commit": code_commit(),
-               "torch": torch.__version__, "model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len,
-               "compile": args.compile, "backend": backend, "results": rows}
-        path = args.json or ROOT / "bench/results" / f"memory_peak-{args.model}-{torch.cuda.get_device_name().replace(' ', '_')}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(out, indent=1) + "\n")
+        write_results(args.json or results_path("memory_peak", args.model), rows, model=args.model, batch_size=args.batch_size,
+                      seq_len=args.seq_len, compile=args.compile, backend=backend)
 
 
 if __name__ == "__main__":

@@ -12,16 +12,14 @@ read + write) is measured in the same run. Writes ``bench/results/quantize_speed
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 from pathlib import Path
 
 import torch
 
 import fp4train
-from fp4train.timing import code_commit, median_time
+from common import results_path, write_results
+from fp4train.timing import median_time
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 
@@ -94,11 +92,7 @@ def main(argv=None):
     for k, v in results.items():
         frac = f" ({v['fraction_of_copy']:.0%} of copy)" if "fraction_of_copy" in v else ""
         print(f"{k:>36}: {v['ms']:8.3f} ms  {v['GBps']:8.1f} GB/s{frac}")
-    gpu = torch.cuda.get_device_name()
-    out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit() or "unknown",
-           "torch": torch.__version__, "shape": [args.rows, args.cols], "dtype": "bfloat16", "results": results}
-    path = args.json or ROOT / "bench/results" / f"quantize_speed-{gpu.replace(' ', '_')}.json"
-    path.write_text(json.dumps(out, indent=1) + "\n")
+    write_results(args.json or results_path("quantize_speed"), results, shape=[args.rows, args.cols], dtype="bfloat16")
 
 
 if __name__ == "__main__":

@@ -17,17 +17,12 @@ inverse after (the error a GEMM with an inner Hadamard transform sees).
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
 from pathlib import Path
 
 import torch
 
-import fp4train
+from common import ROOT, results_path, write_results
 from fp4train import hadamard, quantize
-
-ROOT = Path(__file__).resolve().parent.parent
 
 # (label, format, kwargs, hadamard block or None)
 VARIANTS = [
@@ -99,25 +94,14 @@ def main(argv=None) -> None:
     ap.add_argument("--rows", type=int, default=2048)
     ap.add_argument("--cols", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", type=Path, default=ROOT / "bench/results/sqnr_formats.json")
+    ap.add_argument("--json", type=Path, default=results_path("sqnr_formats", per_device=False))
     ap.add_argument("--update-docs", action="store_true", help="rewrite the table in docs/formats.md")
     args = ap.parse_args(argv)
 
     results = measure(args.rows, args.cols, args.seed)
     table = markdown(results)
     print(table)
-    meta = {
-        "script": "bench/sqnr_formats.py",
-        "date": datetime.date.today().isoformat(),
-        "fp4train": fp4train.__version__,
-        "torch": torch.__version__,
-        "machine": platform.machine(),
-        "shape": [args.rows, args.cols],
-        "seed": args.seed,
-    }
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+    out = write_results(args.json, results, shape=[args.rows, args.cols], seed=args.seed)
     if args.update_docs:
         from tables import replace_blocks  # bench/tables.py: the docs' generated blocks
 
@@ -126,7 +110,7 @@ def main(argv=None) -> None:
         if "<!-- table:sqnr -->" not in text:
             raise SystemExit("docs/formats.md has no <!-- table:sqnr --> ... <!-- /table --> markers")
         body = (f"_Produced by `python bench/sqnr_formats.py --update-docs` ({args.rows}x{args.cols}, seed {args.seed}, "
-                f"{meta['date']}, torch {meta['torch']})._\n\n{table}")
+                f"{out['date']}, torch {out['torch']})._\n\n{table}")
         doc.write_text(replace_blocks(text, {"sqnr": body}))
 
 

@@ -13,16 +13,13 @@ dY: N(0, 1); W, b: ``nn.Linear``'s default init. The recipe's ``keep_last_blocks
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
 import fp4train
-
-ROOT = Path(__file__).resolve().parent.parent
+from common import results_path, write_results
 
 
 def sqnr_db(ref: torch.Tensor, approx: torch.Tensor) -> float:
@@ -58,7 +55,7 @@ def main(argv=None) -> None:
     ap.add_argument("--in", dest="k", type=int, default=256)
     ap.add_argument("--out", dest="n", type=int, default=384)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--json", type=Path, default=ROOT / "bench/results/sqnr_linear.json")
+    ap.add_argument("--json", type=Path, default=results_path("sqnr_linear", per_device=False))
     args = ap.parse_args(argv)
     rows = []
     print("| recipe | seed | Y | dX | dW |\n|---|---:|---:|---:|---:|")
@@ -69,11 +66,7 @@ def main(argv=None) -> None:
             r = {"recipe": name, "seed": seed, **measure(name, args.tokens, args.k, args.n, seed)}
             rows.append(r)
             print(f"| {name} | {seed} | {r['Y']:.2f} | {r['dX']:.2f} | {r['dW']:.2f} |")
-    meta = {"script": "bench/sqnr_linear.py", "date": datetime.date.today().isoformat(), "torch": torch.__version__,
-            "tokens": args.tokens, "in_features": args.k, "out_features": args.n}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"meta": meta, "results": rows}, indent=1) + "\n")
+    write_results(args.json, rows, tokens=args.tokens, in_features=args.k, out_features=args.n)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench/results"
+from common import RESULTS, ROOT
+
 DOCS = (ROOT / "docs/performance.md", ROOT / "README.md")
 
 

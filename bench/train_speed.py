@@ -17,8 +17,6 @@ Writes ``bench/results/train_speed-<model>-<gpu>.json`` (or ``--json``), the run
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import time
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -27,9 +25,8 @@ import torch
 
 import fp4train
 from fp4train import models
-from fp4train.timing import code_commit, median_time
-
-ROOT = Path(__file__).resolve().parent.parent
+from common import results_path, write_results
+from fp4train.timing import median_time
 
 
 TORCHAO = "torchao_fp8_rowwise"
@@ -177,7 +174,6 @@ def main(argv=None):
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     backend = fp4train.backends.resolve(args.backend or "auto")
-    gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     rows = []
     recipes = [r for r in args.recipes.split(",") if r]
     recipes = ["bf16"] + [r for r in recipes if r != "bf16"]  # the baseline, measured first in the same run
@@ -197,14 +193,10 @@ def main(argv=None):
             print(f"{args.model} {r:>15}: {res['tokens_per_s']:>12,.0f} tokens/s ({res['speedup_vs_bf16']:.2f}x bf16), "
                   f"step {res['step_ms']:.1f} ms{mem}, warmup {res['warmup_s']:.1f}s", flush=True)
         numerics = args.numerics or ("triton" if backend == "triton" and device.type == "cuda" else "eager")  # convert()'s default
-        out = {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": code_commit(), "torch": torch.__version__,
-               "model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len, "compile": args.compile,
-               "compile_mode": args.compile_mode or "default",
-               "numerics": numerics, "backend": backend, "results": rows}
-        name = f"train_speed-{args.model}-{gpu.replace(' ', '_')}.json"  # one file per model and GPU; the settings are inside
-        path = args.json or ROOT / "bench/results" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(out, indent=1) + "\n")  # after every recipe: a run cut short keeps what it measured
+        # one file per model and GPU, the settings inside; after every recipe: a run cut short keeps what it measured
+        write_results(args.json or results_path("train_speed", args.model), rows, model=args.model, batch_size=args.batch_size,
+                      seq_len=args.seq_len, compile=args.compile, compile_mode=args.compile_mode or "default",
+                      numerics=numerics, backend=backend)
 
 
 if __name__ == "__main__":

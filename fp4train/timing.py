@@ -53,7 +53,7 @@ def code_commit() -> str | None:
     if os.environ.get("FP4TRAIN_COMMIT"):
         return os.environ["FP4TRAIN_COMMIT"]
     try:
-        root = Path(__file__).resolve().parents[2]
+        root = Path(__file__).resolve().parents[1]  # the checkout: fp4train/timing.py -> fp4train -> root
         return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
                                        stderr=subprocess.DEVNULL).strip() or None
     except (OSError, subprocess.CalledProcessError):

@@ -1,11 +1,27 @@
-"""bench/tables.py's logic on a tiny case: ratios against the run's own BF16, failed rows, block replacement."""
+"""The benchmarks' shared code on a tiny case: bench/tables.py (ratios against the run's own BF16, failed rows,
+block replacement) and bench/common.py (one results file per benchmark and device, provenance inside)."""
 
-import importlib.util
+import json
+import sys
 from pathlib import Path
 
-spec = importlib.util.spec_from_file_location("tables", Path(__file__).resolve().parent.parent / "bench/tables.py")
-tables = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(tables)
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))  # the scripts import their helper module as they do when run from there
+import common  # noqa: E402
+import tables  # noqa: E402
+
+
+def test_results_files_are_named_per_benchmark_and_device_and_record_provenance(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "device_name", lambda: "NVIDIA H200")
+    assert common.results_path("train_speed", "1b") == BENCH / "results/train_speed-1b-NVIDIA_H200.json"
+    assert common.results_path("sqnr_formats", per_device=False) == BENCH / "results/sqnr_formats.json"
+    path = tmp_path / "sub/x.json"
+    written = common.write_results(path, [{"recipe": "bf16"}], model="1b")
+    assert json.loads(path.read_text()) == written
+    assert written["gpu"] == "NVIDIA H200" and written["model"] == "1b" and written["results"] == [{"recipe": "bf16"}]
+    assert {"date", "commit", "torch"} <= written.keys()
+    common.write_results(path, [])  # a rerun overwrites: one file, history is git's
+    assert json.loads(path.read_text())["results"] == [] and len(list(path.parent.iterdir())) == 1
 
 
 def _run(model, rows):

@@ -49,3 +49,20 @@ def test_median_time_can_synchronise_every_call(monkeypatch):
     med = timing.median_time(lambda: log.append("call"), 3, warmup=0, cuda=True, back_to_back=False)
     assert med == 4.0 / 1e3
     assert log.count("event sync") == 3 and log[:4] == ["device sync", "record", "call", "record"] and log[4] == "event sync"
+
+
+def test_code_commit_is_the_checkouts_head(monkeypatch):
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    import pytest
+
+    root = Path(timing.__file__).resolve().parents[1]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    monkeypatch.delenv("FP4TRAIN_COMMIT", raising=False)
+    head = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True).strip()
+    assert timing.code_commit() == head
+    monkeypatch.setenv("FP4TRAIN_COMMIT", "abc1234")  # a tree without .git (a copy on another machine)
+    assert timing.code_commit() == "abc1234"

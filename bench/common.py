@@ -1,0 +1,42 @@
+"""What the benchmark scripts share: where a results file goes and what every one records.
+
+Each script writes one file per benchmark (and model) and device, overwritten when rerun - history is
+git's. Every file holds the device, date, fp4train commit and torch version beside the script's own
+settings and its ``results``; ``bench/tables.py`` makes the docs' tables from them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+import torch
+
+from fp4train.timing import code_commit
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+
+
+def device_name() -> str:
+    """The GPU's name (``NVIDIA H200``), or ``cpu``."""
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def results_path(bench: str, *parts: str, per_device: bool = True) -> Path:
+    """``bench/results/<bench>[-<part>...][-<device>].json``: one file per benchmark, its parts (e.g. the
+    model) and, for a measurement that depends on the machine, the device."""
+    names = [bench, *parts] + ([device_name().replace(" ", "_")] if per_device else [])
+    return RESULTS / ("-".join(names) + ".json")
+
+
+def write_results(path: Path, results, **settings) -> dict:
+    """Write ``results`` with the run's provenance and ``settings`` to ``path`` (made if missing); returns
+    what was written. Called after every measured row by the long benchmarks: a run cut short keeps what
+    it measured."""
+    out = {"gpu": device_name(), "date": datetime.date.today().isoformat(), "commit": code_commit() or "unknown",
+           "torch": torch.__version__, **settings, "results": results}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
+    return out
