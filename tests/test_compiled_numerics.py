@@ -24,20 +24,38 @@ def _x(device):
     return x.to(device)
 
 
-def _check(device):
+def _check(device, cases=CASES):
     x = _x(device)
-    for fmt, kw in CASES:
+    for fmt, kw in cases:
         ref, q = fp4train.quantize(x, fmt, **kw), COMPILED.quantize(x, fmt, **kw)
         assert torch.equal(q.codes, ref.codes), fmt
         torch.testing.assert_close(q.scales, ref.scales, rtol=0, atol=0, equal_nan=True)
         torch.testing.assert_close(q.dequantize(), ref.dequantize(), rtol=0, atol=0, equal_nan=True)
-        # the fused quantize-and-split of an operand a GEMM takes at once
+        # the fused quantize-and-split of an operand a GEMM takes at once: the same bits, but for the sign of
+        # zeros (on a GPU the compiled split gives +0 where the reference keeps the input's sign: seen on the
+        # H200; a GEMM's sums cannot tell them apart)
         v, s = COMPILED.values(x, fmt, kw, axis=-1, seed=kw.get("seed")), ref.scaled_bf16()
-        assert torch.equal(v.values.view(torch.int16), s.values.view(torch.int16)), fmt
+        assert torch.equal(_bits_but_zero_sign(v.values), _bits_but_zero_sign(s.values)), fmt
+        for f in ("scale", "divisor"):
+            a, b = getattr(v, f), getattr(s, f)
+            assert (a is None) == (b is None), (fmt, f)
+            if a is not None:
+                torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
 
 
-def test_compiled_numerics_equal_eager_on_cpu():
-    _check("cpu")
+def _bits_but_zero_sign(t: torch.Tensor) -> torch.Tensor:
+    """BF16 bit patterns with -0 made +0 (``-0 + 0 = +0``; NaN and every other value keep their bits)."""
+    return torch.where(t == 0, torch.zeros_like(t), t).view(torch.int16)
+
+
+# each case compiles its own graphs (tens of seconds on a CPU): MXFP4 nearest on every run, the rest with --runslow
+@pytest.mark.parametrize("case", [CASES[0], *(pytest.param(c, marks=pytest.mark.slow) for c in CASES[1:])],
+                         ids=lambda c: f"{c[0]}-{c[1].get('rounding', 'nearest')}")
+def test_compiled_numerics_equal_eager_on_cpu(case):
+    _check("cpu", [case])
+
+
+def test_compiled_hadamard_equals_eager_on_cpu():
     x = _x("cpu")
     for seed in (None, 7):
         assert torch.equal(COMPILED.hadamard(x, 32, axis=-1, seed=seed).nan_to_num(), fp4train.hadamard(x, 32, seed=seed).nan_to_num())

@@ -623,6 +623,7 @@ def test_fold_kernel_ties_signs_and_subnormal_inputs_equal_the_reference(group_r
     assert (ref.codes == 0x80).any()  # -0 codes are there to be got wrong
 
 
+@pytest.mark.slow  # a sweep of launches through the interpreter
 @pytest.mark.parametrize("axis", [1, 0])
 def test_fold_kernel_launch_tuning_does_not_change_the_bits(axis):
     """rows_per_program / num_warps (what launch tuning varies) are launch tuning only."""

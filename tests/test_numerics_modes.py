@@ -47,6 +47,7 @@ def test_kernel_dispatch_covers_axis_0_and_falls_back(monkeypatch):
         Quantizer("fast")
 
 
+@pytest.mark.slow  # minutes of interpreted kernels on a CPU; each layer is checked above
 def test_triton_numerics_training_curve_equals_eager(tmp_path, tiny_curve):
     """`tiny` under hadamard_mxfp4 (Hadamard + MXFP4 kernels, SR gradients), trained under
     `--numerics triton`, has the eager run's loss at every step. On a CPU (kernels interpreted)
