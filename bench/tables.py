@@ -50,8 +50,13 @@ def train_table(runs: list[dict]) -> str:
     settings = runs[0]
     mode = settings.get("compile_mode", "default") if settings.get("compile") else "eager"
     lines.append("")
-    sources = dict.fromkeys(_source(d, "train_speed.py").strip("_") for d in runs)  # once per distinct run
-    lines.append(f"_Batch {settings['batch_size']} × sequence {settings['seq_len']}, compiled ({mode}); " + "; ".join(sources) + "_")
+    runs_by_source = {}  # each distinct run once, with the models it measured
+    for d in runs:
+        key = f"{d['gpu']}, torch {d['torch'].split('+')[0]}, commit {d['commit']}, {d['date']}"
+        runs_by_source.setdefault(key, []).append(d["model"])
+    sources = [f"{', '.join(ms)}: {key}" if len(runs_by_source) > 1 else key for key, ms in runs_by_source.items()]
+    lines.append(f"_Batch {settings['batch_size']} × sequence {settings['seq_len']}, compiled ({mode}); " + "; ".join(sources)
+                 + "; `python bench/train_speed.py`._")
     return "\n".join(lines)
 
 
@@ -73,8 +78,27 @@ def quantize_table(d: dict) -> str:
     return "\n".join(lines + ["", _source(d, "quantize_speed.py")])
 
 
+def _minutes(s: float) -> str:
+    return f"{int(s // 60)} min {round(s % 60):02d} s"
+
+
+def quickstart_table(report_md: str, timing: dict) -> str:
+    """The quickstart comparison's table (from its report.md) and what the commands took (timing.json)."""
+    table = [ln for ln in report_md.splitlines() if ln.startswith("|")]
+    t = timing["results"]
+    took = [f"the comparison {_minutes(t['compare_s'])}, tokenization included ({t['compare_disk_mb']:.0f} MB on disk)"]
+    if "tests_s" in t:
+        took.append(f"the test suite {_minutes(t['tests_s'])}")
+    where = f"{timing['cores']}-core CPU" if timing["gpu"] == "cpu" else timing["gpu"]
+    return "\n".join(table + ["", f"_{where}: {'; '.join(took)}; torch {timing['torch'].split('+')[0]}, commit {timing['commit']}, "
+                              f"{timing['date']}; `python bench/quickstart.py --tests`._"])
+
+
 def tables(gpu: str) -> dict[str, str]:
     out = {}
+    quick = RESULTS / "quickstart-cpu"
+    if (quick / "timing.json").exists():
+        out["quickstart"] = quickstart_table((quick / "report.md").read_text(), json.loads((quick / "timing.json").read_text()))
     runs = [d for d in (_load(f"train_speed-{m}-{gpu}.json") for m in ("1b", "3b")) if d]
     if runs:
         out["train"] = train_table(runs)

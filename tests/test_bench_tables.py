@@ -38,10 +38,32 @@ def test_train_table_rates_each_recipe_against_its_own_runs_bf16():
     assert lines[2] == "| bf16 | 1.0k (1.00×) | 10.0 | 0.4k (1.00×) | 40.0 |"
     assert lines[3] == "| mxfp4 | 1.5k (1.50×) | 8.0 | failed | — |"
     assert lines[4] == "| tib2d | — | — | 0.5k (1.25×) | — |"
-    assert "reduce-overhead" in lines[-1] and lines[-1].count("commit abc1234") == 1
+    assert "reduce-overhead" in lines[-1] and lines[-1].count("commit abc1234") == 1 and "1b:" not in lines[-1]
+    runs[1]["commit"] = "def5678"  # models measured by different runs: each run named once, with its models
+    last = tables.train_table(runs).splitlines()[-1]
+    assert "1b: G, torch 2.11.0, commit abc1234" in last and "3b: G, torch 2.11.0, commit def5678" in last
+    assert last.count("`python bench/train_speed.py`") == 1
 
 
 def test_replace_blocks_rewrites_only_named_blocks():
     text = "a\n<!-- table:train -->\nold\n<!-- /table -->\nb\n<!-- table:other -->\nkeep\n<!-- /table -->\n"
     out = tables.replace_blocks(text, {"train": "new"})
     assert out == "a\n<!-- table:train -->\nnew\n<!-- /table -->\nb\n<!-- table:other -->\nkeep\n<!-- /table -->\n"
+
+
+def test_quickstart_times_the_readmes_own_commands_and_tables_them():
+    import quickstart
+
+    readme = ("# x\n\n## Quickstart\n\ntext\n\n```bash\nfp4train compare --model tiny --recipes mxfp4 --out runs/q\n"
+              "python -m pytest -q         # the suite\n```\n\n## Training\n\n```bash\nfp4train train --model 60m\n```\n")
+    compare, tests = quickstart.quickstart_commands(readme)
+    assert compare == ["fp4train", "compare", "--model", "tiny", "--recipes", "mxfp4", "--out", "runs/q"]
+    assert tests == ["python", "-m", "pytest", "-q"]
+    assert quickstart._with_out(compare, "/tmp/o")[-2:] == ["--out", "/tmp/o"] and compare[-1] == "runs/q"
+    report = "# Recipe comparison\n\ntext\n\n| recipe | val loss |\n|---|---:|\n| bf16 | 6.44 |\n\nOne seed: ...\n"
+    timing = {"gpu": "cpu", "cores": 2, "torch": "2.13.0+cpu", "commit": "abc1234", "date": "2026-12-02",
+              "results": {"compare_s": 165.2, "compare_disk_mb": 206.4, "tests_s": 541.0}}
+    lines = tables.quickstart_table(report, timing).splitlines()
+    assert lines[:3] == ["| recipe | val loss |", "|---|---:|", "| bf16 | 6.44 |"]
+    assert lines[-1].startswith("_2-core CPU: the comparison 2 min 45 s, tokenization included (206 MB on disk); "
+                                "the test suite 9 min 01 s; torch 2.13.0, commit abc1234")
