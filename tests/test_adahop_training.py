@@ -178,3 +178,24 @@ def statistics_min(r, strategy):
     """Mean over layers/GEMMs of one fixed strategy (adahop_measured picks the best per GEMM, so it is <=)."""
     vals = [g[f"strategy:{strategy}"] for layer in r["gemm_errors"].values() for g in layer.values()]
     return sum(vals) / len(vals)
+
+
+def test_compiled_adahop_run_compiles_a_bounded_number_of_graphs(tmp_path, monkeypatch):
+    """A compiled AdaHOP run calibrates eagerly (the recorder's per-layer hooks would have the compiler trace and
+    recompile the model once per layer, up to its limit) and compiles once the calibrated recipe is in: a few
+    graphs for the whole run (training forward/backward, evaluation), not one per layer. The backend is dynamo's
+    ``eager`` (what is traced and how often does not depend on it; Inductor would take minutes on a CPU)."""
+    from torch._dynamo.utils import counters
+
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real(model, backend="eager"))
+    torch._dynamo.reset()
+    counters.clear()
+    recipe = str(tmp_path / "adahop.json")
+    fp4train.recipes.get("adahop").replace(calibration_steps=2).save(recipe)
+    cfg = TrainConfig(model="tiny", recipe=recipe, seq_len=32, batch_size=2, max_steps=4, log_every=1, eval_every=0, eval_batches=1,
+                      ckpt_every=0, out=str(tmp_path / "run"), progress=False, tensorboard=False, device="cpu", compile=True)
+    Trainer(cfg).run()
+    graphs, recompiles = counters["stats"]["unique_graphs"], sum(counters["recompiles"].values())
+    assert 1 <= graphs <= 4 and recompiles <= 2, (graphs, dict(counters["recompiles"]))
+    torch._dynamo.reset()

@@ -216,15 +216,18 @@ class Trainer:
         self.bf16_steps = 0  # steps this run spent in BF16 calibration (AdaHOP)
         self.ckpts = Checkpoints(self.out, keep=cfg.keep_checkpoints)
         self.step = 0
-        self.forward = self._compiled() if cfg.compile else self.model
+        self.forward = self.model
         # AdaHOP: calibrate during the first steps (in BF16), or reuse a saved calibration
         self.calibration: Calibration | None = None
         self.recorder: PatternRecorder | None = None
-        if self.recipe.calibrate:
-            if cfg.calibration:
-                self.apply_calibration(Calibration.load(cfg.calibration))
-            else:
-                self.recorder = PatternRecorder.for_recipe(self.model, self.recipe).attach()
+        if self.recipe.calibrate and cfg.calibration:
+            self.apply_calibration(Calibration.load(cfg.calibration))
+        elif self.recipe.calibrate:
+            # the calibration steps run eagerly: the recorder's hooks (one per layer, each reading its tensors on the
+            # host) would make the compiler trace and recompile the model once per layer; it compiles once, after
+            self.recorder = PatternRecorder.for_recipe(self.model, self.recipe).attach()
+        elif cfg.compile:
+            self.forward = self._compiled()
 
     def apply_calibration(self, cal: Calibration) -> None:
         """Swap every calibrated layer to its AdaHOP strategies (parameters are kept)."""
