@@ -2,7 +2,7 @@
 
 Question: why does a recipe's peak memory differ from BF16's (AdaHOP's 1b peak sat 9 GiB above
 mxfp4's while its saved activations were about the same)? The model is built and converted as in
-``bench/train_speed.py`` (AdaHOP calibrated first), warmed up (compiled with ``--compile``), then one
+a training step on one synthetic batch (AdaHOP calibrated first), warmed up (compiled with ``--compile``), then one
 more step runs under the CUDA allocator's history recorder. Replaying the recorded allocations and
 frees gives the moment of the step's peak and the blocks alive then; each block is charged to the
 innermost Python frame that says where it came from - fp4train's own code, Inductor's generated
@@ -21,14 +21,65 @@ import argparse
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import torch
 
+import fp4train
+from fp4train import models
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import results_path, write_results  # noqa: E402
-from train_speed import setup  # noqa: E402 - the same run as the figures it is compared with
+from train_speed import TORCHAO, torchao_fp8_rowwise  # noqa: E402
 
 GIB = 2**30
+
+
+def convert(model, recipe: str, backend: str | None, numerics: str | None = None, device_seeds: bool = False):
+    """fp4train's ``convert``, or torchao's float8 rowwise training for ``torchao_fp8_rowwise``."""
+    if recipe == TORCHAO:
+        torchao_fp8_rowwise(model)
+        return
+    fp4train.convert(model, recipe, backend=backend, numerics=numerics, device_seeds=device_seeds,
+                     calibrating=bool(fp4train.recipes.get(recipe).calibrate))
+
+
+class Run(NamedTuple):
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    step: Callable  # step(fwd=model) -> loss: one AdamW step on the run's batch
+    strategies: dict | None  # AdaHOP's strategy mix after calibration, else None
+
+
+def setup(model_name: str, recipe: str, batch: int, seq: int, device, backend: str | None = None,
+          calibration_steps: int = 3, numerics: str | None = None, device_seeds: bool = False) -> Run:
+    """The run whose step is recorded: the model built (seed 0) and converted; ``step(fwd=model)`` is one AdamW
+    step on one synthetic batch (BF16 autocast and fused AdamW on a GPU); an AdaHOP recipe is calibrated on
+    ``calibration_steps`` BF16 steps first. The allocations of a step depend on shapes, not on the tokens."""
+    torch.manual_seed(0)
+    model = models.build(model_name, max_seq_len=max(seq, 512)).to(device)
+    convert(model, recipe, backend, numerics, device_seeds)
+    cuda = device.type == "cuda"
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
+    idx = torch.randint(0, model.config.vocab_size, (batch, seq + 1), device=device)
+    x, y = idx[:, :-1], idx[:, 1:]
+
+    def step(fwd=model):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+            loss = fwd(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    strategies = None
+    rec = fp4train.recipes.get(recipe) if recipe != TORCHAO else None
+    if rec is not None and rec.calibrate:
+        from fp4train.adahop.calibration import calibrate_in_place
+
+        strategies = calibrate_in_place(model, rec, step, calibration_steps, backend=backend, numerics=numerics,
+                                        device_seeds=device_seeds).strategy_counts()
+    return Run(model, opt, step, strategies)
 
 
 def peak_of_trace(events, start_bytes: int = 0):
@@ -85,7 +136,7 @@ def breakdown(blocks, top: int = 25) -> list[dict]:
 
 
 def measure(model_name, recipe, batch, seq, warmup, compile_, backend, top):
-    model, _, step, strategies = setup(model_name, recipe, batch, seq, torch.device("cuda"), backend)  # train_speed's run
+    model, _, step, strategies = setup(model_name, recipe, batch, seq, torch.device("cuda"), backend)
     fwd = torch.compile(model) if compile_ else model
     per_step = []  # each warm-up step's own peak: growth from step to step would be a leak
     for _ in range(warmup):

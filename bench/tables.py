@@ -52,7 +52,8 @@ def train_table(runs: list[dict]) -> str:
     lines.append("")
     runs_by_source = {}  # each distinct run once, with the models it measured
     for d in runs:
-        key = f"{d['gpu']}, torch {d['torch'].split('+')[0]}, commit {d['commit']}, {d['date']}"
+        how = "the trainer on real text" if d.get("procedure") == "trainer" else "one synthetic batch (an earlier version of the script)"
+        key = f"{d['gpu']}, torch {d['torch'].split('+')[0]}, commit {d['commit']}, {d['date']}, {how}"
         runs_by_source.setdefault(key, []).append(d["model"])
     sources = [f"{', '.join(ms)}: {key}" if len(runs_by_source) > 1 else key for key, ms in runs_by_source.items()]
     lines.append(f"_Batch {settings['batch_size']} × sequence {settings['seq_len']}, compiled ({mode}); " + "; ".join(sources)

@@ -47,10 +47,11 @@ HELP = {
     "seed": "seed for init, data order and stochastic rounding",
     "device": "auto (GPU if there is one), cpu, cuda or cuda:N",
     "dtype": "autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32",
-    "compile": "torch.compile the model",
-    "compile_mode": "with --compile: default, or reduce-overhead (each step replayed as CUDA graphs: no per-kernel "
+    "compile": "torch.compile the model (default: on a GPU, off on a CPU; --no-compile runs eagerly)",
+    "compile_mode": "with compile: default, or reduce-overhead (each step replayed as CUDA graphs: no per-kernel "
     "launch from the host, which bounds the quantized recipes' speed at small models; stochastic-rounding seeds are "
-    "then drawn on the device, random Hadamard signs too)",
+    "then drawn on the device, random Hadamard signs too); default: reduce-overhead on a GPU with --grad-accum 1, "
+    "else default",
     "numerics": "how quantization runs, same bits in each: eager (reference ops), compiled (torch.compile'd "
     "reference), triton (fp4train's kernels where they exist); default: triton with the triton backend (the default "
     "on a GPU machine), eager elsewhere",
@@ -90,9 +91,9 @@ def _add_config_flags(p: argparse.ArgumentParser, *, skip=(), out: str = TrainCo
         default = out if f.name == "out" else f.default if f.default is not dataclasses.MISSING else None
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
         h = HELP[f.name] + (f" (default: {shown})" if default is not None and f.type != "bool" else "")
-        if f.type in ("bool", bool):
-            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
-                           help=h + f" (default: {'on' if default else 'off'})")
+        if f.type in ("bool", bool, "bool | None"):
+            shown = "" if default is None else f" (default: {'on' if default else 'off'})"  # None: the help says
+            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=h + shown)
         elif f.name == "betas":
             p.add_argument(flag, dest=f.name, type=_betas, default=None, metavar="B1,B2", help=h)
         elif f.name in _CHOICES:

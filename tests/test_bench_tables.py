@@ -5,6 +5,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))  # the scripts import their helper module as they do when run from there
 import common  # noqa: E402
@@ -42,6 +44,9 @@ def test_train_table_rates_each_recipe_against_its_own_runs_bf16():
     runs[1]["commit"] = "def5678"  # models measured by different runs: each run named once, with its models
     last = tables.train_table(runs).splitlines()[-1]
     assert "1b: G, torch 2.11.0, commit abc1234" in last and "3b: G, torch 2.11.0, commit def5678" in last
+    assert "synthetic batch" in last and "the trainer" not in last  # files made before the trainer drove the benchmark
+    runs[0]["procedure"] = "trainer"
+    assert "the trainer on real text" in tables.train_table(runs).splitlines()[-1]
     assert last.count("`python bench/train_speed.py`") == 1
 
 
@@ -67,3 +72,20 @@ def test_quickstart_times_the_readmes_own_commands_and_tables_them():
     assert lines[:3] == ["| recipe | val loss |", "|---|---:|", "| bf16 | 6.44 |"]
     assert lines[-1].startswith("_2-core CPU: the comparison 2 min 45 s, tokenization included (206 MB on disk); "
                                 "the test suite 9 min 01 s; torch 2.13.0, commit abc1234")
+
+
+def test_train_speed_reports_the_trainers_own_figure(tmp_path):
+    """bench/train_speed.py runs each recipe through the trainer (AdaHOP calibrating the trainer's way) and writes
+    the trainer's steady tokens/s against the BF16 of the same call; a failing recipe is a row with its error."""
+    import train_speed
+
+    out = tmp_path / "speed.json"
+    train_speed.main(["--model", "tiny", "--seq-len", "32", "--batch-size", "2", "--steps", "3", "--device", "cpu",
+                      "--recipes", "bf16,adahop,no_such_recipe", "--json", str(out)])
+    d = json.loads(out.read_text())
+    assert d["procedure"] == "trainer" and d["compile"] is False and [r["recipe"] for r in d["results"]] == ["bf16", "adahop", "no_such_recipe"]
+    bf16, adahop, bad = d["results"]
+    assert bf16["speedup_vs_bf16"] == 1.0 and bf16["steady_steps"] == 2 and bf16["tokens_per_s"] > 0
+    assert adahop["bf16_steps"] == 20 and adahop["steady_steps"] == 2 and sum(adahop["adahop_strategies"].values()) > 0
+    assert adahop["speedup_vs_bf16"] == pytest.approx(adahop["tokens_per_s"] / bf16["tokens_per_s"])
+    assert "no_such_recipe" in bad["error"]

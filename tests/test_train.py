@@ -213,3 +213,62 @@ def test_compile_mode_is_checked_and_draws_seeds_on_the_device(tmp_path, monkeyp
                         device="cpu", compile=True), log=lambda m: None)
     assert modes[-1] is None  # default: torch.compile's own default, host seeds
     assert not any(getattr(m, "device_seeds", False) for m in t.model.modules())
+
+
+def test_speed_settings_are_the_fastest_correct_ones_by_default_and_said_once(tmp_path):
+    """Left unset, a GPU run compiles with CUDA graphs (reduce-overhead; the default mode where grad_accum > 1,
+    which graphs cannot replay) and a CPU run stays eager; given values win; the run says once what it chose and
+    its summary records it."""
+    from fp4train.train.config import speed_settings
+
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert speed_settings(TrainConfig(), gpu)[:2] == (True, "reduce-overhead")
+    assert "the default on a GPU; --no-compile" in speed_settings(TrainConfig(), gpu)[2]
+    assert speed_settings(TrainConfig(grad_accum=2), gpu)[:2] == (True, "default")
+    assert speed_settings(TrainConfig(compile=False), gpu)[:2] == (False, "default")
+    assert speed_settings(TrainConfig(compile_mode="default"), gpu)[:2] == (True, "default")
+    assert speed_settings(TrainConfig(), cpu)[:2] == (False, "default")
+    assert speed_settings(TrainConfig(compile=True), cpu)[:2] == (True, "default")
+    from fp4train.cli import _config_from_args, build_parser
+
+    args = build_parser().parse_args(["train", "--no-compile"])
+    assert _config_from_args(args).compile is False and _config_from_args(build_parser().parse_args(["train"])).compile is None
+    logs = []
+    cfg = TrainConfig(model="tiny", seq_len=32, batch_size=2, max_steps=1, eval_batches=1, out=str(tmp_path / "r"), progress=False,
+                      tensorboard=False, device="cpu")
+    summary = Trainer(cfg, log=logs.append).run()
+    assert [m for m in logs if "speed settings" in m] == ["fp4train: speed settings: eager (the default on a CPU; --compile to compile)"]
+    assert summary["compile"] is False and summary["compiled_graphs"] is None
+
+
+def test_steady_steps_leave_out_warm_up_compilation_graph_recording_and_calibration():
+    from fp4train.train.trainer import SteadySteps
+
+    s = SteadySteps()
+    for t, compiled, calibrating in [(9.0, False, True), (8.0, False, True),  # BF16 calibration
+                                     (7.0, True, False), (6.0, False, False),  # compiles; records CUDA graphs
+                                     (1.0, False, False), (1.2, False, False), (0.9, False, False)]:
+        s.add(t, compiled=compiled, calibrating=calibrating)
+    assert s.times == [1.0, 1.2, 0.9] and s.median() == 1.0
+    first = SteadySteps()
+    for t in (5.0, 2.0, 2.0):
+        first.add(t, compiled=False)
+    assert first.times == [2.0, 2.0]  # the run's first step is warm-up
+
+
+def test_trainer_without_checkpoints_and_with_a_model_hook(tmp_path):
+    """Benchmarks run the trainer itself: ``checkpoints=False`` writes none, ``model_hook`` sees the converted model
+    before the optimizer is made; the summary's tokens/s is tokens per step over the median steady step."""
+    seen = []
+
+    def hook(model):
+        seen.append(type(model).__name__)
+        model.extra_flag = True
+
+    cfg = TrainConfig(model="tiny", recipe="mxfp4", seq_len=32, batch_size=2, max_steps=4, eval_batches=1, ckpt_every=1,
+                      out=str(tmp_path / "r"), progress=False, tensorboard=False, device="cpu")
+    t = Trainer(cfg, log=lambda m: None, checkpoints=False, model_hook=hook)
+    assert seen == ["Llama"] and t.model.extra_flag
+    s = t.run()
+    assert not list((tmp_path / "r").glob("step_*.pt")) and s["steady_steps"] == 3
+    assert s["tokens_per_s"] == pytest.approx(cfg.tokens_per_step / (s["step_ms"] / 1e3))

@@ -62,8 +62,8 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
-    compile: bool = False
-    compile_mode: str = "default"  # with compile: default | reduce-overhead (the steps replayed as CUDA graphs)
+    compile: bool | None = None  # torch.compile the model; None: on a GPU yes, on a CPU no (speed_settings)
+    compile_mode: str | None = None  # default | reduce-overhead (steps replayed as CUDA graphs); None: see speed_settings
     numerics: str | None = None  # eager | compiled | triton (same bits in each); None: the backend's (triton on a GPU)
     progress: bool = True
     tensorboard: bool = True
@@ -96,7 +96,7 @@ class TrainConfig:
             problems.append(f"lr must be > 0, got {self.lr}")
         if self.numerics not in (None, *NUMERICS):
             problems.append(f"numerics must be eager, compiled or triton, got {self.numerics!r}")
-        if self.compile_mode not in COMPILE_MODES:
+        if self.compile_mode not in (None, *COMPILE_MODES):
             problems.append(f"compile_mode must be default or reduce-overhead, got {self.compile_mode!r}")
         if self.compile_mode == "reduce-overhead" and self.grad_accum > 1:
             # each compiled call starts a CUDA-graph step, whose replay may overwrite the gradients that earlier
@@ -150,9 +150,29 @@ class TrainConfig:
             raise ValueError(f"{path}: {e}") from None
 
 
-_TYPES = {"str": (str,), "str | None": (str, type(None)), "int": (int,), "float": (int, float), "bool": (bool,), "dict": (dict,)}
+_TYPES = {"str": (str,), "str | None": (str, type(None)), "int": (int,), "float": (int, float), "bool": (bool,),
+          "bool | None": (bool, type(None)), "dict": (dict,)}
 _TYPE_NAMES = {"str": "a string", "str | None": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
-               "dict": "a table"}
+               "bool | None": "true or false", "dict": "a table"}
+
+
+def speed_settings(cfg: TrainConfig, device) -> tuple[bool, str, str]:
+    """``(compile, compile_mode, why)``: what the run uses. Given values are kept; where the config leaves them
+    (None), a GPU run takes the fastest correct settings - ``torch.compile`` with its steps replayed as CUDA graphs
+    (``reduce-overhead``; ``default`` where ``grad_accum`` > 1, which graphs cannot replay) - and a CPU run stays
+    eager (Inductor's CPU code is no faster here and compiles for minutes). ``why`` says so in a line."""
+    gpu = getattr(device, "type", str(device)) == "cuda"
+    compile_ = cfg.compile if cfg.compile is not None else gpu
+    if cfg.compile_mode is not None:
+        mode = cfg.compile_mode
+    else:
+        mode = "reduce-overhead" if compile_ and gpu and cfg.grad_accum == 1 else "default"
+    if not compile_:
+        why = "eager" + (" (the default on a CPU; --compile to compile)" if cfg.compile is None else " (--no-compile)")
+    else:
+        what = "torch.compile with CUDA graphs (reduce-overhead)" if mode == "reduce-overhead" else "torch.compile (default mode)"
+        why = what + (" - the default on a GPU; --no-compile runs eagerly" if cfg.compile is None else "")
+    return compile_, mode, why
 
 
 def _type_problems(cfg: TrainConfig) -> list[str]:

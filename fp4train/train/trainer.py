@@ -19,6 +19,7 @@ import math
 import random
 import shutil
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -34,7 +35,7 @@ from ..convert import convert
 from ..linear import QuantizedLinear
 from ..data import PackedBatches, eval_batches, load_splits, load_tokenizer
 from .checkpoint import MANIFEST, CheckpointError, Checkpoints
-from .config import TrainConfig
+from .config import TrainConfig, speed_settings
 
 
 class TrainingDiverged(RuntimeError):
@@ -173,6 +174,35 @@ def load_data(cfg: TrainConfig):
     return tokenizer, train_split, val_split, batches, evals
 
 
+
+
+class SteadySteps:
+    """The wall times of a run's steady steps. A step that compiled, the step after it (where CUDA graphs are
+    recorded), the run's first step and AdaHOP's BF16 calibration steps are left out: what is left is what the
+    run costs per step from then on. Each step ends on the host (the trainer reads its loss), so its wall time
+    covers the GPU's work; the optimizer's kernels queued after that read land in the next step's time."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._skip = 1  # the first step: allocator and autotuning warm-up
+
+    def add(self, seconds: float, *, compiled: bool, calibrating: bool = False) -> None:
+        if compiled or calibrating:
+            self._skip = 1  # and the next: it records the CUDA graphs of what was compiled, or is the calibrated recipe's first
+        elif self._skip:
+            self._skip -= 1
+        else:
+            self.times.append(seconds)
+
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+def _compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process so far (its own counter)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
 class Trainer:
     """One run. Everything that can be checked is checked here, before any work: the run directory
     (see :func:`check_run_dir`), the device, the recipe, the data (readable, a training split of at
@@ -181,8 +211,12 @@ class Trainer:
     ``resume``: ``True`` (the newest checkpoint in ``cfg.out``) or a checkpoint file; ``trust``: load
     that file although no manifest lists it; ``overwrite``: replace the run files ``cfg.out`` holds."""
 
-    def __init__(self, cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = False, trust: bool = False, log=None):
+    def __init__(self, cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = False, trust: bool = False, log=None,
+                 checkpoints: bool = True, model_hook=None):
+        """``checkpoints=False``: write none (benchmarks); ``model_hook(model)``: called on the converted model before the
+        optimizer is made and the model compiled (another library's conversion, e.g. torchao's float8 training)."""
         self.cfg = cfg
+        self.writes_checkpoints = checkpoints
         self.out = Path(cfg.out)
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         check_run_dir(self.out, resume=resume, overwrite=overwrite)
@@ -195,7 +229,8 @@ class Trainer:
         random.seed(cfg.seed)
         # CUDA graphs (compile_mode reduce-overhead): compiled layers draw stochastic-rounding seeds on the device,
         # from a stream (re)started here, at a fixed point of the seeded CPU generator
-        self._graphs = cfg.compile and cfg.compile_mode == "reduce-overhead"
+        self.compile, self.compile_mode, self._speed = speed_settings(cfg, self.device)
+        self._graphs = self.compile and self.compile_mode == "reduce-overhead"
         if self._graphs:
             device_seeds.restart_device_seed_stream(self.device)
         self.tokenizer, self.train_split, self.val_split, self.batches, self.evals = load_data(cfg)
@@ -206,6 +241,8 @@ class Trainer:
         # AdaHOP: the layers run BF16 until calibration (below) gives them their strategies
         convert(self.model, self.recipe, backend=cfg.backend, numerics=cfg.numerics, device_seeds=self._graphs,
                 calibrating=bool(self.recipe.calibrate))
+        if model_hook is not None:
+            model_hook(self.model)
         decay = [p for p in self.model.parameters() if p.ndim >= 2]
         no_decay = [p for p in self.model.parameters() if p.ndim < 2]
         self.opt = torch.optim.AdamW(
@@ -226,7 +263,7 @@ class Trainer:
             # the calibration steps run eagerly: the recorder's hooks (one per layer, each reading its tensors on the
             # host) would make the compiler trace and recompile the model once per layer; it compiles once, after
             self.recorder = PatternRecorder.for_recipe(self.model, self.recipe).attach()
-        elif cfg.compile:
+        elif self.compile:
             self.forward = self._compiled()
 
     def apply_calibration(self, cal: Calibration) -> None:
@@ -237,14 +274,14 @@ class Trainer:
         self.calibration = cal
         convert(self.model, cal.recipe(self.recipe.name, base=self.recipe), backend=self.cfg.backend, numerics=self.cfg.numerics,
                 device_seeds=self._graphs)
-        if self.cfg.compile:
+        if self.compile:
             self.forward = self._compiled()
 
     def _compiled(self):
         """The model under ``torch.compile`` with the config's mode. With ``reduce-overhead`` Inductor replays each
         graph as CUDA graphs, and the layers draw their stochastic-rounding seeds and random Hadamard signs on the
         device (set in __init__), so that every seeded layer is captured and each replay draws fresh ones."""
-        mode = self.cfg.compile_mode
+        mode = self.compile_mode
         return torch.compile(self.model, mode=None if mode == "default" else mode)
 
     def _step_begins(self) -> None:
@@ -386,8 +423,11 @@ class Trainer:
             f"fp4train: model {cfg.model} ({n_params / 1e6:.1f}M params), recipe {self.recipe.name}, "
             f"{cfg.max_steps} steps x {cfg.tokens_per_step:,} tokens, device {self.device}, out {self.out}"
         )
+        self.log(f"fp4train: speed settings: {self._speed}")
+        graphs_before = _compiled_graphs()
         bar = _progress(cfg, self.step)  # after the header, so that the bar keeps a line of its own
-        t_last, tok_last, tok_rates = time.perf_counter(), 0, []
+        t_last, tok_last = time.perf_counter(), 0
+        steady = SteadySteps()
         val_loss = None
         try:
             with open(metrics_path, "a") as mf, _StopOnInterrupt(self.log) as stop:
@@ -404,7 +444,10 @@ class Trainer:
                     write({"step": self.step, "tokens": self.step * cfg.tokens_per_step, "val_loss": val_loss,
                            "val_ppl": math.exp(min(val_loss, 50))})
                 while self.step < cfg.max_steps:
-                    loss, gnorm = self.train_step()
+                    t_step, graphs = time.perf_counter(), _compiled_graphs()
+                    calibrating = self.recorder is not None
+                    loss, gnorm = self.train_step()  # ends on the host: it reads the loss and the gradient norm
+                    steady.add(time.perf_counter() - t_step, compiled=_compiled_graphs() != graphs, calibrating=calibrating)
                     tok_last += cfg.tokens_per_step
                     if self.recorder is not None:
                         self.recorder.steps += 1
@@ -417,13 +460,11 @@ class Trainer:
                             torch.cuda.synchronize(self.device)
                         now = time.perf_counter()
                         rate = tok_last / (now - t_last)
-                        if self.step > cfg.log_every:  # the first interval includes warm-up/compilation
-                            tok_rates.append(rate)
                         t_last, tok_last = now, 0
                         rec = {"step": self.step, "loss": loss, "lr": self.sched.get_last_lr()[0], "grad_norm": gnorm,
                                "tokens": self.step * cfg.tokens_per_step, "tokens_per_s": rate}
                     saved = False
-                    if final:  # the run's result is safe before anything that can still fail (evaluation, report)
+                    if final and self.writes_checkpoints:  # the result is safe before what can still fail (evaluation, report)
                         self.ckpts.save(self.step, self.state_dict())
                         saved = True
                     if (cfg.eval_every and self.step % cfg.eval_every == 0) or final:
@@ -435,10 +476,10 @@ class Trainer:
                     if bar is not None:
                         bar.update(1)
                         bar.set_postfix(loss=f"{loss:.3f}", **({"val": f"{val_loss:.3f}"} if val_loss is not None else {}))
-                    if not saved and cfg.ckpt_every and self.step % cfg.ckpt_every == 0:
+                    if not saved and self.writes_checkpoints and cfg.ckpt_every and self.step % cfg.ckpt_every == 0:
                         self.ckpts.save(self.step, self.state_dict())
                         saved = True
-                    if stop.requested and not final:
+                    if stop.requested and not final and self.writes_checkpoints:
                         if not saved:
                             self.ckpts.save(self.step, self.state_dict())
                         raise TrainingInterrupted(self.out, self.step, self.out / self.ckpts.entries()[-1]["file"])
@@ -453,14 +494,20 @@ class Trainer:
             "tokens": self.step * cfg.tokens_per_step, "params": n_params,
             "final_val_loss": val_loss, "final_val_ppl": math.exp(min(val_loss, 50)) if val_loss is not None else None,
             "bf16_steps": self.bf16_steps,
-            "tokens_per_s": (sum(tok_rates) / len(tok_rates)) if tok_rates else None,
+            # tokens per step over the median steady step (what bench/train_speed.py reports)
+            "tokens_per_s": cfg.tokens_per_step / steady.median() if steady.times else None,
+            "step_ms": steady.median() * 1e3 if steady.times else None, "steady_steps": len(steady.times),
             "peak_mem_gib": peak, "device": str(self.device),
             "gpu": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
             "numerics": _numerics(self.model), "backend": backends.resolve(cfg.backend or self.recipe.backend),
             "commit": code_commit(), "torch": torch.__version__,
+            "compile": self.compile, "compile_mode": self.compile_mode if self.compile else None,
+            "compiled_graphs": _compiled_graphs() - graphs_before if self.compile else None,
         }
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
         calib = f" ({self.bf16_steps} of them BF16 calibration)" if self.bf16_steps else ""
+        if self.compile:  # a bounded number: a recompilation storm would show here
+            self.log(f"fp4train: torch.compile made {summary['compiled_graphs']} graphs in this run")
         self.log(f"fp4train: done - {self.step} steps{calib}, val loss {_fmt(val_loss)}"
                  + (f", {summary['tokens_per_s']:,.0f} tokens/s" if summary["tokens_per_s"] else "")
                  + (f", peak {peak:.2f} GiB" if peak else "") + f"; results in {self.out}")
