@@ -13,7 +13,7 @@ import sys
 
 from . import models
 from . import recipes as _recipes
-from .train.config import COMPILE_MODES, DTYPES, NUMERICS, TrainConfig
+from .train.config import COMPILE_MODES, DTYPES, NUMERICS, OPTIMIZERS, TrainConfig
 
 HELP = {
     "model": "model size preset: tiny, 20m, 60m, 125m, 350m, 1b, 3b",
@@ -47,6 +47,8 @@ HELP = {
     "seed": "seed for init, data order and stochastic rounding",
     "device": "auto (GPU if there is one), cpu, cuda or cuda:N",
     "dtype": "autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32",
+    "optimizer": "adamw (torch's, FP32 moments) or qadamw (AdamW with both moments stored in NVFP4, "
+    "fp4train.optim.QAdamW)",
     "compile": "torch.compile the model (default: on a GPU, off on a CPU; --no-compile runs eagerly)",
     "compile_mode": "with compile: default, or reduce-overhead (each step replayed as CUDA graphs: no per-kernel "
     "launch from the host, which bounds the quantized recipes' speed at small models; stochastic-rounding seeds are "
@@ -62,7 +64,7 @@ _SKIP = {"extra"}
 #: Options that only a training run uses (``analyze`` trains BF16 for its own --steps, without checkpoints)
 _TRAIN_ONLY = ("recipe", "max_steps", "calibration", "backend", "numerics", "eval_every", "eval_batches", "ckpt_every",
                "keep_checkpoints", "compile", "compile_mode")
-_CHOICES = {"model": models.names(), "dtype": DTYPES, "numerics": NUMERICS, "compile_mode": COMPILE_MODES}
+_CHOICES = {"model": models.names(), "dtype": DTYPES, "numerics": NUMERICS, "compile_mode": COMPILE_MODES, "optimizer": OPTIMIZERS}
 
 
 class _Parser(argparse.ArgumentParser):

@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+import fp4train
 from fp4train.cli import HELP, build_parser, main
 from fp4train.train import Checkpoints, TrainConfig, Trainer, TrainingDiverged
 from fp4train.train.compare import write_report
@@ -272,3 +273,25 @@ def test_trainer_without_checkpoints_and_with_a_model_hook(tmp_path):
     s = t.run()
     assert not list((tmp_path / "r").glob("step_*.pt")) and s["steady_steps"] == 3
     assert s["tokens_per_s"] == pytest.approx(cfg.tokens_per_step / (s["step_ms"] / 1e3))
+
+
+def test_qadamw_trains_and_resumes_bit_for_bit(tmp_path):
+    """--optimizer qadamw: the trainer's AdamW with NVFP4 moments; its checkpoint (codes, scales, tile means as
+    plain tensors, loaded weights_only) resumes a run to the uninterrupted run's bits."""
+    common = dict(model="tiny", recipe="mxfp4", optimizer="qadamw", seq_len=32, batch_size=2, eval_batches=1, eval_every=0,
+                  log_every=1, progress=False, tensorboard=False, device="cpu")
+    full = Trainer(TrainConfig(max_steps=4, out=str(tmp_path / "full"), **common), log=lambda m: None)
+    assert isinstance(full.opt, fp4train.optim.QAdamW)
+    full.run()
+    Trainer(TrainConfig(max_steps=2, ckpt_every=2, out=str(tmp_path / "cut"), **common), log=lambda m: None).run()
+    Trainer(TrainConfig(max_steps=4, ckpt_every=2, out=str(tmp_path / "cut"), **common), resume=True, log=lambda m: None).run()
+    a, b = Checkpoints(tmp_path / "full").load(), Checkpoints(tmp_path / "cut").load()
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    quantized = [st for st in a["optimizer"]["state"].values() if "exp_avg.codes" in st]
+    assert quantized and all(st["exp_avg.codes"].dtype == torch.uint8 for st in quantized)
+    def losses(run):  # the cut run also evaluated at its first end, step 2
+        return [(r["step"], r["loss"], r["grad_norm"]) for r in _records(run)]
+
+    assert losses(tmp_path / "full") == losses(tmp_path / "cut")
+    with pytest.raises(ValueError, match="optimizer must be one of adamw, qadamw, got 'sgd'"):
+        TrainConfig(optimizer="sgd")

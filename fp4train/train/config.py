@@ -14,6 +14,7 @@ from pathlib import Path
 DTYPES = ("auto", "bf16", "fp32")
 NUMERICS = ("eager", "compiled", "triton")
 COMPILE_MODES = ("default", "reduce-overhead")
+OPTIMIZERS = ("adamw", "qadamw")
 DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
@@ -22,7 +23,7 @@ _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 #: change what a finished run reports, or changes it only within the numerics' own run-to-run noise).
 RESULT_FIELDS = ("model", "recipe", "backend", "calibration", "data", "val_data", "val_fraction", "tokenizer", "text_field",
                  "seq_len", "batch_size", "grad_accum", "max_steps", "lr", "min_lr_ratio", "warmup_steps", "weight_decay",
-                 "betas", "grad_clip", "eval_batches", "seed", "dtype", "numerics", "compile", "compile_mode")
+                 "betas", "grad_clip", "eval_batches", "seed", "dtype", "numerics", "compile", "compile_mode", "optimizer")
 
 
 @dataclass
@@ -45,6 +46,7 @@ class TrainConfig:
     grad_accum: int = 1
     max_steps: int = 200
     # optimizer and schedule
+    optimizer: str = "adamw"  # adamw | qadamw (AdamW with NVFP4 moments: fp4train.optim.QAdamW)
     lr: float = 3e-3
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
     warmup_steps: int = 20
@@ -103,6 +105,8 @@ class TrainConfig:
             # micro-batches left in the graphs' memory
             problems.append(f"compile_mode reduce-overhead takes grad_accum 1 (got {self.grad_accum}): a larger batch_size "
                             "instead, or compile_mode default")
+        if self.optimizer not in OPTIMIZERS:
+            problems.append(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.dtype not in DTYPES:
             problems.append(f"dtype must be auto, bf16 or fp32, got {self.dtype!r}")
         if problems:

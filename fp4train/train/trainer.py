@@ -35,6 +35,7 @@ from ..convert import convert
 from ..linear import QuantizedLinear
 from ..data import PackedBatches, eval_batches, load_splits, load_tokenizer
 from .checkpoint import MANIFEST, CheckpointError, Checkpoints
+from ..optim import QAdamW
 from .config import TrainConfig, speed_settings
 
 
@@ -245,10 +246,11 @@ class Trainer:
             model_hook(self.model)
         decay = [p for p in self.model.parameters() if p.ndim >= 2]
         no_decay = [p for p in self.model.parameters() if p.ndim < 2]
-        self.opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=cfg.lr, betas=cfg.betas, eps=1e-8, fused=self.device.type == "cuda",
-        )
+        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if cfg.optimizer == "qadamw":  # both moments in NVFP4 where a parameter's shape tiles (fp4train.optim)
+            self.opt = QAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8)
+        else:
+            self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, fused=self.device.type == "cuda")
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, cfg))
         self.bf16_steps = 0  # steps this run spent in BF16 calibration (AdaHOP)
         self.ckpts = Checkpoints(self.out, keep=cfg.keep_checkpoints)

@@ -1,0 +1,5 @@
+"""Optimizers whose states are stored in FP4 (Full-Stack FP4): drop-in ``torch.optim.Optimizer`` s for any model."""
+
+from .qadamw import QAdamW
+
+__all__ = ["QAdamW"]

@@ -1,0 +1,117 @@
+"""Optimizer states stored in NVFP4 (Full-Stack FP4, docs/methods.md): encode on store, exact inverse on load.
+
+A state tensor ``[..., K]`` whose last two dims are whole 16x16 tiles (``K % 16 == 0``, rows a multiple of 16
+after flattening the leading dims) is kept as plain tensors - codes and scales of an NVFP4 tensor (1x16 blocks
+along the last dim, E4M3 block scales, one FP32 tensor scale) - so that a checkpoint holds them like any other
+state and ``torch.load(weights_only=True)`` reads them back. Two codecs:
+
+* :func:`encode_signed` / :func:`decode_signed` (AdamW's first moment, any signed state): ``Q(m)``.
+* :func:`encode_second_moment` / :func:`decode_second_moment` (AdamW's second moment ``v >= 0``):
+
+      r = sqrt(v)                       # the scale Adam divides by: its dynamic range halves
+      mu = mean of r over each 16x16 tile, stored in FP32 (1/256 of the elements)
+      y = H16(r - mu)                   # block Hadamard along the last dim: the tile's spread over its entries
+      store Q(y)                        # NVFP4, nearest rounding
+
+  and on load ``v' = max(H16^-1(Q(y)) + mu, FLOOR * mu)^2``. ``r`` is positive with a large common part in a
+  tile; NVFP4 with that part in every block spends its scale on it and flushes the small entries - exactly
+  the denominators that blow up an update. Subtracting the tile mean leaves the variation, and the Hadamard
+  transform spreads heavy-tailed entries over their block, so the block scales fit the residual.
+
+  The floor is fp4train's choice, not the paper's: in a tile with a heavy-tailed entry the Hadamard spreads
+  that entry's quantization error over the whole block, and a small ``r`` can come back at or below zero -
+  an update of ``m / eps``. Reading such entries as a quarter of the tile's mean over-estimates ``v`` there
+  (a smaller, safe step) and removed every such blow-up on Student-t gradients, with no change on Gaussian
+  ones (``tests/test_optim.py``).
+
+Tensors that do not fit (biases, norms, odd shapes) are not encoded: :func:`fits` says which.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..formats.quantize import quantize, quantize_tensors
+from ..formats.qtensor import QuantizedTensor
+from ..transforms.hadamard import hadamard
+
+TILE = 16  #: NVFP4's block length; the mean tile is TILE x TILE and the Hadamard block TILE long
+FLOOR = 0.25  #: a decoded sqrt(v) is at least this fraction of its tile's mean (see the module docstring)
+
+
+def fits(shape: torch.Size | tuple[int, ...]) -> bool:
+    """Can a state of this shape be stored in NVFP4 (at least 2D, both trailing dims multiples of 16)?"""
+    return len(shape) >= 2 and shape[-1] % TILE == 0 and (_rows(shape) % TILE == 0)
+
+
+def _rows(shape) -> int:
+    n = 1
+    for d in shape[:-1]:
+        n *= d
+    return n
+
+
+def _as_2d(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1])
+
+
+@functools.lru_cache(maxsize=1024)  # one entry per state shape
+def _layout(rows: int, cols: int) -> QuantizedTensor:
+    """The metadata of an NVFP4 ``[rows, cols]`` tensor in 1x16 blocks along the last dim (derived on a meta
+    tensor: nothing is stored besides the tensors)."""
+    return quantize_tensors(torch.empty(rows, cols, device="meta"), None, fmt="nvfp4", block=(TILE,), axis=1, scale="floor",
+                            four_over_six=False)
+
+
+def _store(q: QuantizedTensor) -> dict[str, torch.Tensor]:
+    codes, scales, tensor_scale = q.tensors()
+    return {"codes": codes, "scales": scales, "tensor_scale": tensor_scale}
+
+
+def _load(stored: dict[str, torch.Tensor], rows: int, cols: int) -> torch.Tensor:
+    meta = _layout(rows, cols)
+    q = meta.with_tensors((stored["codes"], stored["scales"], stored["tensor_scale"]))
+    return q.dequantize(torch.float32)
+
+
+def encode_signed(m: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A signed state ``m`` (``fits(m.shape)``) as NVFP4 tensors."""
+    return _store(quantize(_as_2d(m.float()), "nvfp4", axis=-1))
+
+
+def decode_signed(stored: dict[str, torch.Tensor], shape: torch.Size) -> torch.Tensor:
+    """The FP32 state :func:`encode_signed` stored, in ``shape``."""
+    return _load(stored, _rows(shape), shape[-1]).reshape(shape)
+
+
+def _tile_means(r: torch.Tensor) -> torch.Tensor:
+    rows, cols = r.shape
+    return r.reshape(rows // TILE, TILE, cols // TILE, TILE).mean(dim=(1, 3))
+
+
+def _expand(mu: torch.Tensor) -> torch.Tensor:
+    return mu.repeat_interleave(TILE, 0).repeat_interleave(TILE, 1)
+
+
+def encode_second_moment(v: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A non-negative state ``v`` (``fits(v.shape)``) as: NVFP4 of ``H16(sqrt(v) - tile mean)`` and the FP32 tile means."""
+    r = _as_2d(v.float()).clamp_min(0).sqrt()
+    mu = _tile_means(r)
+    y = hadamard(r - _expand(mu), TILE, axis=-1)
+    return {**_store(quantize(y, "nvfp4", axis=-1)), "tile_mean": mu}
+
+
+def decode_second_moment(stored: dict[str, torch.Tensor], shape: torch.Size) -> torch.Tensor:
+    """The FP32 state :func:`encode_second_moment` stored, in ``shape``: ``max(H16^-1(y) + mu, FLOOR * mu)^2``."""
+    rows, cols = _rows(shape), shape[-1]
+    y = _load(stored, rows, cols)
+    mu = _expand(stored["tile_mean"])
+    r = hadamard(y, TILE, axis=-1, inverse=True) + mu
+    return torch.maximum(r, FLOOR * mu).square().reshape(shape)
+
+
+def stored_bytes(stored: dict[str, torch.Tensor]) -> int:
+    """Bytes a stored state takes (codes, scales, tensor scale, tile means)."""
+    return sum(t.numel() * t.element_size() for t in stored.values())
