@@ -20,9 +20,8 @@ state and ``torch.load(weights_only=True)`` reads them back. Two codecs:
 
   The floor is fp4train's choice, not the paper's: in a tile with a heavy-tailed entry the Hadamard spreads
   that entry's quantization error over the whole block, and a small ``r`` can come back at or below zero -
-  an update of ``m / eps``. Reading such entries as a quarter of the tile's mean over-estimates ``v`` there
-  (a smaller, safe step) and removed every such blow-up on Student-t gradients, with no change on Gaussian
-  ones (``tests/test_optim.py``).
+  an update of ``m / eps``. Reading such entries as at least a quarter of the tile's mean over-estimates ``v``
+  there (a smaller, safe step) and leaves tiles without such an entry as they were (``tests/test_optim.py``).
 
 Tensors that do not fit (biases, norms, odd shapes) are not encoded: :func:`fits` says which.
 """
