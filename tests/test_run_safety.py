@@ -364,3 +364,18 @@ def test_ctrl_c_before_the_first_step_says_to_start_again(tmp_path, capsys, monk
     rc, err = _run(["train", *SMALL, "--out", str(tmp_path / "r")], capsys)
     assert rc == 130 and "Traceback" not in err
     assert "interrupted; continue with: the same command with --overwrite" in err
+
+
+def test_runs_made_before_a_setting_existed_compare_as_they_ran(tmp_path):
+    """A run whose config.json predates --optimizer and the device-dependent compile default is the same run as
+    today's request on this machine where it ran the same way (AdamW; eager on a CPU), and another one where not."""
+    from fp4train.train.compare import settings_changed
+
+    cfg = TrainConfig(model="tiny", out=str(tmp_path / "run"), device="cpu")
+    old = {k: v for k, v in cfg.to_dict().items() if k != "optimizer"}
+    old.update(compile=False, compile_mode="default")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"train": old}))
+    assert settings_changed(cfg) == ""
+    assert settings_changed(TrainConfig(**{**cfg.to_dict(), "optimizer": "qadamw"})) == "optimizer 'adamw' (now 'qadamw')"
+    assert settings_changed(TrainConfig(**{**cfg.to_dict(), "compile": True})) == "compile False (now True)"

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from .checkpoint import MANIFEST, Checkpoints
-from .config import TrainConfig
+from .config import TrainConfig, speed_settings
 from .trainer import check_recipe, load_data, resolve_device, train
 
 BASELINE = "bf16"
@@ -100,8 +100,21 @@ def settings_changed(cfg: TrainConfig) -> str:
     except (ValueError, KeyError):
         return "its config.json is damaged"
     now = cfg.result_settings()
+    then = {**FIELDS_ADDED, **then}  # a run from before a field existed ran with what the field now calls it
+    try:  # compile and its mode as the run resolves them on this machine (None: the device's default)
+        dev = resolve_device(cfg.device)
+        then_cfg = TrainConfig.from_dict({k: v for k, v in then.items() if k in now})
+    except ValueError:
+        dev = then_cfg = None
+    if then_cfg is not None:
+        then["compile"], then["compile_mode"], _ = speed_settings(then_cfg, dev)
+        now["compile"], now["compile_mode"], _ = speed_settings(cfg, dev)
     norm = lambda v: list(v) if isinstance(v, tuple) else v  # noqa: E731 - JSON has lists
     return ", ".join(f"{k} {then.get(k)!r} (now {now[k]!r})" for k in now if norm(then.get(k)) != norm(now[k]))
+
+
+#: result fields added after runs were first made, with the value those runs had
+FIELDS_ADDED = {"optimizer": "adamw"}
 
 
 def finished(cfg: TrainConfig) -> bool:
