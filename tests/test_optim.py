@@ -174,3 +174,30 @@ def test_bad_hyperparameters_and_sparse_gradients_are_refused():
     w.grad = torch.randn(16, 16).to_sparse()
     with pytest.raises(RuntimeError, match="sparse"):
         QAdamW([w]).step()
+
+
+def test_newton_schulz_in_bf16_is_torch_muons_and_nvfp4_needs_its_own_coefficients():
+    """matmul="bf16" is torch.optim.Muon's iteration bit for bit (either orientation). With NVFP4 products Muon's
+    coefficients blow the iteration up; NVFP4_COEFFICIENTS keep it bounded, nearer the orthogonal factor."""
+    from torch.optim._muon import _zeropower_via_newtonschulz
+
+    from fp4train.optim.newton_schulz import BF16_COEFFICIENTS, NVFP4_COEFFICIENTS, newton_schulz
+
+    g = torch.Generator().manual_seed(0)
+    for shape in ((64, 128), (128, 64)):
+        x = torch.randn(shape, generator=g)
+        assert torch.equal(newton_schulz(x), _zeropower_via_newtonschulz(x, BF16_COEFFICIENTS, 5, 1e-7))
+    x = torch.randn(128, 512, generator=g)
+    u, _, vh = torch.linalg.svd(x.double(), full_matrices=False)
+    polar = u @ vh
+
+    def dist(y):
+        return float((y.double() - polar).norm() / polar.norm())
+
+    ours = newton_schulz(x, NVFP4_COEFFICIENTS, matmul="nvfp4")
+    assert torch.isfinite(ours).all() and dist(ours) < 1.0
+    assert not dist(newton_schulz(x, BF16_COEFFICIENTS, matmul="nvfp4")) < 10 * dist(ours)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        newton_schulz(torch.randn(20, 64), matmul="nvfp4")
+    with pytest.raises(ValueError, match="2D matrix"):
+        newton_schulz(torch.randn(4, 4, 4))
