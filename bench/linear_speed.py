@@ -31,8 +31,6 @@ DEFAULT_VARIANTS = ("mxfp4:triton:emulated,mxfp4:triton:triton,hadamard_mxfp4:tr
                     "nvfp4:triton:triton,fp8_rowwise:triton:triton")
 
 
-
-
 def _saved_bytes(layer, x) -> int:
     total = 0
 
@@ -87,8 +85,6 @@ def main(argv=None):
             print(f"{model:>13} {name:>8} [{args.tokens}x{K}]x[{N}x{K}]^T: bf16 {t_bf16 * 1e3:7.2f} ms | "
                   + " | ".join(f"{k} {r['ms']:.2f} ms ({r['speedup_vs_bf16']:.2f}x)" for k, r in row["variants"].items()), flush=True)
             write_results(args.json or results_path("linear_speed"), rows)  # after every shape: a run cut short keeps what it measured
-
-
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """What is alive at a training step's memory peak, per recipe: which code allocated it.
 
 Question: why does a recipe's peak memory differ from BF16's (AdaHOP's 1b peak sat 9 GiB above
-mxfp4's while its saved activations were about the same)? The model is built and converted as in
-a training step on one synthetic batch (AdaHOP calibrated first), warmed up (compiled with ``--compile``), then one
+mxfp4's while its saved activations were about the same)? The model is built and converted, a training step
+on one synthetic batch (AdaHOP calibrated first) is warmed up (compiled with ``--compile``), then one
 more step runs under the CUDA allocator's history recorder. Replaying the recorded allocations and
 frees gives the moment of the step's peak and the blocks alive then; each block is charged to the
 innermost Python frame that says where it came from - fp4train's own code, Inductor's generated
@@ -11,8 +11,7 @@ code (the compiled graph's buffers), autograd or the optimizer - and the groups 
     python bench/memory_peak.py --model 1b --seq-len 2048 --batch-size 8 --compile --recipes bf16,mxfp4,adahop
 
 Also reports, per recipe, each warm-up step's own peak (compilation in the first; a rise from step
-to step would be a leak - ``train_speed`` takes its peak over 3 warm-up and ``--steps`` timed steps)
-and the recorded step's. Needs a GPU; writes ``--json``.
+to step would be a leak) and the recorded step's. Needs a GPU; writes ``--json``.
 """
 
 from __future__ import annotations
@@ -35,13 +34,12 @@ from train_speed import TORCHAO, torchao_fp8_rowwise  # noqa: E402
 GIB = 2**30
 
 
-def convert(model, recipe: str, backend: str | None, numerics: str | None = None, device_seeds: bool = False):
+def convert(model, recipe: str, backend: str | None):
     """fp4train's ``convert``, or torchao's float8 rowwise training for ``torchao_fp8_rowwise``."""
     if recipe == TORCHAO:
         torchao_fp8_rowwise(model)
         return
-    fp4train.convert(model, recipe, backend=backend, numerics=numerics, device_seeds=device_seeds,
-                     calibrating=bool(fp4train.recipes.get(recipe).calibrate))
+    fp4train.convert(model, recipe, backend=backend, calibrating=bool(fp4train.recipes.get(recipe).calibrate))
 
 
 class Run(NamedTuple):
@@ -52,13 +50,13 @@ class Run(NamedTuple):
 
 
 def setup(model_name: str, recipe: str, batch: int, seq: int, device, backend: str | None = None,
-          calibration_steps: int = 3, numerics: str | None = None, device_seeds: bool = False) -> Run:
+          calibration_steps: int = 3) -> Run:
     """The run whose step is recorded: the model built (seed 0) and converted; ``step(fwd=model)`` is one AdamW
     step on one synthetic batch (BF16 autocast and fused AdamW on a GPU); an AdaHOP recipe is calibrated on
     ``calibration_steps`` BF16 steps first. The allocations of a step depend on shapes, not on the tokens."""
     torch.manual_seed(0)
     model = models.build(model_name, max_seq_len=max(seq, 512)).to(device)
-    convert(model, recipe, backend, numerics, device_seeds)
+    convert(model, recipe, backend)
     cuda = device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
     idx = torch.randint(0, model.config.vocab_size, (batch, seq + 1), device=device)
@@ -77,8 +75,7 @@ def setup(model_name: str, recipe: str, batch: int, seq: int, device, backend: s
     if rec is not None and rec.calibrate:
         from fp4train.adahop.calibration import calibrate_in_place
 
-        strategies = calibrate_in_place(model, rec, step, calibration_steps, backend=backend, numerics=numerics,
-                                        device_seeds=device_seeds).strategy_counts()
+        strategies = calibrate_in_place(model, rec, step, calibration_steps, backend=backend).strategy_counts()
     return Run(model, opt, step, strategies)
 
 

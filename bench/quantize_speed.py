@@ -21,9 +21,6 @@ from common import results_path, write_results
 from fp4train.timing import median_time
 
 
-
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=16384)

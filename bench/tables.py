@@ -24,8 +24,14 @@ def _load(name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _provenance(d: dict, *, device: bool = True) -> str:
+    """Where and from what a results file was made: device (unless named elsewhere), torch, commit, date."""
+    what = f"torch {d['torch'].split('+')[0]}, commit {d['commit']}, {d['date']}"
+    return f"{d['gpu']}, {what}" if device else what
+
+
 def _source(d: dict, script: str) -> str:
-    return f"_{d['gpu']}, torch {d['torch'].split('+')[0]}, commit {d['commit']}, {d['date']}; `python bench/{script}`._"
+    return f"_{_provenance(d)}; `python bench/{script}`._"
 
 
 def train_table(runs: list[dict]) -> str:
@@ -53,7 +59,7 @@ def train_table(runs: list[dict]) -> str:
     runs_by_source = {}  # each distinct run once, with the models it measured
     for d in runs:
         how = "the trainer on real text" if d.get("procedure") == "trainer" else "one synthetic batch (an earlier version of the script)"
-        key = f"{d['gpu']}, torch {d['torch'].split('+')[0]}, commit {d['commit']}, {d['date']}, {how}"
+        key = f"{_provenance(d)}, {how}"
         runs_by_source.setdefault(key, []).append(d["model"])
     sources = [f"{', '.join(ms)}: {key}" if len(runs_by_source) > 1 else key for key, ms in runs_by_source.items()]
     lines.append(f"_Batch {settings['batch_size']} × sequence {settings['seq_len']}, compiled ({mode}); " + "; ".join(sources)
@@ -80,7 +86,8 @@ def quantize_table(d: dict) -> str:
 
 
 def _minutes(s: float) -> str:
-    return f"{int(s // 60)} min {round(s % 60):02d} s"
+    whole = round(s)
+    return f"{whole // 60} min {whole % 60:02d} s"
 
 
 def quickstart_table(report_md: str, timing: dict) -> str:
@@ -91,8 +98,8 @@ def quickstart_table(report_md: str, timing: dict) -> str:
     if "tests_s" in t:
         took.append(f"the test suite {_minutes(t['tests_s'])}")
     where = f"{timing['cores']}-core CPU" if timing["gpu"] == "cpu" else timing["gpu"]
-    return "\n".join(table + ["", f"_{where}: {'; '.join(took)}; torch {timing['torch'].split('+')[0]}, commit {timing['commit']}, "
-                              f"{timing['date']}; `python bench/quickstart.py --tests`._"])
+    return "\n".join(table + ["", f"_{where}: {'; '.join(took)}; {_provenance(timing, device=False)}; "
+                              "`python bench/quickstart.py --tests`._"])
 
 
 def tables(gpu: str) -> dict[str, str]:

@@ -72,6 +72,8 @@ def test_quickstart_times_the_readmes_own_commands_and_tables_them():
     assert lines[:3] == ["| recipe | val loss |", "|---|---:|", "| bf16 | 6.44 |"]
     assert lines[-1].startswith("_2-core CPU: the comparison 2 min 45 s, tokenization included (206 MB on disk); "
                                 "the test suite 9 min 01 s; torch 2.13.0, commit abc1234")
+    timing["results"]["tests_s"] = 119.6  # rounds up into the next minute, not to "1 min 60 s"
+    assert "the test suite 2 min 00 s" in tables.quickstart_table(report, timing)
 
 
 def test_train_speed_reports_the_trainers_own_figure(tmp_path):

@@ -295,3 +295,38 @@ def test_qadamw_trains_and_resumes_bit_for_bit(tmp_path):
     assert losses(tmp_path / "full") == losses(tmp_path / "cut")
     with pytest.raises(ValueError, match="optimizer must be one of adamw, qadamw, got 'sgd'"):
         TrainConfig(optimizer="sgd")
+
+
+def test_ctrl_c_stops_a_run_without_checkpoints_and_resume_keeps_its_optimizer(tmp_path, monkeypatch):
+    """Ctrl-C on a run that writes no checkpoint stops after the step (nothing to resume, so no TrainingInterrupted);
+    a checkpoint resumes only under the optimizer that wrote it (its state is that optimizer's); a checkpoint from
+    before --optimizer existed is AdamW's."""
+    from fp4train.train import trainer as trainer_mod
+    from fp4train.train.trainer import TrainingInterrupted
+
+    class Pressed:  # as if Ctrl-C came during the first step
+        def __init__(self, log):
+            self.requested = True
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(trainer_mod, "_StopOnInterrupt", Pressed)
+    common = dict(model="tiny", seq_len=32, batch_size=2, max_steps=3, eval_batches=1, progress=False, tensorboard=False,
+                  device="cpu")
+    t = Trainer(TrainConfig(out=str(tmp_path / "bench"), **common), log=lambda m: None, checkpoints=False)
+    with pytest.raises(KeyboardInterrupt) as e:
+        t.run()
+    assert not isinstance(e.value, TrainingInterrupted) and t.step == 1 and not list((tmp_path / "bench").glob("step_*.pt"))
+    with pytest.raises(TrainingInterrupted):
+        Trainer(TrainConfig(out=str(tmp_path / "run"), **common), log=lambda m: None).run()
+    monkeypatch.undo()
+    st = Checkpoints(tmp_path / "run").load()
+    other = Trainer(TrainConfig(out=str(tmp_path / "run"), optimizer="qadamw", **common), resume=True, log=lambda m: None)
+    with pytest.raises(ValueError, match="optimizer: checkpoint 'adamw' vs now 'qadamw'"):
+        other.load_state_dict(st)
+    del st["config"]["optimizer"]  # a checkpoint written before the option existed
+    Trainer(TrainConfig(out=str(tmp_path / "run"), **common), resume=True, log=lambda m: None).load_state_dict(st)

@@ -70,7 +70,6 @@ class FoldedOperand:
         return (v.mT if self.transposed else v).to(dtype)
 
 
-
 class Fp8Operands:
     """Prepares GEMM operands in the forms the FP8 GEMMs take (see the module docstring); keeps the device
     counter of inexact folded elements."""
@@ -91,7 +90,6 @@ class Fp8Operands:
         memory pool without being a graph output, which cudagraph trees refuse ("Detected 1 tensor(s)
         in the cudagraph pool not tracked as outputs": AdaHOP's first compiled step on the H200)."""
         self.counter(torch.device(device))
-
 
     # What is prepared here, as predicates on the specs (known when a model is converted) and on the tensor
     # (known at the call): operand() and operand_pair() decide by them, and the graph ops (linear/op.py) ask
@@ -260,7 +258,6 @@ class Fp8Operands:
         if isinstance(op, FoldedOperand):
             return op
         return self.fold_tiles(op, role) if op.layout.is_2d else self.fold_saved(op)
-
 
     def for_gemm(self, a, b, *, folded_gemm: bool = True):
         """``(a, b)`` as their GEMM takes them: two operands that fold (packed MXFP4 saved by forward, 32x32

@@ -85,29 +85,26 @@ def decode_signed(stored: dict[str, torch.Tensor], shape: torch.Size) -> torch.T
     return _load(stored, _rows(shape), shape[-1]).reshape(shape)
 
 
-def _tile_means(r: torch.Tensor) -> torch.Tensor:
+def _tiles(r: torch.Tensor) -> torch.Tensor:
+    """``r`` ``[rows, cols]`` viewed as ``[rows/16, 16, cols/16, 16]`` (no copy): a tile's mean broadcasts over it."""
     rows, cols = r.shape
-    return r.reshape(rows // TILE, TILE, cols // TILE, TILE).mean(dim=(1, 3))
-
-
-def _expand(mu: torch.Tensor) -> torch.Tensor:
-    return mu.repeat_interleave(TILE, 0).repeat_interleave(TILE, 1)
+    return r.view(rows // TILE, TILE, cols // TILE, TILE)
 
 
 def encode_second_moment(v: torch.Tensor) -> dict[str, torch.Tensor]:
     """A non-negative state ``v`` (``fits(v.shape)``) as: NVFP4 of ``H16(sqrt(v) - tile mean)`` and the FP32 tile means."""
     r = _as_2d(v.float()).clamp_min(0).sqrt()
-    mu = _tile_means(r)
-    y = hadamard(r - _expand(mu), TILE, axis=-1)
+    tiles = _tiles(r)
+    mu = tiles.mean(dim=(1, 3))
+    y = hadamard((tiles - mu[:, None, :, None]).reshape(r.shape), TILE, axis=-1)
     return {**_store(quantize(y, "nvfp4", axis=-1)), "tile_mean": mu}
 
 
 def decode_second_moment(stored: dict[str, torch.Tensor], shape: torch.Size) -> torch.Tensor:
     """The FP32 state :func:`encode_second_moment` stored, in ``shape``: ``max(H16^-1(y) + mu, FLOOR * mu)^2``."""
-    rows, cols = _rows(shape), shape[-1]
-    y = _load(stored, rows, cols)
-    mu = _expand(stored["tile_mean"])
-    r = hadamard(y, TILE, axis=-1, inverse=True) + mu
+    y = _load(stored, _rows(shape), shape[-1])
+    mu = stored["tile_mean"][:, None, :, None]
+    r = _tiles(hadamard(y, TILE, axis=-1, inverse=True)) + mu
     return torch.maximum(r, FLOOR * mu).square().reshape(shape)
 
 

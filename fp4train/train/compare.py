@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from .checkpoint import MANIFEST, Checkpoints
-from .config import TrainConfig, speed_settings
+from .config import FIELDS_ADDED, TrainConfig, speed_settings
 from .trainer import check_recipe, load_data, resolve_device, train
 
 BASELINE = "bf16"
@@ -112,9 +112,6 @@ def settings_changed(cfg: TrainConfig) -> str:
     norm = lambda v: list(v) if isinstance(v, tuple) else v  # noqa: E731 - JSON has lists
     return ", ".join(f"{k} {then.get(k)!r} (now {now[k]!r})" for k in now if norm(then.get(k)) != norm(now[k]))
 
-
-#: result fields added after runs were first made, with the value those runs had
-FIELDS_ADDED = {"optimizer": "adamw"}
 
 
 def finished(cfg: TrainConfig) -> bool:

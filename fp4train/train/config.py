@@ -24,6 +24,8 @@ _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 RESULT_FIELDS = ("model", "recipe", "backend", "calibration", "data", "val_data", "val_fraction", "tokenizer", "text_field",
                  "seq_len", "batch_size", "grad_accum", "max_steps", "lr", "min_lr_ratio", "warmup_steps", "weight_decay",
                  "betas", "grad_clip", "eval_batches", "seed", "dtype", "numerics", "compile", "compile_mode", "optimizer")
+#: fields added after runs were first saved, with the value a saved run without them had
+FIELDS_ADDED = {"optimizer": "adamw"}
 
 
 @dataclass

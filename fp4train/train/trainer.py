@@ -34,9 +34,9 @@ from ..timing import code_commit
 from ..convert import convert
 from ..linear import QuantizedLinear
 from ..data import PackedBatches, eval_batches, load_splits, load_tokenizer
-from .checkpoint import MANIFEST, CheckpointError, Checkpoints
 from ..optim import QAdamW
-from .config import TrainConfig, speed_settings
+from .checkpoint import MANIFEST, CheckpointError, Checkpoints
+from .config import FIELDS_ADDED, TrainConfig, speed_settings
 
 
 class TrainingDiverged(RuntimeError):
@@ -175,8 +175,6 @@ def load_data(cfg: TrainConfig):
     return tokenizer, train_split, val_split, batches, evals
 
 
-
-
 class SteadySteps:
     """The wall times of a run's steady steps. A step that compiled, the step after it (where CUDA graphs are
     recorded), the run's first step and AdaHOP's BF16 calibration steps are left out: what is left is what the
@@ -198,11 +196,13 @@ class SteadySteps:
     def median(self) -> float:
         return statistics.median(self.times)
 
+
 def _compiled_graphs() -> int:
     """Graphs dynamo has compiled in this process so far (its own counter)."""
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
+
 
 class Trainer:
     """One run. Everything that can be checked is checked here, before any work: the run directory
@@ -313,7 +313,9 @@ class Trainer:
 
     def load_state_dict(self, st: dict) -> None:
         saved = st["config"]
-        changed = [k for k in ("model", "recipe", "data", "val_data", "tokenizer", "seq_len", "batch_size", "seed")
+        saved = {**FIELDS_ADDED, **saved}
+        # the optimizer too: its state in the checkpoint is only the same optimizer's
+        changed = [k for k in ("model", "recipe", "data", "val_data", "tokenizer", "seq_len", "batch_size", "seed", "optimizer")
                    if saved.get(k) != getattr(self.cfg, k)]
         if changed:
             diffs = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {getattr(self.cfg, k)!r}" for k in changed)
@@ -481,7 +483,9 @@ class Trainer:
                     if not saved and self.writes_checkpoints and cfg.ckpt_every and self.step % cfg.ckpt_every == 0:
                         self.ckpts.save(self.step, self.state_dict())
                         saved = True
-                    if stop.requested and not final and self.writes_checkpoints:
+                    if stop.requested and not final and not self.writes_checkpoints:
+                        raise KeyboardInterrupt  # nothing to resume from: stop at once
+                    if stop.requested and not final:
                         if not saved:
                             self.ckpts.save(self.step, self.state_dict())
                         raise TrainingInterrupted(self.out, self.step, self.out / self.ckpts.entries()[-1]["file"])
