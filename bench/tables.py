@@ -64,6 +64,9 @@ def train_table(runs: list[dict]) -> str:
     sources = [f"{', '.join(ms)}: {key}" if len(runs_by_source) > 1 else key for key, ms in runs_by_source.items()]
     lines.append(f"_Batch {settings['batch_size']} × sequence {settings['seq_len']}, compiled ({mode}); " + "; ".join(sources)
                  + "; `python bench/train_speed.py`._")
+    failed = [f"{d['model']} {r['recipe']}: {r['error']}" for d in runs for r in d["results"] if "error" in r]
+    if failed:
+        lines.append("_Failed: " + "; ".join(failed) + "._")
     return "\n".join(lines)
 
 

@@ -57,7 +57,8 @@ def measure(recipe: str, *, model: str, data: str | None, batch: int, seq: int, 
                       model_hook=torchao_fp8_rowwise if recipe == TORCHAO else None)
     s = trainer.run()
     row = {"recipe": recipe, "tokens_per_s": s["tokens_per_s"], "step_ms": s["step_ms"], "steady_steps": s["steady_steps"],
-           "peak_mem_gib": s["peak_mem_gib"], "compiled_graphs": s["compiled_graphs"], "bf16_steps": s["bf16_steps"],
+           "peak_mem_gib": s["peak_mem_gib"],
+           "calibration_peak_mem_gib": s["calibration_peak_mem_gib"], "compiled_graphs": s["compiled_graphs"], "bf16_steps": s["bf16_steps"],
            "compile": s["compile"], "compile_mode": s["compile_mode"], "numerics": s["numerics"], "backend": s["backend"]}
     if trainer.calibration is not None:
         row["adahop_strategies"] = trainer.calibration.strategy_counts()
@@ -77,6 +78,11 @@ def measure_or_error(recipe: str, **kw) -> dict:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         torch._dynamo.reset()
+
+
+def data_label(data: str | None) -> str:
+    """The training text as the results file names it: its file or folder name, not where it lay on a machine."""
+    return Path(data.rstrip("/")).name if data else "tinyshakespeare (packaged)"
 
 
 def main(argv=None):
@@ -118,7 +124,7 @@ def main(argv=None):
                       f"{res['step_ms']:.1f} ms over {res['steady_steps']} steady steps{mem}", flush=True)
             # one file per model and device, the settings inside; after every recipe: a run cut short keeps what it measured
             write_results(path, rows, procedure="trainer", model=args.model, batch_size=args.batch_size, seq_len=args.seq_len,
-                          data=args.data or "tinyshakespeare (packaged)", steps=args.steps, compile=rows[0].get("compile"),
+                          data=data_label(args.data), steps=args.steps, compile=rows[0].get("compile"),
                           compile_mode=rows[0].get("compile_mode") or "eager")
 
 

@@ -253,6 +253,7 @@ class Trainer:
             self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, fused=self.device.type == "cuda")
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, cfg))
         self.bf16_steps = 0  # steps this run spent in BF16 calibration (AdaHOP)
+        self.calibration_peak_gib: float | None = None  # peak memory of those steps, on a GPU
         self.ckpts = Checkpoints(self.out, keep=cfg.keep_checkpoints)
         self.step = 0
         self.forward = self.model
@@ -381,6 +382,10 @@ class Trainer:
 
     def _finish_calibration(self) -> None:
         cal = self.recorder.result()
+        if self.device.type == "cuda":
+            # the eager BF16 calibration steps peak above the compiled FP4 steps that follow; both are reported
+            self.calibration_peak_gib = torch.cuda.max_memory_allocated(self.device) / 2**30
+            torch.cuda.reset_peak_memory_stats(self.device)
         self.apply_calibration(cal)
         self.bf16_steps = cal.steps
         cal.save(self.out / "adahop_calibration.json")
@@ -503,7 +508,7 @@ class Trainer:
             # tokens per step over the median steady step (what bench/train_speed.py reports)
             "tokens_per_s": cfg.tokens_per_step / steady.median() if steady.times else None,
             "step_ms": steady.median() * 1e3 if steady.times else None, "steady_steps": len(steady.times),
-            "peak_mem_gib": peak, "device": str(self.device),
+            "peak_mem_gib": peak, "calibration_peak_mem_gib": self.calibration_peak_gib, "device": str(self.device),
             "gpu": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
             "numerics": _numerics(self.model), "backend": backends.resolve(cfg.backend or self.recipe.backend),
             "commit": code_commit(), "torch": torch.__version__,
@@ -516,7 +521,8 @@ class Trainer:
             self.log(f"fp4train: torch.compile made {summary['compiled_graphs']} graphs in this run")
         self.log(f"fp4train: done - {self.step} steps{calib}, val loss {_fmt(val_loss)}"
                  + (f", {summary['tokens_per_s']:,.0f} tokens/s" if summary["tokens_per_s"] else "")
-                 + (f", peak {peak:.2f} GiB" if peak else "") + f"; results in {self.out}")
+                 + (f", peak {peak:.2f} GiB" if peak else "")
+                 + (f" ({self.calibration_peak_gib:.2f} GiB in calibration)" if self.calibration_peak_gib else "") + f"; results in {self.out}")
         return summary
 
     def _finished_summary(self) -> dict | None:
