@@ -12,7 +12,7 @@ The pieces, in the order data flows through them:
 """
 
 from . import backends, formats, recipes, transforms
-from .convert import convert
+from .convert import convert, unconvert
 from .formats import FORMATS, QuantizedTensor, dequantize, fake_quantize, quantize
 from .linear import QuantizedLinear
 from .quantizer import Quantizer
@@ -36,4 +36,5 @@ __all__ = [
     "quantize",
     "recipes",
     "transforms",
+    "unconvert",
 ]

@@ -17,6 +17,7 @@ import torch.nn as nn
 
 from . import backends
 from . import recipes as _recipes
+from .linear.lora_svd import LoRASVDLinear
 from .linear.module import QuantizedLinear
 from .linear.shared_input import SharedInput
 from .quantizer import Quantizer
@@ -107,17 +108,52 @@ def convert(
         )
 
     shared = SharedInput()  # the layers of this model that read one input prepare it once
-    for name, mod, spec in plan:
-        if spec is None:
+    for i, (name, mod, spec) in enumerate(plan):
+        if spec is None and isinstance(mod, LoRASVDLinear):
+            new = mod.to_linear()  # one weight again: W_res + beta * B A
+        elif spec is None:
             new = nn.Linear.__new__(nn.Linear)
             nn.Module.__init__(new)
             new.in_features, new.out_features, new.weight, new.bias = mod.in_features, mod.out_features, mod.weight, mod.bias
             new.train(mod.training)
+        elif isinstance(mod, LoRASVDLinear):  # converted before: its split stays, the numerics follow the recipe
+            mod._configure(spec, backend, numerics, device_seeds, recipe.name, shared)
+            new = mod
+        elif recipe.lora_svd is not None and spec.quantized:
+            new = LoRASVDLinear.from_linear(mod, spec, lora=recipe.lora_svd, seed=i, backend=backend, numerics=numerics,
+                                            device_seeds=device_seeds, recipe_name=recipe.name, shared_input=shared)
         else:
             new = QuantizedLinear.from_linear(mod, spec, backend=backend, numerics=numerics, device_seeds=device_seeds,
                                              recipe_name=recipe.name, shared_input=shared)
             new.uncalibrated = recipe.calibrate is not None
         _set_submodule(model, name, new)
+    if recipe.attention is not None:
+        from .attention import set_attention
+
+        try:
+            set_attention(model, recipe.attention)
+        except ValueError as e:  # the linears are converted all the same: a part of a model may have no attention
+            warnings.warn(f"recipe {recipe.name!r} quantizes attention, but {e}", UserWarning, stacklevel=2)
+    return model
+
+
+def unconvert(model: nn.Module) -> nn.Module:
+    """Swap every quantized linear back to a plain ``nn.Linear``, in place: a :class:`QuantizedLinear` shares its
+    parameters with the new layer; a LoRA-SVD layer becomes one weight, ``W_res + beta * B A``. Returns ``model``."""
+    for name, mod in [(n, m) for n, m in model.named_modules() if isinstance(m, QuantizedLinear)]:
+        if isinstance(mod, LoRASVDLinear):
+            new = mod.to_linear()
+        else:
+            new = nn.Linear.__new__(nn.Linear)
+            nn.Module.__init__(new)
+            new.in_features, new.out_features, new.weight, new.bias = mod.in_features, mod.out_features, mod.weight, mod.bias
+        new.train(mod.training)
+        _set_submodule(model, name, new)
+    from .models.llama import Attention
+
+    for m in model.modules():  # attention back to the model's own
+        if isinstance(m, Attention):
+            m.attention = "sdpa"
     return model
 
 

@@ -118,12 +118,17 @@ class QuantizedLinear(nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._linear(x, self.weight)
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """``x @ weight.T + bias`` through this layer's quantized GEMMs (``weight``: this layer's, or a tensor made
+        from it that carries its gradient elsewhere, as the LoRA-SVD layer's does)."""
         if not self.spec.quantized:
-            return F.linear(x, self.weight, self.bias)
+            return F.linear(x, weight, self.bias)
         dev = x.device.type
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         grad = torch.is_grad_enabled()
-        save_x = grad and self.weight.requires_grad
+        save_x = grad and weight.requires_grad
         save_w = grad and x.requires_grad
         x_prep = []
         if save_x and self._prep is not None and prep_fits(x, self._layer_config):
@@ -134,7 +139,7 @@ class QuantizedLinear(nn.Linear):
 
             # in a graph the compiler merges equal calls; eagerly the model's memo shares them
             x_prep = make() if torch.compiler.is_compiling() else self.shared_input.get(x, (prep, out_dtype), make)
-        return torch.ops.fp4train.quantized_linear(x, self.weight, self.bias, self._config, out_dtype, save_x, save_w, x_prep)[0]
+        return torch.ops.fp4train.quantized_linear(x, weight, self.bias, self._config, out_dtype, save_x, save_w, x_prep)[0]
 
     #: True while a calibrating recipe (AdaHOP) has not yet given this layer its strategies: it runs in BF16
     uncalibrated: bool = False

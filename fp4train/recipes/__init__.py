@@ -2,7 +2,7 @@
 
 >>> import fp4train
 >>> fp4train.recipes.names()
-['bf16', 'fp8_rowwise', 'hadamard_mxfp4', 'mxfp4', 'nvfp4', 'tib2d']
+['adahop', 'adahop_measured', 'bf16', 'fp8_rowwise', 'fullstack', 'hadamard_mxfp4', 'mxfp4', 'nvfp4', 'tib2d']
 >>> r = fp4train.recipes.get("mxfp4")
 """
 
@@ -16,6 +16,7 @@ from .spec import (
     HIGH_PRECISION,
     GemmSpec,
     LinearSpec,
+    LoRASVDSpec,
     OutlierSpec,
     Override,
     QuantSpec,
@@ -65,6 +66,7 @@ __all__ = [
     "HIGH_PRECISION",
     "GemmSpec",
     "LinearSpec",
+    "LoRASVDSpec",
     "OutlierSpec",
     "Override",
     "QuantSpec",

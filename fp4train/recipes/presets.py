@@ -6,7 +6,7 @@ fprop ``a=X, b=W`` (inner K), dgrad ``a=dY, b=W^T`` (inner N), wgrad ``a=dY^T, b
 
 from __future__ import annotations
 
-from .spec import Override, GemmSpec, LinearSpec, QuantSpec, Recipe, TransformSpec
+from .spec import GemmSpec, LinearSpec, LoRASVDSpec, Override, QuantSpec, Recipe, TransformSpec
 
 
 def _uniform(q: QuantSpec, grad: QuantSpec | None = None, transform: TransformSpec | None = None) -> LinearSpec:
@@ -104,4 +104,16 @@ ADAHOP_MEASURED = Recipe(
     calibration_steps=20,
 )
 
-PRESETS = (BF16, FP8_ROWWISE, MXFP4, NVFP4, HADAMARD_MXFP4, TIB2D, ADAHOP, ADAHOP_MEASURED)
+FULLSTACK = Recipe(
+    name="fullstack",
+    linear=NVFP4.linear,
+    lora_svd=LoRASVDSpec(),
+    attention="nvfp4",
+    optimizer="qadamw",
+    description=(
+        "Full-Stack FP4 (paper 003): NVFP4 LoRA-SVD linears (rank 32, realigned every 4k steps), NVFP4 attention "
+        "(Q/K/V and dS), AdamW with NVFP4 moments; every block quantized."
+    ),
+)
+
+PRESETS = (BF16, FP8_ROWWISE, MXFP4, NVFP4, HADAMARD_MXFP4, TIB2D, ADAHOP, ADAHOP_MEASURED, FULLSTACK)

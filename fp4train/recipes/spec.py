@@ -213,6 +213,38 @@ class LinearSpec:
 
 
 @dataclass(frozen=True)
+class LoRASVDSpec:
+    """Full-Stack FP4's LoRA-SVD linear: ``W = W_res + beta * B A`` (:mod:`fp4train.linear.lora_svd`).
+
+    ``B [out, rank]`` and ``A [rank, in]`` hold W's principal rank-``rank`` subspace in high precision (a
+    randomized SVD, ``niter`` power iterations); the residual ``W_res`` runs the recipe's quantized GEMMs.
+    The trainer realigns the split with a fresh SVD every ``realign_every`` optimizer steps (0: never);
+    the paper realigns every 4k steps.
+    """
+
+    rank: int = 32
+    beta: float = 1.0
+    realign_every: int = 4000
+    niter: int = 2
+
+    def __post_init__(self):
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise ValueError(f"LoRA-SVD rank must be a positive int, got {self.rank!r}")
+        if not self.beta > 0:
+            raise ValueError(f"LoRA-SVD beta must be > 0, got {self.beta!r}")
+        if isinstance(self.realign_every, bool) or not isinstance(self.realign_every, int) or self.realign_every < 0:
+            raise ValueError(f"LoRA-SVD realign_every is a step count >= 0 (0: never), got {self.realign_every!r}")
+        if isinstance(self.niter, bool) or not isinstance(self.niter, int) or self.niter < 0:
+            raise ValueError(f"LoRA-SVD niter is a count of power iterations >= 0, got {self.niter!r}")
+
+
+#: What ``Recipe.attention`` may name: attention's QK^T, dS K and dS^T Q on NVFP4 operands (fp4train.attention).
+ATTENTION_KINDS = ("nvfp4",)
+#: What ``Recipe.optimizer`` may suggest (``fp4train train --optimizer`` overrides it).
+OPTIMIZERS = ("adamw", "qadamw")
+
+
+@dataclass(frozen=True)
 class Override:
     """Modules whose qualified name matches ``pattern`` (fnmatch) use ``linear`` instead.
 
@@ -250,8 +282,20 @@ class Recipe:
     calibration_steps: int = 0
     calibration_k: int = 16
     calibration_threshold: float = 4.0
+    #: Full-Stack FP4: quantized linears become LoRA-SVD linears (None: plain quantized linears)
+    lora_svd: LoRASVDSpec | None = None
+    #: attention numerics: None keeps the model's own (SDPA); "nvfp4" is Full-Stack FP4's quantized attention
+    attention: str | None = None
+    #: the optimizer this recipe is meant to train with, when the user names none (None: AdamW)
+    optimizer: str | None = None
 
     def __post_init__(self):
+        if isinstance(self.lora_svd, dict):
+            object.__setattr__(self, "lora_svd", LoRASVDSpec(**self.lora_svd))
+        if self.attention is not None and self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"unknown attention {self.attention!r}; choose one of {ATTENTION_KINDS} or leave it out")
+        if self.optimizer is not None and self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {OPTIMIZERS} or leave it out")
         if self.calibrate not in (None, "rules", "measured"):
             raise ValueError(f"calibrate must be None, 'rules' or 'measured', got {self.calibrate!r}")
         if isinstance(self.overrides, list):

@@ -48,7 +48,7 @@ class TrainConfig:
     grad_accum: int = 1
     max_steps: int = 200
     # optimizer and schedule
-    optimizer: str = "adamw"  # adamw | qadamw (AdamW with NVFP4 moments: fp4train.optim.QAdamW)
+    optimizer: str | None = None  # adamw | qadamw (AdamW with NVFP4 moments: fp4train.optim.QAdamW); None: the recipe's, else adamw
     lr: float = 3e-3
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
     warmup_steps: int = 20
@@ -107,6 +107,13 @@ class TrainConfig:
             # micro-batches left in the graphs' memory
             problems.append(f"compile_mode reduce-overhead takes grad_accum 1 (got {self.grad_accum}): a larger batch_size "
                             "instead, or compile_mode default")
+        if self.optimizer is None:  # resolved here, so a saved config names the optimizer the run used
+            try:
+                from .. import recipes
+
+                self.optimizer = recipes.get(self.recipe).optimizer or "adamw"
+            except (ValueError, FileNotFoundError, TypeError):
+                self.optimizer = "adamw"  # the bad recipe is reported when the run loads it
         if self.optimizer not in OPTIMIZERS:
             problems.append(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.dtype not in DTYPES:

@@ -30,6 +30,7 @@ import torch
 from .. import backends, device_seeds, models
 from .. import recipes as _recipes
 from ..adahop.calibration import Calibration, PatternRecorder
+from ..linear.lora_svd import realign as realign_lora_svd
 from ..timing import code_commit
 from ..convert import convert
 from ..linear import QuantizedLinear
@@ -378,6 +379,11 @@ class Trainer:
         self.sched.step()
         self.opt.zero_grad(set_to_none=True)
         self.step += 1
+        lora = self.recipe.lora_svd
+        if lora is not None and lora.realign_every and self.step % lora.realign_every == 0:
+            n = realign_lora_svd(self.model, self.opt, seed=self.cfg.seed + self.step)
+            self.log(f"fp4train: step {self.step}: LoRA-SVD realigned {n} layers (a fresh randomized SVD; the factors' "
+                     "optimizer state restarts)")
         return loss_val, gnorm
 
     def _finish_calibration(self) -> None:

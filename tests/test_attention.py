@@ -1,0 +1,150 @@
+"""Full-Stack FP4's quantized attention: the reference against SDPA, the Triton kernels against the reference
+(the CPU interpreter here at small shapes; a CUDA GPU at model shapes), and the switch on models."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fp4train
+import fp4train.models
+from fp4train.attention import nvfp4_attention, quantize_ds, quantize_heads, reference, set_attention
+from fp4train.kernels import attention as kernel
+
+
+def sqnr(x, ref) -> float:
+    x, ref = x.double(), ref.double()
+    return 10 * math.log10(ref.square().sum().item() / max((x - ref).square().sum().item(), 1e-300))
+
+
+def _inputs(b=1, h=4, hkv=2, t=100, d=64, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, n, t, d, generator=g).to(device) for n in (h, hkv, hkv))
+    do = torch.randn(b, h, t, d, generator=g).to(device)
+    return q, k, v, do
+
+
+def _grads(fn, q, k, v, do):
+    q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
+    o = fn(q, k, v)
+    return (o, *torch.autograd.grad(o, (q, k, v), do))
+
+
+def _sdpa(q, k, v, causal=True):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_reference_math_without_quantization_is_attention(causal):
+    """Unquantized values with unit divisors: the reference's forward is SDPA's (mask, GQA, LSE)."""
+    q, k, v, _ = _inputs()
+    one = torch.tensor(1.0)
+    o, lse = reference.forward(q.bfloat16(), k.bfloat16(), v.bfloat16(), one, one, one, causal=causal, scale=0.125)
+    want = _sdpa(q.bfloat16().float(), k.bfloat16().float(), v.bfloat16().float(), causal)
+    assert sqnr(o.float(), want) > 40  # only P's BF16 rounding before P V
+
+
+def test_reference_against_sdpa_within_nvfp4_floors():
+    """Stated floors (measured: 16.9 dB forward, 14.2 / 14.4 / 19.4 dB for dQ / dK / dV on Gaussian inputs)."""
+    q, k, v, do = _inputs()
+    got = _grads(lambda *a: nvfp4_attention(*a, impl="reference"), q, k, v, do)
+    want = _grads(_sdpa, q, k, v, do)
+    floors = (15.0, 12.0, 12.0, 17.0)
+    for name, x, ref, floor in zip(("O", "dQ", "dK", "dV"), got, want, floors):
+        assert sqnr(x, ref) > floor, name
+    # and worse than BF16 attention would be: the quantization is really there
+    assert sqnr(got[0], want[0]) < 30
+
+
+def test_quantize_heads_is_nvfp4_along_the_head_dim():
+    q = torch.randn(2, 3, 20, 32)
+    values, div = quantize_heads(q)
+    want = fp4train.fake_quantize(q.reshape(-1, 32), "nvfp4", axis=1).reshape(q.shape)
+    assert values.dtype == torch.bfloat16 and torch.equal(values.float() / div, want)
+
+
+def test_quantize_ds_is_nvfp4_per_64x64_tile():
+    ds = torch.randn(2, 100, 130) * torch.logspace(-6, 0, 130)  # columns at very different scales
+    values, div = quantize_ds(ds)
+    got = values / div
+    for i0 in range(0, 100, 64):
+        for j0 in range(0, 130, 64):
+            tile = ds[0, i0:i0 + 64, j0:j0 + 64]
+            pad = torch.nn.functional.pad(tile, (0, -tile.shape[1] % 16))
+            want = fp4train.fake_quantize(pad, "nvfp4", axis=1)[:, :tile.shape[1]]
+            assert torch.equal(got[0, i0:i0 + 64, j0:j0 + 64], want), (i0, j0)
+    assert torch.equal(values, values.bfloat16().float())  # q * sb: exact in BF16
+
+
+@pytest.mark.parametrize("causal,d,t", [(True, 64, 100), (False, 32, 64)])
+def test_triton_kernels_match_the_reference(causal, d, t):
+    """The kernels (on the CPU through Triton's interpreter, which the test setup switches on): forward within P's BF16 rounding; given the same saved tensors the
+    backward's dQ/dK differ from the reference only in FP32 summation order, dV within P's BF16 rounding."""
+    q, k, v, do = _inputs(t=t, d=d, device="cuda" if torch.cuda.is_available() else "cpu")
+    (qv, dq), (kv, dk), (vv, dv) = quantize_heads(q), quantize_heads(k), quantize_heads(v)
+    args = (qv.contiguous(), kv.contiguous(), vv.contiguous(), dq, dk, dv)
+    o, lse = reference.forward(*args, causal=causal, scale=0.125)
+    o2, lse2 = kernel.forward(*args, causal=causal, scale=0.125)
+    assert sqnr(o2.float(), o.float()) > 40
+    assert torch.allclose(lse2, lse, atol=1e-5, rtol=1e-6)
+    g = reference.backward(do, o, lse, *args, causal=causal, scale=0.125)
+    g2 = kernel.backward(do, o, lse, *args, causal=causal, scale=0.125)
+    assert sqnr(g2[0], g[0]) > 100 and sqnr(g2[1], g[1]) > 100
+    assert sqnr(g2[2], g[2]) > 40
+
+
+def test_bad_shapes_are_refused_with_the_fix():
+    q, k, v, _ = _inputs()
+    with pytest.raises(ValueError, match="multiple of k's"):
+        nvfp4_attention(q[:, :3], k, v, impl="reference")
+    with pytest.raises(ValueError, match="multiple of 16"):
+        nvfp4_attention(q[..., :24], k[..., :24], v[..., :24], impl="reference")
+    with pytest.raises(ValueError, match="impl"):
+        nvfp4_attention(q, k, v, impl="cuda")
+
+
+def test_convert_with_fullstack_switches_llama_attention_and_unconvert_restores_it():
+    model = fp4train.models.build("tiny")
+    fp4train.convert(model, "fullstack")
+    attn = [m for m in model.modules() if isinstance(m, fp4train.models.llama.Attention)]
+    assert attn and all(m.attention == "nvfp4" for m in attn)
+    idx = torch.randint(0, model.config.vocab_size, (2, 64))
+    loss = model(idx, idx)
+    loss.backward()
+    assert math.isfinite(loss.item())
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    fp4train.unconvert(model)
+    assert all(m.attention == "sdpa" for m in attn)
+
+
+def test_set_attention_refuses_a_model_without_attention():
+    with pytest.raises(ValueError, match="no attention"):
+        set_attention(torch.nn.Sequential(torch.nn.Linear(4, 4)), "nvfp4")
+
+
+def test_hugging_face_llama_runs_the_nvfp4_attention():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    idx = torch.randint(0, 128, (1, 48))
+    with torch.no_grad():
+        want = model(idx).logits
+    assert set_attention(model, "nvfp4") == 2
+    calls = []
+    orig = reference.forward
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return orig(*a, **kw)
+
+    reference.forward = counting
+    try:
+        with torch.no_grad():
+            got = model(idx).logits
+    finally:
+        reference.forward = orig
+    assert len(calls) == 2  # each layer's attention ran ours
+    assert 10 < sqnr(got, want) < 60
