@@ -88,6 +88,18 @@ def quantize_table(d: dict) -> str:
     return "\n".join(lines + ["", _source(d, "quantize_speed.py")])
 
 
+def attention_table(d: dict) -> str:
+    """NVFP4 attention against SDPA per model shape and length: forward + backward time, peak memory, SQNR."""
+    lines = ["| shape | SDPA ms | NVFP4 ms | × SDPA | SDPA MiB | NVFP4 MiB | SQNR dB (O / dQ / dK / dV) |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for r in d["results"]:
+        q = " / ".join(f"{r['sqnr_db'][k]:.1f}" for k in ("O", "dQ", "dK", "dV"))
+        lines.append(f"| {r['model']} ({r['heads']}/{r['kv_heads']} heads, d {r['head_dim']}), {r['batch']} × {r['seq_len']} | "
+                     f"{r['sdpa_ms']:.2f} | {r['nvfp4_ms']:.2f} | {r['nvfp4_vs_sdpa_time']:.1f}× | {r['sdpa_peak_mib']:.0f} | "
+                     f"{r['nvfp4_peak_mib']:.0f} | {q} |")
+    return "\n".join(lines + ["", _source(d, "attention_speed.py")])
+
+
 def _minutes(s: float) -> str:
     whole = round(s)
     return f"{whole // 60} min {whole % 60:02d} s"
@@ -115,6 +127,8 @@ def tables(gpu: str) -> dict[str, str]:
         out["train"] = train_table(runs)
     if d := _load(f"gemm_speed-{gpu}.json"):
         out["gemm"] = gemm_table(d)
+    if d := _load(f"attention_speed-{gpu}.json"):
+        out["attention"] = attention_table(d)
     if d := _load(f"quantize_speed-{gpu}.json"):
         out["quantize"] = quantize_table(d)
     return out

@@ -92,3 +92,13 @@ def test_train_speed_reports_the_trainers_own_figure(tmp_path):
     assert adahop["bf16_steps"] == 20 and adahop["steady_steps"] == 2 and sum(adahop["adahop_strategies"].values()) > 0
     assert adahop["speedup_vs_bf16"] == pytest.approx(adahop["tokens_per_s"] / bf16["tokens_per_s"])
     assert "no_such_recipe" in bad["error"]
+
+
+def test_attention_table_gives_time_ratio_memory_and_sqnr():
+    row = {"model": "1b", "heads": 32, "kv_heads": 8, "head_dim": 64, "batch": 8, "seq_len": 2048, "sdpa_ms": 1.0,
+           "nvfp4_ms": 3.0, "nvfp4_vs_sdpa_time": 3.0, "sdpa_peak_mib": 400.0, "nvfp4_peak_mib": 450.0,
+           "sqnr_db": {"O": 16.04, "dQ": 13.7, "dK": 13.8, "dV": 18.3}}
+    d = {"gpu": "G", "torch": "2.11.0+cu130", "commit": "abc1234", "date": "2026-12-02", "results": [row]}
+    lines = tables.attention_table(d).splitlines()
+    assert lines[2] == "| 1b (32/8 heads, d 64), 8 × 2048 | 1.00 | 3.00 | 3.0× | 400 | 450 | 16.0 / 13.7 / 13.8 / 18.3 |"
+    assert "commit abc1234" in lines[-1] and "attention_speed.py" in lines[-1]

@@ -73,7 +73,13 @@ def nvfp4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
         raise ValueError(f"head dim {d} is not a multiple of 16 (NVFP4 blocks)")
     if _use_triton(impl, q) and d not in HEAD_DIMS:
         raise ValueError(f"the Triton attention kernel takes head dims {HEAD_DIMS}, got {d}; use impl='reference'")
-    return _NVFP4Attention.apply(q, k, v, causal, default_scale(d) if scale is None else float(scale), impl)
+    return _apply(q, k, v, causal, default_scale(d) if scale is None else float(scale), impl)
+
+
+@torch.compiler.disable
+def _apply(q, k, v, causal: bool, scale: float, impl: str) -> torch.Tensor:
+    """The attention call runs outside ``torch.compile``'s graphs (the Triton kernels launch as they are)."""
+    return _NVFP4Attention.apply(q, k, v, causal, scale, impl)
 
 
 def set_attention(model: nn.Module, kind: str) -> int:

@@ -40,6 +40,11 @@ def quantize_heads(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """NVFP4 (1x16 along the last dim, one scale for the tensor) of ``x [..., D]``: (exact BF16 values ``q * sb``,
     FP32 divisor ``s_enc``); the dequantized tensor is ``values / s_enc``."""
     d = x.shape[-1]
+    if x.is_cuda:  # the Triton kernel with the reference's bits (fp4train.kernels.nvfp4_values)
+        from ..kernels.nvfp4_values import nvfp4_values
+
+        sb = nvfp4_values(x.reshape(-1, d), axis=1)
+        return sb.values.reshape(x.shape), sb.divisor.float().reshape(())
     sb = quantize(x.reshape(-1, d), "nvfp4", axis=1).scaled_bf16()
     return sb.values.reshape(x.shape), sb.divisor.float().reshape(())
 
