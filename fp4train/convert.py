@@ -149,10 +149,10 @@ def unconvert(model: nn.Module) -> nn.Module:
             new.in_features, new.out_features, new.weight, new.bias = mod.in_features, mod.out_features, mod.weight, mod.bias
         new.train(mod.training)
         _set_submodule(model, name, new)
-    from .models.llama import Attention
+    from .attention import switchable
 
     for m in model.modules():  # attention back to the model's own
-        if isinstance(m, Attention):
+        if switchable(m):
             m.attention = "sdpa"
     return model
 

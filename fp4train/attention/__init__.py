@@ -88,11 +88,9 @@ def set_attention(model: nn.Module, kind: str) -> int:
     Returns the number of attention modules switched; raises if ``model`` has none that it can switch."""
     if kind not in KINDS:
         raise ValueError(f"attention must be one of {KINDS}, got {kind!r}")
-    from ..models.llama import Attention
-
     n = 0
     for m in model.modules():
-        if isinstance(m, Attention):
+        if switchable(m):
             m.attention = kind
             n += 1
     config = getattr(model, "config", None)
@@ -105,6 +103,12 @@ def set_attention(model: nn.Module, kind: str) -> int:
         raise ValueError(f"{type(model).__name__} has no attention fp4train can switch: it knows fp4train's Llama and Hugging "
                          "Face models with an attention interface; call fp4train.attention.nvfp4_attention in your own")
     return n
+
+
+def switchable(module: nn.Module) -> bool:
+    """Does ``module`` pick its attention by an ``attention`` attribute naming one of :data:`KINDS` (fp4train's
+    Llama ``Attention`` does)?"""
+    return getattr(module, "attention", None) in KINDS
 
 
 HF_NAME = "fp4train_nvfp4"
