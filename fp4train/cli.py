@@ -47,8 +47,9 @@ HELP = {
     "seed": "seed for init, data order and stochastic rounding",
     "device": "auto (GPU if there is one), cpu, cuda or cuda:N",
     "dtype": "autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32",
-    "optimizer": "adamw (torch's, FP32 moments) or qadamw (AdamW with both moments stored in NVFP4, "
-    "fp4train.optim.QAdamW); default: the recipe's (fullstack: qadamw), else adamw",
+    "optimizer": "adamw (torch's, FP32 moments), qadamw (AdamW with both moments stored in NVFP4, "
+    "fp4train.optim.QAdamW), muon (Muon on the 2D hidden weights, AdamW on the rest: torch's arithmetic) or qmuon "
+    "(the same with NVFP4 states, fp4train.optim.QMuon); default: the recipe's (fullstack: qadamw), else adamw",
     "compile": "torch.compile the model (default: on a GPU, off on a CPU; --no-compile runs eagerly)",
     "compile_mode": "with compile: default, or reduce-overhead (each step replayed as CUDA graphs: no per-kernel "
     "launch from the host, which bounds the quantized recipes' speed at small models; stochastic-rounding seeds are "

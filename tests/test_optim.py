@@ -201,3 +201,63 @@ def test_newton_schulz_in_bf16_is_torch_muons_and_nvfp4_needs_its_own_coefficien
         newton_schulz(torch.randn(20, 64), matmul="nvfp4")
     with pytest.raises(ValueError, match="2D matrix"):
         newton_schulz(torch.randn(4, 4, 4))
+
+
+def _muon_pair(**kw):
+    from fp4train.optim import QMuon
+
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(64, 32, generator=g), torch.randn(32, generator=g)
+    params = [torch.nn.Parameter(w.clone()), torch.nn.Parameter(b.clone())]
+    opt = QMuon([{"params": [params[0]], "muon": True}, {"params": [params[1]]}], lr=1e-2, **kw)
+    return params, opt
+
+
+def _muon_grads(params, i):
+    g = torch.Generator().manual_seed(100 + i)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g)
+
+
+def test_qmuon_without_quantized_states_is_torch_muon_and_adamw_bit_for_bit():
+    params, opt = _muon_pair(quantize_states=False, adjust_lr_fn="original")
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    muon = torch.optim.Muon([ref[0]], lr=1e-2, weight_decay=0.1, adjust_lr_fn="original")
+    adamw = torch.optim.AdamW([ref[1]], lr=1e-2, betas=(0.9, 0.95), weight_decay=0.1, foreach=False)
+    for i in range(4):
+        _muon_grads(params, i)
+        _muon_grads(ref, i)
+        opt.step(), muon.step(), adamw.step()
+    assert torch.equal(params[0], ref[0]) and torch.equal(params[1], ref[1])
+
+
+def test_qmuon_stores_momentum_in_nvfp4_and_tracks_muon():
+    params, opt = _muon_pair()
+    exact, ref = _muon_pair(quantize_states=False)
+    for i in range(6):
+        _muon_grads(params, i)
+        _muon_grads(exact, i)
+        opt.step(), ref.step()
+    st = opt.state[params[0]]
+    assert st["momentum_buffer.codes"].dtype == torch.uint8
+    fp32_bytes = params[0].numel() * 4
+    assert sum(t.numel() * t.element_size() for t in st.values()) < fp32_bytes / 3.5
+    moved = params[0] - exact[0]  # the two runs' weights differ only by the momentum's quantization
+    start = _muon_pair()[0][0]
+    assert (moved.norm() / (exact[0] - start).norm()) < 0.25
+
+
+def test_qmuon_nvfp4_newton_schulz_trains_and_bad_settings_are_refused():
+    from fp4train.optim import QMuon
+
+    params, opt = _muon_pair(ns_matmul="nvfp4")
+    assert opt.param_groups[0]["ns_coefficients"] == (3.0, -4.775, 2.3)
+    for i in range(3):
+        _muon_grads(params, i)
+        opt.step()
+    assert torch.isfinite(params[0]).all()
+    w = torch.nn.Parameter(torch.randn(4))
+    with pytest.raises(ValueError, match="2D weights only"):
+        QMuon([{"params": [w], "muon": True}])
+    with pytest.raises(ValueError, match="ns_matmul"):
+        QMuon([w], ns_matmul="fp8")

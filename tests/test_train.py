@@ -293,8 +293,26 @@ def test_qadamw_trains_and_resumes_bit_for_bit(tmp_path):
         return [(r["step"], r["loss"], r["grad_norm"]) for r in _records(run)]
 
     assert losses(tmp_path / "full") == losses(tmp_path / "cut")
-    with pytest.raises(ValueError, match="optimizer must be one of adamw, qadamw, got 'sgd'"):
+    with pytest.raises(ValueError, match="optimizer must be one of adamw, qadamw, muon, qmuon, got .sgd."):
         TrainConfig(optimizer="sgd")
+
+
+def test_qmuon_trains_and_resumes_bit_for_bit(tmp_path):
+    """--optimizer qmuon: Muon on the 2D hidden weights with an NVFP4 momentum buffer, AdamW on the rest; a resumed
+    run reaches the uninterrupted run's bits."""
+    common = dict(model="tiny", recipe="bf16", optimizer="qmuon", seq_len=32, batch_size=2, eval_batches=1, eval_every=0,
+                  log_every=1, progress=False, tensorboard=False, device="cpu")
+    full = Trainer(TrainConfig(max_steps=4, out=str(tmp_path / "full"), **common), log=lambda m: None)
+    assert isinstance(full.opt, fp4train.optim.QMuon)
+    muon = [g for g in full.opt.param_groups if g["muon"]]
+    assert len(muon) == 1 and all(p.ndim == 2 for p in muon[0]["params"])
+    assert not any(p is full.model.embed_tokens.weight for p in muon[0]["params"])
+    full.run()
+    Trainer(TrainConfig(max_steps=2, ckpt_every=2, out=str(tmp_path / "cut"), **common), log=lambda m: None).run()
+    Trainer(TrainConfig(max_steps=4, ckpt_every=2, out=str(tmp_path / "cut"), **common), resume=True, log=lambda m: None).run()
+    a, b = Checkpoints(tmp_path / "full").load(), Checkpoints(tmp_path / "cut").load()
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert any("momentum_buffer.codes" in st for st in a["optimizer"]["state"].values())
 
 
 def test_ctrl_c_stops_a_run_without_checkpoints_and_resume_keeps_its_optimizer(tmp_path, monkeypatch):

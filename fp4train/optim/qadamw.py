@@ -54,36 +54,40 @@ class QAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("QAdamW does not take sparse gradients")
-                state = self.state[p]
-                quantized = self._quantized(p, group)
-                m, v = self._moments(p, state, quantized)
-                step = (state["step"] if "step" in state else torch.zeros((), dtype=torch.float32)) + 1
-                g = p.grad.float()
-                pf = p.float() if p.dtype != torch.float32 else p
-                # torch.optim.AdamW's single-tensor arithmetic, in its order (the same bits without quantized states)
-                pf.mul_(1 - lr * wd)
-                m.lerp_(g, 1 - b1)
-                v.mul_(b2).addcmul_(g, g, value=1 - b2)
-                t = float(step)
-                step_size = lr / (1 - b1**t)
-                denom = (v.sqrt() / (1 - b2**t) ** 0.5).add_(eps)
-                pf.addcdiv_(m, denom, value=-step_size)
-                if pf is not p:
-                    p.copy_(pf)
-                state.clear()
-                state["step"] = step
-                if quantized:
-                    _put(state, _M, state_codec.encode_signed(m))
-                    _put(state, _V, state_codec.encode_second_moment(v))
-                else:
-                    state[_M], state[_V] = m, v
+            self._adamw_group(group)
         return loss
+
+    def _adamw_group(self, group: dict) -> None:
+        """One param group's AdamW step (see the module docstring)."""
+        lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise RuntimeError("QAdamW does not take sparse gradients")
+            state = self.state[p]
+            quantized = self._quantized(p, group)
+            m, v = self._moments(p, state, quantized)
+            step = (state["step"] if "step" in state else torch.zeros((), dtype=torch.float32)) + 1
+            g = p.grad.float()
+            pf = p.float() if p.dtype != torch.float32 else p
+            # torch.optim.AdamW's single-tensor arithmetic, in its order (the same bits without quantized states)
+            pf.mul_(1 - lr * wd)
+            m.lerp_(g, 1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            t = float(step)
+            step_size = lr / (1 - b1**t)
+            denom = (v.sqrt() / (1 - b2**t) ** 0.5).add_(eps)
+            pf.addcdiv_(m, denom, value=-step_size)
+            if pf is not p:
+                p.copy_(pf)
+            state.clear()
+            state["step"] = step
+            if quantized:
+                _put(state, _M, state_codec.encode_signed(m))
+                _put(state, _V, state_codec.encode_second_moment(v))
+            else:
+                state[_M], state[_V] = m, v
 
     def load_state_dict(self, state_dict: dict) -> None:
         """``torch.optim.Optimizer.load_state_dict``, keeping every state tensor's own dtype: the base class casts

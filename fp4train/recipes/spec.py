@@ -241,7 +241,7 @@ class LoRASVDSpec:
 #: What ``Recipe.attention`` may name: attention's QK^T, dS K and dS^T Q on NVFP4 operands (fp4train.attention).
 ATTENTION_KINDS = ("nvfp4",)
 #: What ``Recipe.optimizer`` may suggest (``fp4train train --optimizer`` overrides it).
-OPTIMIZERS = ("adamw", "qadamw")
+OPTIMIZERS = ("adamw", "qadamw", "muon", "qmuon")
 
 
 @dataclass(frozen=True)

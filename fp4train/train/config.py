@@ -14,7 +14,7 @@ from pathlib import Path
 DTYPES = ("auto", "bf16", "fp32")
 NUMERICS = ("eager", "compiled", "triton")
 COMPILE_MODES = ("default", "reduce-overhead")
-OPTIMIZERS = ("adamw", "qadamw")
+OPTIMIZERS = ("adamw", "qadamw", "muon", "qmuon")
 DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
@@ -48,7 +48,7 @@ class TrainConfig:
     grad_accum: int = 1
     max_steps: int = 200
     # optimizer and schedule
-    optimizer: str | None = None  # adamw | qadamw (AdamW with NVFP4 moments: fp4train.optim.QAdamW); None: the recipe's, else adamw
+    optimizer: str | None = None  # adamw | qadamw | muon | qmuon (fp4train.optim); None: the recipe's, else adamw
     lr: float = 3e-3
     min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
     warmup_steps: int = 20

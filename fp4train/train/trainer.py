@@ -35,7 +35,7 @@ from ..timing import code_commit
 from ..convert import convert
 from ..linear import QuantizedLinear
 from ..data import PackedBatches, eval_batches, load_splits, load_tokenizer
-from ..optim import QAdamW
+from ..optim import QAdamW, QMuon, muon_groups
 from .checkpoint import MANIFEST, CheckpointError, Checkpoints
 from .config import FIELDS_ADDED, TrainConfig, speed_settings
 
@@ -250,6 +250,9 @@ class Trainer:
         groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         if cfg.optimizer == "qadamw":  # both moments in NVFP4 where a parameter's shape tiles (fp4train.optim)
             self.opt = QAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8)
+        elif cfg.optimizer in ("muon", "qmuon"):  # Muon on the 2D hidden weights at AdamW's lr (match_rms_adamw)
+            self.opt = QMuon(muon_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=1e-8,
+                             quantize_states=cfg.optimizer == "qmuon")
         else:
             self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, fused=self.device.type == "cuda")
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, cfg))

@@ -1,0 +1,126 @@
+"""``QMuon``: Muon for a model's 2D hidden weights and AdamW for the rest, states stored in NVFP4.
+
+Param groups with ``muon=True`` (2D parameters only) take Muon's update, ``torch.optim.Muon``'s arithmetic in its
+order:
+
+    B <- mu B + (1 - mu) G          U = G + mu (B - G) (Nesterov) or B
+    O = NewtonSchulz(U)             p <- p (1 - lr wd) - lr' O
+
+with ``lr' = adjust(lr, shape)`` (``"match_rms_adamw"`` by default, ``0.2 sqrt(max(rows, cols)) lr``: Muon then
+reuses AdamW's learning rate, as the trainer's single ``--lr`` needs). The momentum buffer is stored in NVFP4
+(1x16 blocks, :func:`fp4train.optim.state_codec.encode_signed`) where its shape tiles. Newton-Schulz multiplies in
+BF16 (``ns_matmul="bf16"``, Muon's own) or on NVFP4 operands (``"nvfp4"``, Full-Stack FP4's native NVFP4
+iteration, with :data:`~fp4train.optim.newton_schulz.NVFP4_COEFFICIENTS` unless ``ns_coefficients`` says
+otherwise). The BF16 iteration is the default: with NVFP4 products the iteration lands 2.5x further from the
+orthogonal factor than BF16's (docs/findings.md). The other groups are :class:`~fp4train.optim.QAdamW`'s.
+
+``quantize_states=False`` with ``ns_matmul="bf16"`` is ``torch.optim.Muon`` plus ``torch.optim.AdamW``, bit for
+bit (tested); ``fp4train train --optimizer muon`` runs that, ``--optimizer qmuon`` the quantized states.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import state_codec
+from .newton_schulz import BF16_COEFFICIENTS, NVFP4_COEFFICIENTS, newton_schulz
+from .qadamw import QAdamW, _put, _sub
+
+_BUF = "momentum_buffer"
+ADJUST_LR = ("original", "match_rms_adamw")
+
+
+def adjust_lr(lr: float, how: str, shape: torch.Size) -> float:
+    """Muon's learning rate for a ``[rows, cols]`` weight (``torch.optim.Muon``'s two rules)."""
+    a, b = shape[:2]
+    return lr * (math.sqrt(max(1, a / b)) if how == "original" else 0.2 * math.sqrt(max(a, b)))
+
+
+class QMuon(QAdamW):
+    """Muon on the groups marked ``muon=True``, AdamW on the others (see the module docstring).
+
+    >>> hidden = [p for n, p in model.named_parameters() if p.ndim == 2 and "embed" not in n and "lm_head" not in n]
+    >>> rest = [p for p in model.parameters() if all(p is not h for h in hidden)]
+    >>> opt = QMuon([{"params": hidden, "muon": True}, {"params": rest}], lr=3e-3)
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
+                 weight_decay: float = 0.1, *, momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5,
+                 ns_matmul: str = "bf16", ns_coefficients: tuple[float, float, float] | None = None,
+                 adjust_lr_fn: str = "match_rms_adamw", quantize_states: bool = True):
+        if ns_matmul not in ("bf16", "nvfp4"):
+            raise ValueError(f"QMuon: ns_matmul must be bf16 or nvfp4, got {ns_matmul!r}")
+        if adjust_lr_fn not in ADJUST_LR:
+            raise ValueError(f"QMuon: adjust_lr_fn must be one of {ADJUST_LR}, got {adjust_lr_fn!r}")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"QMuon: momentum must be in [0, 1), got {momentum}")
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, quantize_states=quantize_states)
+        coefficients = ns_coefficients or (NVFP4_COEFFICIENTS if ns_matmul == "nvfp4" else BF16_COEFFICIENTS)
+        for group in self.param_groups:
+            group.setdefault("muon", False)
+            for k, v in dict(momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, ns_matmul=ns_matmul,
+                             ns_coefficients=tuple(coefficients), adjust_lr_fn=adjust_lr_fn).items():
+                group.setdefault(k, v)
+            if group["muon"]:
+                bad = [tuple(p.shape) for p in group["params"] if p.ndim != 2]
+                if bad:
+                    raise ValueError(f"QMuon: Muon groups take 2D weights only, got shapes {bad}; put the others in a "
+                                     "group without muon=True (AdamW)")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if group["muon"]:
+                self._muon_group(group)
+            else:
+                self._adamw_group(group)
+        return loss
+
+    def _muon_group(self, group: dict) -> None:
+        lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            g = p.grad
+            state = self.state[p]
+            quantized = group["quantize_states"] and state_codec.fits(p.shape)
+            if quantized:
+                buf = (state_codec.decode_signed(_sub(state, _BUF), p.shape) if state
+                       else torch.zeros_like(g, dtype=torch.float32))
+            else:
+                buf = state[_BUF] if _BUF in state else torch.zeros_like(g, memory_format=torch.preserve_format)
+            buf.lerp_(g, 1 - mu)
+            update = g.lerp(buf, mu) if group["nesterov"] else buf
+            update = newton_schulz(update, group["ns_coefficients"], group["ns_steps"], matmul=group["ns_matmul"])
+            p.mul_(1 - lr * wd)
+            p.add_(update, alpha=-adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+            if quantized:
+                state.clear()
+                _put(state, _BUF, state_codec.encode_signed(buf))
+            else:
+                state[_BUF] = buf
+
+
+def muon_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """QMuon's param groups for a transformer: Muon on the 2D hidden weights (every 2D parameter but embeddings and
+    the output head, as Muon's authors train), AdamW with decay on the embeddings and head, AdamW without decay on
+    the rest (norm weights, biases)."""
+    muon, adamw, no_decay = [], [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if p.ndim == 2 and "embed" not in name and "lm_head" not in name:
+            muon.append(p)
+        elif p.ndim >= 2:
+            adamw.append(p)
+        else:
+            no_decay.append(p)
+    groups = [{"params": muon, "muon": True, "weight_decay": weight_decay},
+              {"params": adamw, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
