@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
 from . import models
 from . import recipes as _recipes
@@ -115,8 +116,6 @@ def _config_from_args(args, *, drop=()) -> TrainConfig:
     if getattr(args, "config", None):
         return TrainConfig.from_toml(args.config, defaults=defaults, **overrides)
     if getattr(args, "resume", False):
-        from pathlib import Path
-
         saved = Path(overrides.get("out", defaults["out"])) / "config.json"
         if saved.exists():
             try:
@@ -177,6 +176,41 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--threshold", type=float, default=4.0, help="outlier-pattern threshold (default: 4.0)")
     a.add_argument("--k", type=int, default=16, help="outlier rows/channels extracted per operand (default: 16)")
 
+    e = sub.add_parser("eval", help="loss and perplexity of a trained checkpoint on any text",
+                       description="Evaluate a run's checkpoint on a text source (any --data that train reads): mean "
+                       "next-token loss and perplexity over non-overlapping windows, with the recipe's quantized forward "
+                       "(as trained) or as a plain BF16 model. Prints one line; --json FILE also writes it.")
+    e.add_argument("--run", required=True, help="the run directory (fp4train train --out)")
+    e.add_argument("--checkpoint", help="a checkpoint file of the run (default: its newest)")
+    e.add_argument("--data", default=None, help="text to evaluate on (default: the packaged tiny-shakespeare)")
+    e.add_argument("--forward", default="recipe", choices=["recipe", "bf16"], help="recipe: the quantized forward the "
+                   "run trained with; bf16: the same weights unquantized (LoRA-SVD merged)")
+    e.add_argument("--seq-len", type=int, default=None, help="window length (default: the run's)")
+    e.add_argument("--batch-size", type=int, default=None, help="windows per forward (default: the run's)")
+    e.add_argument("--max-tokens", type=int, default=None, help="evaluate on the first N tokens only")
+    e.add_argument("--device", default="auto", help="auto (GPU if there is one), cpu, cuda or cuda:N")
+    e.add_argument("--json", help="also write the result to this JSON file")
+
+    x = sub.add_parser("export", help="write a trained run as a Hugging Face LlamaForCausalLM folder",
+                       description="Write a run's trained weights (LoRA-SVD merged) as a Hugging Face folder: "
+                       "config.json, model.safetensors and the tokenizer; transformers' from_pretrained loads it.")
+    x.add_argument("--run", required=True, help="the run directory (fp4train train --out)")
+    x.add_argument("--out", required=True, help="a new or empty folder to write")
+    x.add_argument("--checkpoint", help="a checkpoint file of the run (default: its newest)")
+    x.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="weight dtype (default: bfloat16)")
+
+    gen = sub.add_parser("generate", help="continue a prompt with a trained run's model (a smoke look)",
+                         description="Sample a continuation of --prompt from a run's checkpoint (plain forward, LoRA-SVD "
+                         "merged; top-k sampling, seeded). A quick look at what a model learned, not a serving path.")
+    gen.add_argument("--run", required=True, help="the run directory (fp4train train --out)")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--checkpoint", help="a checkpoint file of the run (default: its newest)")
+    gen.add_argument("--max-new-tokens", type=int, default=50)
+    gen.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    gen.add_argument("--top-k", type=int, default=50)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--device", default="auto")
+
     r = sub.add_parser("recipes", help="list the recipes", description="List the registered recipes, or print one as TOML.")
     r.add_argument("--show", metavar="NAME", help="print this recipe as TOML (a starting point for a custom recipe)")
     return ap
@@ -207,6 +241,27 @@ def main(argv=None) -> int:
 def _run(args) -> int:
     if args.command == "recipes":
         print(_recipes.get(args.show).to_toml() if args.show else _recipes.describe())
+        return 0
+
+    if args.command == "eval":
+        from .evaluate import evaluate
+
+        res = evaluate(args.run, args.data, checkpoint=args.checkpoint, forward=args.forward, seq_len=args.seq_len,
+                       batch_size=args.batch_size, max_tokens=args.max_tokens, device=args.device)
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+        return 0
+    if args.command == "generate":
+        from .evaluate import generate
+
+        print(args.prompt + generate(args.run, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                     top_k=args.top_k, seed=args.seed, checkpoint=args.checkpoint, device=args.device))
+        return 0
+    if args.command == "export":
+        from .export import export_hf
+
+        out = export_hf(args.run, args.out, checkpoint=args.checkpoint, dtype=args.dtype)
+        print(f"fp4train: wrote {out} (transformers.AutoModelForCausalLM.from_pretrained({str(out)!r}))")
         return 0
 
     from .train.compare import compare

@@ -1,0 +1,141 @@
+"""Loss and perplexity of a trained checkpoint on any text: ``fp4train eval``.
+
+The text (any source ``fp4train train --data`` reads: a file, a glob, a folder, the packaged tiny-shakespeare) is
+tokenized with the run's tokenizer, each document followed by the end-of-text token, concatenated and cut into
+non-overlapping windows of ``seq_len + 1`` tokens (the last partial window is dropped); the loss is the mean
+next-token cross-entropy over every predicted token. Two forwards:
+
+* ``"recipe"``: the model as it trained - the run's recipe (AdaHOP with its saved calibration, LoRA-SVD layers
+  with their factors, quantized attention) on the run's backend;
+* ``"bf16"``: the same weights as a plain model (LoRA-SVD merged), no quantization - what an exported model gives.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .export import load_checkpoint, merged_state_dict
+from .models.llama import Llama, LlamaConfig
+
+FORWARDS = ("recipe", "bf16")
+
+
+def text_windows(data: str, tokenizer, seq_len: int, *, text_field: str = "text", max_tokens: int | None = None) -> torch.Tensor:
+    """``[n, seq_len + 1]`` int64 windows of ``data``'s tokens (see the module docstring)."""
+    from .data import expand, iter_documents
+
+    ids: list[int] = []
+    for src in expand(data):
+        batch = []
+        for _, text in iter_documents(src, text_field):
+            batch.append(text)
+            if len(batch) >= 256:
+                ids += [t for doc in tokenizer.encode_batch(batch) for t in (*doc, tokenizer.eot_id)]
+                batch = []
+            if max_tokens and len(ids) >= max_tokens:
+                break
+        ids += [t for doc in tokenizer.encode_batch(batch) for t in (*doc, tokenizer.eot_id)]
+        if max_tokens and len(ids) >= max_tokens:
+            break
+    if max_tokens:
+        ids = ids[:max_tokens]
+    n = len(ids) // (seq_len + 1)
+    if n == 0:
+        raise ValueError(f"{data}: {len(ids)} tokens, fewer than one window of {seq_len + 1}; give more text or a "
+                         "smaller --seq-len")
+    return torch.from_numpy(np.asarray(ids[: n * (seq_len + 1)], dtype=np.int64).reshape(n, seq_len + 1))
+
+
+def build_model(ck: dict, forward: str, device: torch.device) -> Llama:
+    """The checkpoint's model for ``forward`` (see the module docstring), on ``device``, in eval mode."""
+    if forward not in FORWARDS:
+        raise ValueError(f"--forward must be one of {FORWARDS}, got {forward!r}")
+    model = Llama(LlamaConfig(**ck["model_config"]))
+    if forward == "bf16":
+        model.load_state_dict({k: v.float() for k, v in merged_state_dict(ck).items()})
+        return model.to(device).eval()
+    from . import convert
+    from .adahop.calibration import Calibration
+    from .recipes import Recipe
+
+    recipe = Recipe.from_dict(ck["recipe"])
+    calibrating = False
+    if ck.get("adahop_calibration"):
+        recipe = Calibration.from_dict(ck["adahop_calibration"]).recipe(recipe.name, base=recipe)
+    elif recipe.calibrate:
+        calibrating = True  # the run stopped before calibrating: its layers were BF16, as they stay here
+    model.to(device)
+    convert(model, recipe, backend=ck["config"].get("backend"), numerics=ck["config"].get("numerics"), calibrating=calibrating)
+    model.load_state_dict(ck["model"])
+    return model.eval()
+
+
+@torch.no_grad()
+def evaluate(run: str | Path, data: str | None, *, checkpoint: str | Path | None = None, forward: str = "recipe",
+             seq_len: int | None = None, batch_size: int | None = None, max_tokens: int | None = None,
+             device: str = "auto", log=print) -> dict:
+    """``{"loss", "ppl", "tokens", ...}`` of ``run``'s checkpoint on ``data`` (see the module docstring)."""
+    from .data import load_tokenizer
+    from .train.trainer import resolve_device
+
+    ck = load_checkpoint(run, checkpoint)
+    cfg = ck["config"]
+    dev = resolve_device(device)
+    seq_len = seq_len or cfg["seq_len"]
+    batch_size = batch_size or cfg["batch_size"]
+    if seq_len > ck["model_config"]["max_seq_len"]:
+        raise ValueError(f"--seq-len {seq_len} exceeds the model's max_seq_len {ck['model_config']['max_seq_len']}")
+    tokenizer = load_tokenizer(cfg.get("tokenizer"))
+    windows = text_windows(data, tokenizer, seq_len, text_field=cfg.get("text_field", "text"), max_tokens=max_tokens)
+    model = build_model(ck, forward, dev)
+    amp = torch.bfloat16 if dev.type == "cuda" else None
+    total, n = 0.0, 0
+    for i in range(0, len(windows), batch_size):
+        w = windows[i:i + batch_size].to(dev)
+        with torch.autocast(dev.type, dtype=amp, enabled=amp is not None):
+            loss = model(w[:, :-1], w[:, 1:])
+        if not torch.isfinite(loss):
+            raise ValueError(f"the loss is {loss.item()} on windows {i}..{i + len(w) - 1}: the checkpoint's forward is not finite")
+        total += loss.float().item() * w[:, 1:].numel()
+        n += w[:, 1:].numel()
+    res = {"run": str(run), "step": ck["step"], "data": data or "tinyshakespeare (packaged)", "forward": forward,
+           "recipe": ck["recipe"]["name"], "seq_len": seq_len, "tokens": n, "loss": total / n,
+           "ppl": math.exp(min(total / n, 50))}
+    log(f"fp4train: {res['recipe']} step {res['step']} on {res['data']} ({n:,} tokens, {forward} forward): "
+        f"loss {res['loss']:.4f}, perplexity {res['ppl']:.2f}")
+    return res
+
+
+@torch.no_grad()
+def generate(run: str | Path, prompt: str, *, max_new_tokens: int = 50, temperature: float = 0.8, top_k: int = 50,
+             seed: int = 0, checkpoint: str | Path | None = None, device: str = "auto") -> str:
+    """``prompt`` continued by the run's model (plain forward, LoRA-SVD merged): top-k sampling at ``temperature``
+    (0: greedy), seeded. A smoke look at what a model learned, not a serving path (no KV cache)."""
+    from .data import load_tokenizer
+    from .train.trainer import resolve_device
+
+    if max_new_tokens < 1 or temperature < 0 or top_k < 1:
+        raise ValueError("--max-new-tokens and --top-k must be >= 1 and --temperature >= 0")
+    ck = load_checkpoint(run, checkpoint)
+    dev = resolve_device(device)
+    model = build_model(ck, "bf16", dev)
+    tokenizer = load_tokenizer(ck["config"].get("tokenizer"))
+    ids = tokenizer.encode_batch([prompt])[0] or [tokenizer.eot_id]
+    g = torch.Generator(device=dev).manual_seed(seed)
+    idx = torch.tensor([ids], device=dev)
+    limit = model.config.max_seq_len
+    for _ in range(max_new_tokens):
+        logits = model(idx[:, -limit:])[0, -1].float()
+        if temperature == 0:
+            nxt = logits.argmax()
+        else:
+            vals, pos = logits.topk(min(top_k, logits.numel()))
+            nxt = pos[torch.multinomial(torch.softmax(vals / temperature, -1), 1, generator=g)[0]]
+        if nxt.item() == tokenizer.eot_id:
+            break
+        idx = torch.cat([idx, nxt.view(1, 1)], dim=1)
+    return tokenizer.decode(idx[0, len(ids):].tolist())

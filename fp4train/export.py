@@ -1,0 +1,88 @@
+"""A trained run's weights as a plain model: fp4train's Llama, or a Hugging Face ``LlamaForCausalLM`` folder.
+
+``load_model(run)`` rebuilds the run's model from a checkpoint with plain ``nn.Linear`` layers: the weights as
+trained, LoRA-SVD layers merged into one weight (``W_res + beta * B A``). ``export_hf(run, out)`` writes that
+model as a Hugging Face folder - ``config.json``, ``model.safetensors`` and the run's tokenizer - which
+``transformers.AutoModelForCausalLM.from_pretrained(out)`` loads with the same logits as fp4train's forward (the
+module names and the rotate-half RoPE are Hugging Face Llama's).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .models.llama import Llama, LlamaConfig
+
+
+def load_checkpoint(run: str | Path, checkpoint: str | Path | None = None) -> dict:
+    """The newest verified checkpoint of ``run`` (or ``checkpoint``), on the CPU."""
+    from .train.checkpoint import Checkpoints
+
+    run = Path(run)
+    if not run.is_dir():
+        raise FileNotFoundError(f"--run {run} is not a run directory (fp4train train --out DIR writes one)")
+    return Checkpoints(run).load(checkpoint)
+
+
+def merged_state_dict(ck: dict) -> dict[str, torch.Tensor]:
+    """The checkpoint's model weights with every LoRA-SVD layer merged: ``weight <- weight + beta * lora_b @ lora_a``."""
+    sd = dict(ck["model"])
+    beta = ((ck.get("recipe") or {}).get("lora_svd") or {}).get("beta", 1.0)
+    for key in [k for k in sd if k.endswith(".lora_a")]:
+        base = key[: -len(".lora_a")]
+        a, b = sd.pop(key), sd.pop(base + ".lora_b")
+        w = sd[base + ".weight"]
+        sd[base + ".weight"] = (w.float() + beta * (b.float() @ a.float())).to(w.dtype)
+    return sd
+
+
+def load_model(run: str | Path, checkpoint: str | Path | None = None) -> tuple[Llama, dict]:
+    """(the run's model with plain linears and the trained weights, in FP32; the checkpoint)."""
+    ck = load_checkpoint(run, checkpoint)
+    model = Llama(LlamaConfig(**ck["model_config"]))
+    model.load_state_dict({k: v.float() for k, v in merged_state_dict(ck).items()})
+    return model.eval(), ck
+
+
+def hf_config(cfg: LlamaConfig, eot_id: int):
+    """The ``transformers.LlamaConfig`` of an fp4train Llama."""
+    from transformers import LlamaConfig as HFLlamaConfig
+
+    return HFLlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.dim, intermediate_size=cfg.ffn_dim,
+                         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
+                         head_dim=cfg.head_dim, max_position_embeddings=cfg.max_seq_len, rope_theta=cfg.rope_theta,
+                         rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings, attention_bias=False,
+                         mlp_bias=False, hidden_act="silu", bos_token_id=eot_id, eos_token_id=eot_id)
+
+
+def export_hf(run: str | Path, out: str | Path, *, checkpoint: str | Path | None = None, dtype: str = "bfloat16") -> Path:
+    """Write ``run``'s trained model as a Hugging Face ``LlamaForCausalLM`` folder ``out`` (new or empty)."""
+    try:
+        from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+    except ImportError as e:
+        raise ValueError(f"export writes a Hugging Face folder and needs transformers: pip install 'fp4train[hf]' ({e})") from e
+    if dtype not in ("bfloat16", "float32"):
+        raise ValueError(f"--dtype must be bfloat16 or float32, got {dtype!r}")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"--out {out} is not empty; export into a new or empty folder")
+    model, ck = load_model(run, checkpoint)
+    from .data import load_tokenizer
+
+    tok = load_tokenizer(ck["config"].get("tokenizer"))
+    if tok.vocab_size > model.config.vocab_size:
+        raise ValueError(f"the run's tokenizer has {tok.vocab_size} tokens but the model {model.config.vocab_size}")
+    hf = LlamaForCausalLM(hf_config(model.config, tok.eot_id))
+    sd = {k if k.startswith("lm_head") else f"model.{k}": v for k, v in model.state_dict().items()}
+    missing, unexpected = hf.load_state_dict(sd, strict=False)
+    missing = [k for k in missing if not (model.config.tie_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(f"export: the Hugging Face model does not match fp4train's (missing {missing}, unexpected {unexpected})")
+    hf.to(getattr(torch, dtype))
+    out.mkdir(parents=True, exist_ok=True)
+    hf.save_pretrained(out, safe_serialization=True)
+    eot = tok.tok.id_to_token(tok.eot_id)
+    PreTrainedTokenizerFast(tokenizer_object=tok.tok, eos_token=eot, bos_token=eot).save_pretrained(out)
+    return out

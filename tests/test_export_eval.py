@@ -1,0 +1,74 @@
+"""fp4train export (a Hugging Face folder with fp4train's logits) and fp4train eval (loss on any text)."""
+
+import json
+
+import pytest
+import torch
+
+from fp4train.cli import main
+from fp4train.evaluate import evaluate
+from fp4train.export import export_hf, load_model
+from fp4train.train import TrainConfig, Trainer
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = {}
+    for recipe in ("bf16", "fullstack"):
+        d = tmp_path_factory.mktemp(recipe)
+        cfg = TrainConfig(model="tiny", recipe=recipe, seq_len=32, batch_size=2, max_steps=2, eval_every=0, eval_batches=1,
+                          log_every=1, progress=False, tensorboard=False, device="cpu", out=str(d / "run"))
+        Trainer(cfg, log=lambda m: None).run()
+        out[recipe] = d / "run"
+    return out
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "fullstack"])
+def test_export_loads_in_transformers_with_fp4trains_logits(runs, recipe, tmp_path):
+    export_hf(runs[recipe], tmp_path / "hf", dtype="float32")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    model, ck = load_model(runs[recipe])
+    if recipe == "fullstack":  # LoRA-SVD merged: the factors are gone, their product is in the weight
+        assert any(k.endswith(".lora_a") for k in ck["model"]) and not any("lora" in k for k in model.state_dict())
+    idx = torch.randint(0, model.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(hf(idx).logits, model(idx), atol=1e-4, rtol=1e-4)
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert tok.eos_token is not None and len(tok("To be or not")["input_ids"]) > 0
+    with pytest.raises(ValueError, match="not empty"):
+        export_hf(runs[recipe], tmp_path / "hf")
+
+
+def test_eval_gives_the_recipes_forward_and_the_plain_one(runs, tmp_path, capsys):
+    plain = evaluate(runs["bf16"], None, forward="bf16", max_tokens=3000, log=lambda m: None)
+    as_trained = evaluate(runs["bf16"], None, forward="recipe", max_tokens=3000, log=lambda m: None)
+    assert plain["loss"] == as_trained["loss"] and plain["tokens"] == 3000 // 33 * 32
+    fq = evaluate(runs["fullstack"], None, forward="recipe", max_tokens=3000, log=lambda m: None)
+    fb = evaluate(runs["fullstack"], None, forward="bf16", max_tokens=3000, log=lambda m: None)
+    assert fq["loss"] != fb["loss"] and abs(fq["loss"] - fb["loss"]) < 0.05 * fb["loss"]  # quantized, and close
+    assert main(["eval", "--run", str(runs["bf16"]), "--max-tokens", "3000", "--json", str(tmp_path / "e.json")]) == 0
+    assert json.loads((tmp_path / "e.json").read_text())["loss"] == pytest.approx(plain["loss"])
+    assert "perplexity" in capsys.readouterr().out
+
+
+def test_eval_and_export_refuse_bad_input_in_one_line(runs, tmp_path, capsys):
+    assert main(["eval", "--run", str(tmp_path / "none")]) == 2
+    assert "is not a run directory" in capsys.readouterr().err
+    (tmp_path / "short.txt").write_text("too short")
+    assert main(["eval", "--run", str(runs["bf16"]), "--data", str(tmp_path / "short.txt")]) == 2
+    assert "fewer than one window" in capsys.readouterr().err
+
+
+def test_generate_continues_a_prompt_reproducibly(runs, capsys):
+    from fp4train.evaluate import generate
+
+    a = generate(runs["fullstack"], "To be", max_new_tokens=8, seed=3)
+    assert a == generate(runs["fullstack"], "To be", max_new_tokens=8, seed=3)  # seeded
+    assert generate(runs["bf16"], "To be", max_new_tokens=5, temperature=0) == generate(runs["bf16"], "To be",
+                                                                                      max_new_tokens=5, temperature=0, seed=9)
+    assert main(["generate", "--run", str(runs["bf16"]), "--prompt", "To be", "--max-new-tokens", "4"]) == 0
+    assert capsys.readouterr().out.startswith("To be")
+    with pytest.raises(ValueError, match="max-new-tokens"):
+        generate(runs["bf16"], "x", max_new_tokens=0)
