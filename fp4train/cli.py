@@ -163,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "when there are several), none (in this process), or e.g. 0,1 or 0,0,1,1 (two runs per GPU)")
     c.add_argument("--overwrite", action="store_true", help="train again the runs in --out that were made with other "
                    "settings (without it, such runs are refused and named)")
+    c.add_argument("--eval-data", default=None, help="comma-separated text sources every finished run is also evaluated "
+                   "on (the recipe's forward, the first 262,144 tokens), e.g. out-of-domain text; the report adds their "
+                   "loss and gap to BF16")
 
     a = sub.add_parser("analyze", help="outlier-pattern maps and per-GEMM error of every recipe on a real model",
                        description="Train the model in BF16 for --steps steps on real text, classify W, X and dY of every "
@@ -285,7 +288,8 @@ def _run(args) -> int:
         base = _config_from_args(args)
         seeds = _ints("--seeds", args.seeds) if args.seeds else [base.seed]
         recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
-        compare(base, recipes, seeds, base.out, gpus=_gpus(args.gpus), overwrite=args.overwrite)
+        eval_data = [t.strip() for t in args.eval_data.split(",") if t.strip()] if args.eval_data else None
+        compare(base, recipes, seeds, base.out, gpus=_gpus(args.gpus), overwrite=args.overwrite, eval_data=eval_data)
     return 0
 
 

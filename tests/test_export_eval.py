@@ -72,3 +72,24 @@ def test_generate_continues_a_prompt_reproducibly(runs, capsys):
     assert capsys.readouterr().out.startswith("To be")
     with pytest.raises(ValueError, match="max-new-tokens"):
         generate(runs["bf16"], "x", max_new_tokens=0)
+
+
+def test_compare_eval_data_adds_loss_on_other_text_and_reuses_it(tmp_path):
+    from fp4train.train.compare import compare
+
+    base = TrainConfig(model="tiny", seq_len=32, batch_size=2, max_steps=2, eval_every=0, eval_batches=1, log_every=1,
+                       progress=False, tensorboard=False, device="cpu")
+    ood = tmp_path / "ood.txt"
+    ood.write_text("Engines and trains, rivers and bridges. " * 300)
+    (tmp_path / "x.md").write_text("# not a text source fp4train reads")
+    with pytest.raises(ValueError, match="unsupported data file"):  # refused before any training
+        compare(base, ["nvfp4"], [0], tmp_path / "cmp", eval_data=[str(tmp_path / "x.md")])
+    assert not (tmp_path / "cmp" / "runs").exists()
+    rep = compare(base, ["nvfp4"], [0], tmp_path / "cmp", eval_data=[str(ood)], eval_tokens=2000)
+    ev = {r: x["eval"]["ood.txt"] for r, x in rep["recipes"].items()}
+    assert ev["bf16"]["gap_pct_mean"] == 0 and ev["nvfp4"]["loss_mean"] > 0
+    assert "ood.txt: loss" in (tmp_path / "cmp" / "report.md").read_text()
+    kept = tmp_path / "cmp" / "runs" / "nvfp4-seed0" / "eval-ood.txt.json"
+    before = kept.stat().st_mtime_ns
+    compare(base, ["nvfp4"], [0], tmp_path / "cmp", eval_data=[str(ood)], eval_tokens=2000)
+    assert kept.stat().st_mtime_ns == before  # a finished run's evaluation is reused

@@ -32,12 +32,16 @@ from .trainer import check_recipe, load_data, resolve_device, train
 BASELINE = "bf16"
 
 
+#: tokens of each --eval-data text a comparison evaluates every run on (the first ones)
+EVAL_TOKENS = 262_144
+
+
 def run_name(recipe: str, seed: int) -> str:
     return f"{Path(recipe).stem}-seed{seed}"
 
 
 def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | Path, *, gpus: list[int] | None = None,
-            overwrite: bool = False) -> dict:
+            overwrite: bool = False, eval_data: list[str] | None = None, eval_tokens: int = EVAL_TOKENS) -> dict:
     """Train every recipe x seed from ``base`` and write the report to ``out``.
 
     ``gpus``: ``None`` trains in this process, one run after another; a list of GPU ids runs
@@ -46,7 +50,11 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
     Everything is checked before the first run: every recipe name, the data (tokenized once here),
     the device, and every run already in ``out``: a finished run is reused and an interrupted one
     resumed only if it was made with the settings asked for now (:data:`~.config.RESULT_FIELDS`);
-    one made with other settings is refused, naming them, or with ``overwrite`` trained again."""
+    one made with other settings is refused, naming them, or with ``overwrite`` trained again.
+
+    ``eval_data``: text sources (e.g. out-of-domain text) on which every finished run's checkpoint is evaluated
+    with its recipe's forward (``fp4train eval``, the first ``eval_tokens`` tokens); the report adds their loss
+    and gap to BF16. Results are kept in each run's folder and reused."""
     out = Path(out)
     if BASELINE not in recipes:
         recipes = [BASELINE] + list(recipes)
@@ -62,6 +70,11 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
     if not gpus:
         resolve_device(base.device)
     load_data(base)
+    for text in eval_data or []:  # an unreadable evaluation text is refused now, not after the training
+        from ..data.sources import check_readable, expand
+
+        for f in expand(text):
+            check_readable(f)
     stale = {key: diff for key, cfg in cfgs.items() if (diff := settings_changed(cfg))}
     if stale and not overwrite:
         lines = "; ".join(f"{run_name(*k)} ({d})" for k, d in stale.items())
@@ -84,7 +97,11 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
             train(cfg, resume=resume, overwrite=not resume)
             Checkpoints(cfg.out).prune(1)  # a finished run needs only its last checkpoint
     per_gpu = max(gpus.count(g) for g in gpus) if gpus else 1
-    report = write_report(out, recipes, seeds, runs_per_gpu=per_gpu)
+    for text in eval_data or []:
+        for (r, s), cfg in cfgs.items():
+            if finished(cfg):
+                eval_run(Path(cfg.out), text, eval_tokens, device=base.device, log=log)
+    report = write_report(out, recipes, seeds, runs_per_gpu=per_gpu, eval_data=eval_data)
     log(f"fp4train compare: report in {out / 'report.md'} (and report.json, loss.png)")
     return report
 
@@ -183,7 +200,29 @@ def _curve(run_dir: Path) -> list[tuple[int, float]]:
     return pts
 
 
-def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_per_gpu: int = 1) -> dict:
+def eval_name(text: str) -> str:
+    """A short name for an evaluation text: its file or folder name."""
+    return Path(text.rstrip("/")).name or text
+
+
+def eval_run(run: Path, text: str, tokens: int, *, device: str = "auto", log=print) -> dict:
+    """``run``'s evaluation on ``text`` (kept in ``run/eval-<name>.json``, redone when the run has moved on)."""
+    from ..evaluate import evaluate
+
+    path = run / f"eval-{eval_name(text)}.json"
+    step = json.loads((run / "summary.json").read_text())["steps"]
+    if path.exists():
+        kept = json.loads(path.read_text())
+        if kept.get("step") == step and kept.get("data") == text and kept.get("max_tokens") == tokens:
+            return kept
+    res = evaluate(run, text, max_tokens=tokens, device=device, log=log)
+    res["max_tokens"] = tokens
+    path.write_text(json.dumps(res, indent=1))
+    return res
+
+
+def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_per_gpu: int = 1,
+                 eval_data: list[str] | None = None) -> dict:
     """Report the finished runs in ``out/runs``. A recipe with a seed not yet finished is listed as
     unfinished and left out of the tables (re-running the same ``compare`` finishes it); BF16 must
     be complete, since every gap is measured against it. ``runs_per_gpu``: how many runs shared a
@@ -219,6 +258,19 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
             "peak_mem_gib": max(mem) if mem else None,
             "bf16_steps": max(by[(r, s)].get("bf16_steps", 0) for s in seeds),
         }
+        evals = {}
+        for text in eval_data or []:
+            name = eval_name(text)
+            got = {s: json.loads(f.read_text())["loss"] for s in seeds
+                   if (f := done[(r, s)] / f"eval-{name}.json").exists()}
+            base = {s: json.loads(f.read_text())["loss"] for s in seeds
+                    if (f := done[(BASELINE, s)] / f"eval-{name}.json").exists()}
+            paired = [s for s in seeds if s in got and s in base]
+            if paired:
+                evals[name] = {"loss_mean": statistics.mean(got[s] for s in paired),
+                               "gap_pct_mean": statistics.mean((got[s] / base[s] - 1) * 100 for s in paired)}
+        if evals:
+            summary[r]["eval"] = evals
     first = runs[0]
     report = {
         "model": first["model"], "tokens_per_run": first["tokens"], "steps": first["steps"], "seeds": seeds,
@@ -255,6 +307,14 @@ def _markdown(rep: dict) -> str:
     for r, x in rep["recipes"].items():
         per = ", ".join(f"{g:+.2f}" for g in x["gap_pct_per_seed"].values())
         lines.append(f"| {r} | {x['val_loss_mean']:.4f} | {x['gap_pct_mean']:+.2f} | {per} | {_fmt(x['tokens_per_s'], ',.0f')} | {_fmt(x['peak_mem_gib'], '.2f')} |")
+    texts = sorted({t for x in rep["recipes"].values() for t in x.get("eval", {})})
+    if texts:
+        lines += ["", "Loss on other text (`--eval-data`, the recipe's forward; gap to BF16 at the same seed, mean over seeds):", "",
+                  "| recipe | " + " | ".join(f"{t}: loss | {t}: gap %" for t in texts) + " |", "|---|" + "---:|---:|" * len(texts)]
+        for r, x in rep["recipes"].items():
+            ev = x.get("eval", {})
+            cells = [f"{ev[t]['loss_mean']:.4f} | {ev[t]['gap_pct_mean']:+.2f}" if t in ev else "— | —" for t in texts]
+            lines.append(f"| {r} | " + " | ".join(cells) + " |")
     if rep["bf16_seed_spread_pct"] is not None:
         lines += ["", f"BF16 seed-to-seed spread: {rep['bf16_seed_spread_pct']:.2f}% (max − min of final val loss over seeds, / mean). "
                   "A gap smaller than this is within noise."]
