@@ -289,7 +289,8 @@ def _run(args) -> int:
         seeds = _ints("--seeds", args.seeds) if args.seeds else [base.seed]
         recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
         eval_data = [t.strip() for t in args.eval_data.split(",") if t.strip()] if args.eval_data else None
-        compare(base, recipes, seeds, base.out, gpus=_gpus(args.gpus), overwrite=args.overwrite, eval_data=eval_data)
+        compare(base, recipes, seeds, base.out, gpus=_gpus(args.gpus), overwrite=args.overwrite, eval_data=eval_data,
+                recipe_optimizers=getattr(args, "optimizer", None) is None)
     return 0
 
 

@@ -93,3 +93,19 @@ def test_compare_eval_data_adds_loss_on_other_text_and_reuses_it(tmp_path):
     before = kept.stat().st_mtime_ns
     compare(base, ["nvfp4"], [0], tmp_path / "cmp", eval_data=[str(ood)], eval_tokens=2000)
     assert kept.stat().st_mtime_ns == before  # a finished run's evaluation is reused
+
+
+def test_compare_gives_each_recipe_its_own_optimizer_unless_one_is_named(tmp_path, monkeypatch):
+    import fp4train.train.compare as cmp
+
+    seen = {}
+    monkeypatch.setattr(cmp, "train", lambda cfg, **kw: seen.__setitem__(cfg.recipe, cfg.optimizer))
+    monkeypatch.setattr(cmp, "write_report", lambda *a, **kw: {})
+    base = TrainConfig(model="tiny", seq_len=32, batch_size=2, max_steps=2, progress=False, tensorboard=False, device="cpu")
+    cmp.compare(base, ["fullstack"], [0], tmp_path / "a", recipe_optimizers=True)
+    assert seen == {"bf16": "adamw", "fullstack": "qadamw"}
+    cmp.compare(base, ["fullstack"], [0], tmp_path / "b")  # the base's optimizer, named: every run takes it
+    assert seen == {"bf16": "adamw", "fullstack": "adamw"}
+    assert main(["compare", "--model", "tiny", "--recipes", "fullstack", "--max-steps", "2", "--seq-len", "32",
+                 "--batch-size", "2", "--out", str(tmp_path / "c"), "--no-progress"]) == 0
+    assert seen["fullstack"] == "qadamw"

@@ -41,7 +41,8 @@ def run_name(recipe: str, seed: int) -> str:
 
 
 def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | Path, *, gpus: list[int] | None = None,
-            overwrite: bool = False, eval_data: list[str] | None = None, eval_tokens: int = EVAL_TOKENS) -> dict:
+            overwrite: bool = False, eval_data: list[str] | None = None, eval_tokens: int = EVAL_TOKENS,
+            recipe_optimizers: bool = False) -> dict:
     """Train every recipe x seed from ``base`` and write the report to ``out``.
 
     ``gpus``: ``None`` trains in this process, one run after another; a list of GPU ids runs
@@ -54,7 +55,10 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
 
     ``eval_data``: text sources (e.g. out-of-domain text) on which every finished run's checkpoint is evaluated
     with its recipe's forward (``fp4train eval``, the first ``eval_tokens`` tokens); the report adds their loss
-    and gap to BF16. Results are kept in each run's folder and reused."""
+    and gap to BF16. Results are kept in each run's folder and reused.
+
+    ``recipe_optimizers``: each run takes its recipe's optimizer (``fullstack``: QAdamW; the others AdamW) in place of
+    ``base.optimizer`` - what the CLI does when ``--optimizer`` is not given."""
     out = Path(out)
     if BASELINE not in recipes:
         recipes = [BASELINE] + list(recipes)
@@ -63,7 +67,9 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
     if len(set(seeds)) < len(seeds):
         raise ValueError(f"--seeds names a seed twice: {', '.join(map(str, seeds))}")
     jobs = [(r, s) for r in recipes for s in seeds]  # recipe by recipe: a cut-short comparison still has whole pairs
-    cfgs = {(r, s): dataclasses.replace(base, recipe=r, seed=s, out=str(out / "runs" / run_name(r, s))) for r, s in jobs}
+    per_recipe = {"optimizer": None} if recipe_optimizers else {}  # None: TrainConfig resolves the recipe's
+    cfgs = {(r, s): dataclasses.replace(base, recipe=r, seed=s, out=str(out / "runs" / run_name(r, s)), **per_recipe)
+            for r, s in jobs}
     # checks before any work: recipes, device, data, the runs already there
     for cfg in cfgs.values():
         check_recipe(cfg)
