@@ -13,12 +13,11 @@ Writes ``bench/results/attention_speed-<device>.json``.
 from __future__ import annotations
 
 import argparse
-import math
 
 import torch
 import torch.nn.functional as F
 
-from common import results_path, write_results
+from common import results_path, sqnr_db, write_results
 from fp4train.attention import nvfp4_attention
 from fp4train.timing import median_time
 
@@ -26,11 +25,6 @@ SHAPES = {  # model: (heads, kv heads, head dim)
     "1b": (32, 8, 64),
     "3b": (24, 8, 128),
 }
-
-
-def sqnr(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.double(), ref.double()
-    return 10 * math.log10(ref.square().sum().item() / max((x - ref).square().sum().item(), 1e-300))
 
 
 def sdpa(q, k, v):
@@ -58,7 +52,7 @@ def measure(model: str, seq: int, tokens: int, repeats: int) -> dict:
     row = {"model": model, "batch": b, "seq_len": seq, "heads": h, "kv_heads": hkv, "head_dim": d}
     ref = run_one(sdpa, q, k, v, do)
     got = run_one(nvfp4, q, k, v, do)
-    row["sqnr_db"] = {n: sqnr(x.float(), r.float()) for n, x, r in zip(("O", "dQ", "dK", "dV"), got, ref)}
+    row["sqnr_db"] = {n: sqnr_db(r.float(), x.float()) for n, x, r in zip(("O", "dQ", "dK", "dV"), got, ref)}
     base = torch.cuda.memory_allocated()
     for name, fn in (("sdpa", sdpa), ("nvfp4", nvfp4)):
         torch.cuda.reset_peak_memory_stats()

@@ -40,3 +40,15 @@ def write_results(path: Path, results, **settings) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     return out
+
+
+def sqnr_db(ref: torch.Tensor, approx: torch.Tensor) -> float:
+    """Signal-to-quantization-noise ratio in dB: 10 log10(|ref|^2 / |ref - approx|^2)."""
+    ref, approx = ref.detach().double(), approx.detach().double()
+    noise = (ref - approx).pow(2).sum()
+    return float("inf") if noise == 0 else float(10 * torch.log10(ref.pow(2).sum() / noise))
+
+
+def data_label(data: str | None) -> str:
+    """Training text as a results file names it: its file or folder name, not where it lay on a machine."""
+    return Path(data.rstrip("/")).name if data else "tinyshakespeare (packaged)"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from common import results_path, write_results
+from common import data_label, results_path, write_results
 from fp4train.formats import fake_quantize
 from fp4train.linear.lora_svd import svd_factors
 from fp4train.train import TrainConfig, Trainer
@@ -93,7 +93,7 @@ def main(argv=None):
     res = compare(record(trainer), args.rank)
     res["rank"] = args.rank
     print(", ".join(f"{k}: {v:.4f}" for k, v in res.items() if isinstance(v, float)))
-    write_results(args.json, res, model=cfg.model, steps=ck.get("step"), data=Path(cfg.data or "tinyshakespeare").name)
+    write_results(args.json, res, model=cfg.model, steps=ck.get("step"), data=data_label(cfg.data))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from common import results_path, write_results
+from common import data_label, results_path, write_results
 from fp4train.formats import fake_quantize
 from fp4train.optim import state_codec
 from fp4train.train.checkpoint import Checkpoints
@@ -67,7 +67,7 @@ def main(argv=None):
           f"{res['r_rel_error_direct']:.4f}, transform {res['r_rel_error_transform']:.4f} ({res['r_error_reduction']:.0%} lower); "
           f"update error direct "
           f"{res['u_rel_error_direct']:.4f}, transform {res['u_rel_error_transform']:.4f} ({res['u_error_reduction']:.0%} lower)")
-    write_results(args.json, res, model=cfg.get("model"), steps=ck.get("step"), data=Path(cfg.get("data") or "tinyshakespeare").name)
+    write_results(args.json, res, model=cfg.get("model"), steps=ck.get("step"), data=data_label(cfg.get("data")))
 
 
 if __name__ == "__main__":

@@ -19,13 +19,7 @@ import torch
 import torch.nn as nn
 
 import fp4train
-from common import results_path, write_results
-
-
-def sqnr_db(ref: torch.Tensor, approx: torch.Tensor) -> float:
-    ref, approx = ref.detach().double(), approx.detach().double()
-    noise = (ref - approx).pow(2).sum()
-    return float("inf") if noise == 0 else float(10 * torch.log10(ref.pow(2).sum() / noise))
+from common import results_path, sqnr_db, write_results
 
 
 def measure(recipe: str, tokens: int, k: int, n: int, seed: int) -> dict[str, float]:

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 import fp4train
-from common import results_path, write_results
+from common import data_label, results_path, write_results
 from fp4train.train import TrainConfig, Trainer
 
 TORCHAO = "torchao_fp8_rowwise"
@@ -78,11 +78,6 @@ def measure_or_error(recipe: str, **kw) -> dict:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         torch._dynamo.reset()
-
-
-def data_label(data: str | None) -> str:
-    """The training text as the results file names it: its file or folder name, not where it lay on a machine."""
-    return Path(data.rstrip("/")).name if data else "tinyshakespeare (packaged)"
 
 
 def main(argv=None):

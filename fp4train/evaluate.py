@@ -29,16 +29,20 @@ def text_windows(data: str, tokenizer, seq_len: int, *, text_field: str = "text"
     from .data import expand, iter_documents
 
     ids: list[int] = []
+    batch: list[str] = []
+
+    def flush():
+        ids.extend(t for doc in tokenizer.encode_batch(batch) for t in (*doc, tokenizer.eot_id))
+        batch.clear()
+
     for src in expand(data):
-        batch = []
         for _, text in iter_documents(src, text_field):
             batch.append(text)
             if len(batch) >= 256:
-                ids += [t for doc in tokenizer.encode_batch(batch) for t in (*doc, tokenizer.eot_id)]
-                batch = []
+                flush()
             if max_tokens and len(ids) >= max_tokens:
                 break
-        ids += [t for doc in tokenizer.encode_batch(batch) for t in (*doc, tokenizer.eot_id)]
+        flush()
         if max_tokens and len(ids) >= max_tokens:
             break
     if max_tokens:

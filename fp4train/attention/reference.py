@@ -72,24 +72,25 @@ def quantize_ds(ds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values, div
 
 
-def _mask(tq: int, tk: int, causal: bool, device) -> torch.Tensor | None:
-    if not causal:
-        return None
-    return torch.ones(tq, tk, dtype=torch.bool, device=device).tril(tk - tq)
+def _expand(kv: torch.Tensor, vv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V in FP32 with each kv head repeated for the query heads of its group (grouped-query attention)."""
+    g = heads // kv.shape[1]
+    return tuple(x.repeat_interleave(g, dim=1).float() if g > 1 else x.float() for x in (kv, vv))
 
 
-def _expand(x: torch.Tensor, groups: int) -> torch.Tensor:
-    return x.repeat_interleave(groups, dim=1) if groups > 1 else x
+def _scores(qv, k, dq, dk, *, causal: bool, scale: float) -> torch.Tensor:
+    """``S = Q^ K^^T * scale`` in FP32 (the divisors folded into the scale), -inf above the causal diagonal."""
+    s = (qv.float() @ k.mT) * (scale / (dq * dk))
+    if causal:
+        tq, tk = s.shape[-2:]
+        s = s.masked_fill(~torch.ones(tq, tk, dtype=torch.bool, device=s.device).tril(tk - tq), float("-inf"))
+    return s
 
 
 def forward(qv, kv, vv, dq, dk, dv, *, causal: bool, scale: float):
     """``(O [B, H, T, D] bf16, LSE [B, H, T] fp32)`` of quantized values and their divisors (see the module docstring)."""
-    g = qv.shape[1] // kv.shape[1]
-    k, v = _expand(kv, g).float(), _expand(vv, g).float()
-    s = (qv.float() @ k.mT) * (scale / (dq * dk))
-    m = _mask(s.shape[-2], s.shape[-1], causal, s.device)
-    if m is not None:
-        s = s.masked_fill(~m, float("-inf"))
+    k, v = _expand(kv, vv, qv.shape[1])
+    s = _scores(qv, k, dq, dk, causal=causal, scale=scale)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse[..., None])
     o = (p.to(torch.bfloat16).float() @ v) / dv
@@ -99,12 +100,8 @@ def forward(qv, kv, vv, dq, dk, dv, *, causal: bool, scale: float):
 def backward(do, o, lse, qv, kv, vv, dq, dk, dv, *, causal: bool, scale: float):
     """``(dQ, dK, dV)`` in FP32 for the upstream gradient ``do`` (see the module docstring)."""
     g = qv.shape[1] // kv.shape[1]
-    k, v = _expand(kv, g).float(), _expand(vv, g).float()
-    s = (qv.float() @ k.mT) * (scale / (dq * dk))
-    m = _mask(s.shape[-2], s.shape[-1], causal, s.device)
-    if m is not None:
-        s = s.masked_fill(~m, float("-inf"))
-    p = torch.exp(s - lse[..., None])
+    k, v = _expand(kv, vv, qv.shape[1])
+    p = torch.exp(_scores(qv, k, dq, dk, causal=causal, scale=scale) - lse[..., None])
     do16 = do.to(torch.bfloat16).float()
     d_v = p.to(torch.bfloat16).float().mT @ do16
     dp = (do16 @ v.mT) / dv

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 import triton
 import triton.language as tl
 
@@ -142,8 +143,6 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, dqacc_ptr, dk_ptr, 
 
 def forward(qv, kv, vv, dq, dk, dv, *, causal: bool, scale: float):
     """Triton twin of :func:`fp4train.attention.reference.forward`."""
-    import torch
-
     B, H, T, D = qv.shape
     G = H // kv.shape[1]
     o = torch.empty_like(qv, dtype=torch.bfloat16)
@@ -155,8 +154,6 @@ def forward(qv, kv, vv, dq, dk, dv, *, causal: bool, scale: float):
 
 def backward(do, o, lse, qv, kv, vv, dq, dk, dv, *, causal: bool, scale: float):
     """Triton twin of :func:`fp4train.attention.reference.backward`: (dQ, dK, dV) in FP32."""
-    import torch
-
     B, H, T, D = qv.shape
     hkv = kv.shape[1]
     d_q = torch.zeros(B, H, T, D, dtype=torch.float32, device=qv.device)

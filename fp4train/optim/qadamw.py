@@ -54,8 +54,12 @@ class QAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            self._adamw_group(group)
+            self._group_step(group)
         return loss
+
+    def _group_step(self, group: dict) -> None:
+        """One param group's update (subclasses with other groups dispatch here)."""
+        self._adamw_group(group)
 
     def _adamw_group(self, group: dict) -> None:
         """One param group's AdamW step (see the module docstring)."""

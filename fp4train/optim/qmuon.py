@@ -69,18 +69,11 @@ class QMuon(QAdamW):
                     raise ValueError(f"QMuon: Muon groups take 2D weights only, got shapes {bad}; put the others in a "
                                      "group without muon=True (AdamW)")
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            if group["muon"]:
-                self._muon_group(group)
-            else:
-                self._adamw_group(group)
-        return loss
+    def _group_step(self, group: dict) -> None:
+        if group["muon"]:
+            self._muon_group(group)
+        else:
+            self._adamw_group(group)
 
     def _muon_group(self, group: dict) -> None:
         lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]

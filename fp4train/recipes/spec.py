@@ -240,7 +240,7 @@ class LoRASVDSpec:
 
 #: What ``Recipe.attention`` may name: attention's QK^T, dS K and dS^T Q on NVFP4 operands (fp4train.attention).
 ATTENTION_KINDS = ("nvfp4",)
-#: What ``Recipe.optimizer`` may suggest (``fp4train train --optimizer`` overrides it).
+#: The optimizers the trainer runs (``fp4train train --optimizer``); a recipe may name one as its default.
 OPTIMIZERS = ("adamw", "qadamw", "muon", "qmuon")
 
 

@@ -11,10 +11,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..recipes.spec import OPTIMIZERS
+
 DTYPES = ("auto", "bf16", "fp32")
 NUMERICS = ("eager", "compiled", "triton")
 COMPILE_MODES = ("default", "reduce-overhead")
-OPTIMIZERS = ("adamw", "qadamw", "muon", "qmuon")
 DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
