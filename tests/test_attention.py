@@ -118,7 +118,7 @@ def test_set_attention_refuses_a_model_without_attention():
         set_attention(torch.nn.Sequential(torch.nn.Linear(4, 4)), "nvfp4")
 
 
-def test_hugging_face_llama_runs_the_nvfp4_attention(sqnr):
+def test_hugging_face_llama_runs_the_nvfp4_attention(sqnr, monkeypatch):
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
@@ -130,16 +130,8 @@ def test_hugging_face_llama_runs_the_nvfp4_attention(sqnr):
     assert set_attention(model, "nvfp4") == 2
     calls = []
     orig = reference.forward
-
-    def counting(*a, **kw):
-        calls.append(1)
-        return orig(*a, **kw)
-
-    reference.forward = counting
-    try:
-        with torch.no_grad():
-            got = model(idx).logits
-    finally:
-        reference.forward = orig
+    monkeypatch.setattr(reference, "forward", lambda *a, **kw: calls.append(1) or orig(*a, **kw))
+    with torch.no_grad():
+        got = model(idx).logits
     assert len(calls) == 2  # each layer's attention ran ours
     assert 10 < sqnr(want, got) < 60
