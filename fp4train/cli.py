@@ -46,6 +46,9 @@ HELP = {
     "log_every": "write a metrics record every N steps",
     "out": "run directory (config, metrics.jsonl, TensorBoard logs, checkpoints, summary); a new run needs an empty or new one",
     "seed": "seed for init, data order and stochastic rounding",
+    "data_seed": "seed of the training windows' order alone (default: --seed); same init and rounding, another order",
+    "deterministic": "the same loss bits on every repeat of a run on one GPU: torch.use_deterministic_algorithms, a "
+    "fixed cuBLAS workspace, atomic-free attention backward (slower; off by default)",
     "device": "auto (GPU if there is one), cpu, cuda or cuda:N",
     "dtype": "autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32",
     "optimizer": "adamw (torch's, FP32 moments), qadamw (AdamW with both moments stored in NVFP4, "
@@ -166,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--eval-data", default=None, help="comma-separated text sources every finished run is also evaluated "
                    "on (the recipe's forward, the first 262,144 tokens), e.g. out-of-domain text; the report adds their "
                    "loss and gap to BF16")
+    c.add_argument("--noise-floor", action="store_true", help="also train BF16 once more per seed with the same "
+                   "initialization and the training data in another order (--data-seed = seed + 1000): the report gives "
+                   "this same-init spread beside BF16's seed-to-seed spread")
 
     a = sub.add_parser("analyze", help="outlier-pattern maps and per-GEMM error of every recipe on a real model",
                        description="Train the model in BF16 for --steps steps on real text, classify W, X and dY of every "
@@ -290,7 +296,7 @@ def _run(args) -> int:
         recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
         eval_data = [t.strip() for t in args.eval_data.split(",") if t.strip()] if args.eval_data else None
         compare(base, recipes, seeds, base.out, gpus=_gpus(args.gpus), overwrite=args.overwrite, eval_data=eval_data,
-                recipe_optimizers=getattr(args, "optimizer", None) is None)
+                recipe_optimizers=getattr(args, "optimizer", None) is None, noise_floor=args.noise_floor)
     return 0
 
 

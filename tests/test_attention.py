@@ -89,6 +89,27 @@ def test_triton_kernels_match_the_reference(causal, d, t, sqnr):
     assert sqnr(g[2], g2[2]) > 40
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_deterministic_backward_sums_the_same_dq(causal, sqnr):
+    """Under torch.use_deterministic_algorithms the backward writes per-key-tile dQ partials (no atomics) and sums
+    them after: the same dQ up to FP32 summation order, identical dK/dV, and the same bits when repeated."""
+    q, k, v, do = _inputs(t=160, d=32, device="cuda" if torch.cuda.is_available() else "cpu")  # 3 key tiles, one partial
+    (qv, dq), (kv, dk), (vv, dv) = quantize_heads(q), quantize_heads(k), quantize_heads(v)
+    args = (qv.contiguous(), kv.contiguous(), vv.contiguous(), dq, dk, dv)
+    o, lse = kernel.forward(*args, causal=causal, scale=0.125)
+    g = kernel.backward(do, o, lse, *args, causal=causal, scale=0.125)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        d1 = kernel.backward(do, o, lse, *args, causal=causal, scale=0.125)
+        d2 = kernel.backward(do, o, lse, *args, causal=causal, scale=0.125)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert all(torch.equal(a, b) for a, b in zip(d1, d2))
+    assert torch.equal(d1[1], g[1]) and torch.equal(d1[2], g[2])
+    assert sqnr(g[0], d1[0]) > 100
+
+
 def test_bad_shapes_are_refused_with_the_fix():
     q, k, v, _ = _inputs()
     with pytest.raises(ValueError, match="multiple of k's"):

@@ -1,6 +1,9 @@
 """The training loop and CLI: exact resume after SIGKILL, NaN stop, compare report, --help."""
 
+import dataclasses
 import json
+import os
+import statistics
 import signal
 import subprocess
 import sys
@@ -12,7 +15,7 @@ import torch
 import fp4train
 from fp4train.cli import HELP, build_parser, main
 from fp4train.train import Checkpoints, TrainConfig, Trainer, TrainingDiverged
-from fp4train.train.compare import write_report
+from fp4train.train.compare import interval95, write_report
 
 # --device cpu: the bit-exact resume claims are CPU claims (GPU kernels such as embedding backward use atomics)
 SMALL = ["--model", "tiny", "--seq-len", "32", "--batch-size", "2", "--eval-batches", "2", "--no-progress", "--no-tensorboard",
@@ -79,27 +82,41 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_pat
 
 def test_compare_writes_report(tmp_path):
     out = tmp_path / "cmp"
-    rc = main(["compare", *SMALL, "--recipes", "mxfp4", "--seeds", "0,1", "--max-steps", "3", "--eval-every", "0", "--out", str(out)])
+    rc = main(["compare", *SMALL, "--recipes", "mxfp4", "--seeds", "0,1,2", "--max-steps", "3", "--eval-every", "0",
+               "--noise-floor", "--out", str(out)])
     assert rc == 0
     rep = json.loads((out / "report.json").read_text())
-    assert set(rep["recipes"]) == {"bf16", "mxfp4"} and rep["seeds"] == [0, 1]
+    assert set(rep["recipes"]) == {"bf16", "mxfp4"} and rep["seeds"] == [0, 1, 2]
     assert rep["recipes"]["bf16"]["gap_pct_mean"] == 0.0
     m = rep["recipes"]["mxfp4"]
-    expect = [(m["val_loss_per_seed"][s] / rep["recipes"]["bf16"]["val_loss_per_seed"][s] - 1) * 100 for s in ("0", "1")]
+    bf = rep["recipes"]["bf16"]["val_loss_per_seed"]
+    expect = [(m["val_loss_per_seed"][s] / bf[s] - 1) * 100 for s in ("0", "1", "2")]
     assert list(m["gap_pct_per_seed"].values()) == pytest.approx(expect)
+    half = 4.303 * statistics.stdev(expect) / 3**0.5  # paired t, 2 degrees of freedom
+    assert m["gap_pct_ci95"] == pytest.approx([statistics.mean(expect) - half, statistics.mean(expect) + half])
+    assert m["resolved"] == (m["gap_pct_ci95"][0] > 0 or m["gap_pct_ci95"][1] < 0)
     assert rep["bf16_seed_spread_pct"] is not None and rep["tokens_per_run"] == 3 * 64
+    # the noise-floor runs: BF16 with each seed's init, the data in another order
+    nf = rep["noise_floor"]
+    assert nf["seed_std_pct"] == pytest.approx(statistics.stdev(bf.values()) / statistics.mean(bf.values()) * 100)
+    for s in (0, 1, 2):
+        run = out / "runs" / f"bf16-reordered-seed{s}"
+        summ = json.loads((run / "summary.json").read_text())
+        assert summ["seed"] == s and summ["data_seed"] == s + 1000
+        assert nf["reorder_abs_pct_per_seed"][str(s)] == pytest.approx(abs(summ["final_val_loss"] / bf[str(s)] - 1) * 100)
     md = (out / "report.md").read_text()
-    assert "| mxfp4 |" in md and "BF16 seed-to-seed spread" in md
+    assert "| mxfp4 |" in md and "Noise floor (BF16): seed-to-seed standard deviation" in md and "95% interval" in md
+    assert m["verdict"] in md
     assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
 
     # a comparison cut short: the unfinished recipe is named and left out, the rest still reported
     (out / "runs" / "mxfp4-seed1" / "summary.json").unlink()
-    rep = write_report(out, ["bf16", "mxfp4"], [0, 1])
+    rep = write_report(out, ["bf16", "mxfp4"], [0, 1, 2])
     assert rep["unfinished"] == ["mxfp4"] and list(rep["recipes"]) == ["bf16"]
     assert "Not finished yet (left out above): mxfp4" in (out / "report.md").read_text()
     (out / "runs" / "bf16-seed0" / "summary.json").unlink()
     with pytest.raises(FileNotFoundError, match=r"bf16 baseline has not finished for every seed \(\[0\]\)"):
-        write_report(out, ["bf16", "mxfp4"], [0, 1])
+        write_report(out, ["bf16", "mxfp4"], [0, 1, 2])
 
 
 @pytest.mark.parametrize("gpus", ["none", "0"])  # in this process / as a subprocess (the path a GPU machine takes)
@@ -348,3 +365,45 @@ def test_ctrl_c_stops_a_run_without_checkpoints_and_resume_keeps_its_optimizer(t
         other.load_state_dict(st)
     del st["config"]["optimizer"]  # a checkpoint written before the option existed
     Trainer(TrainConfig(out=str(tmp_path / "run"), **common), resume=True, log=lambda m: None).load_state_dict(st)
+
+
+def test_interval95_is_the_t_interval_of_the_mean():
+    lo, hi = interval95([1.0, 2.0, 3.0])
+    assert (lo, hi) == pytest.approx((2 - 4.303 / 3**0.5, 2 + 4.303 / 3**0.5))
+    assert interval95([0.5]) is None
+
+
+def test_data_seed_changes_the_order_alone(tmp_path):
+    """--data-seed: the same initialization (and rounding seeds), the training windows in another order."""
+    kw = dict(model="tiny", seq_len=32, batch_size=2, max_steps=1, eval_batches=1, progress=False, tensorboard=False, device="cpu")
+    a = Trainer(TrainConfig(**kw, out=str(tmp_path / "a")))
+    b = Trainer(TrainConfig(**kw, data_seed=7, out=str(tmp_path / "b")))
+    assert all(torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values()))
+    assert not torch.equal(a.batches.next_batch()[0], b.batches.next_batch()[0])
+    c = Trainer(TrainConfig(**kw, data_seed=0, out=str(tmp_path / "c")))  # data_seed = seed: the default order
+    a2 = Trainer(TrainConfig(**kw, out=str(tmp_path / "a2")))
+    assert torch.equal(a2.batches.next_batch()[0], c.batches.next_batch()[0])
+
+
+def test_deterministic_run_switches_torch_to_deterministic_algorithms_for_its_duration(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    seen = []
+    cfg = TrainConfig(model="tiny", seq_len=32, batch_size=2, max_steps=2, eval_batches=1, progress=False, tensorboard=False,
+                      device="cpu", deterministic=True, out=str(tmp_path / "a"))
+    t = Trainer(cfg)
+    real = t.train_step
+    t.train_step = lambda: (seen.append(torch.are_deterministic_algorithms_enabled()), real())[1]
+    summ = t.run()
+    assert seen == [True, True] and summ["deterministic"] is True
+    assert not torch.are_deterministic_algorithms_enabled()  # restored after the run
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0")
+    with pytest.raises(ValueError, match=r"--deterministic: CUBLAS_WORKSPACE_CONFIG=:0:0 does not give reproducible"):
+        Trainer(dataclasses.replace(cfg, out=str(tmp_path / "b"))).run()
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_calibration_file_is_not_a_result_setting_of_a_recipe_that_does_not_calibrate():
+    a = TrainConfig(recipe="bf16").result_settings()
+    assert TrainConfig(recipe="bf16", calibration="x.json").result_settings() == a
+    assert TrainConfig(recipe="adahop", calibration="x.json").result_settings()["calibration"] == "x.json"

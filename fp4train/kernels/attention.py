@@ -5,11 +5,15 @@ quantization with FP32 divisors (folded into the softmax scale and the outputs),
 backward quantizes each 64x64 tile of dS to NVFP4 (1x16 blocks along the keys, one FP32 scale per tile, the
 block scales and E2M1 rounding of :mod:`.nvfp4_quantize`) before ``dQ = dS K`` and ``dK = dS^T Q``. Every
 product of values is exact on BF16 tensor cores; the kernels differ from the reference only in FP32
-summation order (online softmax, tiled accumulation, atomic dQ adds).
+summation order (online softmax, tiled accumulation, atomic dQ adds - or, under
+``torch.use_deterministic_algorithms``, per-key-tile dQ partials summed in a fixed order).
 
 Layout: ``q [B, H, T, D]``, ``k, v [B, Hkv, T, D]`` contiguous, ``H = G * Hkv``. Forward: one program per
 (64 queries, batch x head). Backward: one program per (64 keys, batch x kv head), looping over the group's
-query heads and query tiles: dK and dV accumulate in registers, dQ through FP32 atomic adds.
+query heads and query tiles: dK and dV accumulate in registers, dQ through FP32 atomic adds (whose order, and so
+whose last bits, vary from run to run). When PyTorch is asked for deterministic algorithms, each program stores
+its dQ contribution in its own slice of a ``[T / BN, B, H, T, D]`` buffer instead, summed over the key tiles
+afterwards: the same bits on every run, for ``T / BN`` times dQ's memory while the backward runs.
 """
 
 from __future__ import annotations
@@ -94,7 +98,8 @@ def _nvfp4_tile(ds, BM: tl.constexpr, BN: tl.constexpr):
 
 @triton.jit
 def _bwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, dqacc_ptr, dk_ptr, dv_ptr, dq_div_ptr, dk_div_ptr, dv_div_ptr,
-                scale, T, H, G, D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, F32: tl.constexpr):
+                scale, T, H, G, D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, F32: tl.constexpr,
+                DET: tl.constexpr):
     pid_n = tl.program_id(0)
     bhk = tl.program_id(1)  # batch x kv head
     hkv = H // G
@@ -136,7 +141,11 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, dqacc_ptr, dk_ptr, 
             dsv16 = dsv.to(tl.bfloat16)  # exact: E2M1 x E4M3
             dk += _mm(tl.trans(dsv16), q, F32) / s_enc
             dq = _mm(dsv16, k, F32) * (scale / (div_k * s_enc))
-            tl.atomic_add(dqacc_ptr + q_base + rm[:, None] * D + rd[None, :], dq, mask=qmask[:, None])
+            if DET:  # this key tile's own slice: no two programs write one address
+                part = pid_n.to(tl.int64) * tl.num_programs(1) * G * T * D
+                tl.store(dqacc_ptr + part + q_base + rm[:, None] * D + rd[None, :], dq, mask=qmask[:, None])
+            else:
+                tl.atomic_add(dqacc_ptr + q_base + rm[:, None] * D + rd[None, :], dq, mask=qmask[:, None])
     tl.store(dk_ptr + kv_off + rn[:, None] * D + rd[None, :], dk * (scale / div_q), mask=kmask[:, None])
     tl.store(dv_ptr + kv_off + rn[:, None] * D + rd[None, :], dv, mask=kmask[:, None])
 
@@ -156,10 +165,12 @@ def backward(do, o, lse, qv, kv, vv, dq, dk, dv, *, causal: bool, scale: float):
     """Triton twin of :func:`fp4train.attention.reference.backward`: (dQ, dK, dV) in FP32."""
     B, H, T, D = qv.shape
     hkv = kv.shape[1]
-    d_q = torch.zeros(B, H, T, D, dtype=torch.float32, device=qv.device)
+    det = torch.are_deterministic_algorithms_enabled()
+    tiles = triton.cdiv(T, BN)
+    d_q = torch.zeros(*((tiles,) if det else ()), B, H, T, D, dtype=torch.float32, device=qv.device)
     d_k = torch.empty(B, hkv, T, D, dtype=torch.float32, device=qv.device)
     d_v = torch.empty_like(d_k)
-    _bwd_kernel[(triton.cdiv(T, BN), B * hkv)](qv, kv, vv, o, do.to(torch.bfloat16).contiguous(), lse, d_q, d_k, d_v,
+    _bwd_kernel[(tiles, B * hkv)](qv, kv, vv, o, do.to(torch.bfloat16).contiguous(), lse, d_q, d_k, d_v,
                                                dq.reshape(1), dk.reshape(1), dv.reshape(1), scale, T, H, H // hkv,
-                                               D=D, CAUSAL=causal, BM=BM, BN=BN, F32=INTERPRETED)
-    return d_q, d_k, d_v
+                                               D=D, CAUSAL=causal, BM=BM, BN=BN, F32=INTERPRETED, DET=det)
+    return (d_q.sum(0) if det else d_q), d_k, d_v

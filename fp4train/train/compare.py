@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import signal
@@ -30,6 +31,10 @@ from .config import FIELDS_ADDED, TrainConfig, speed_settings
 from .trainer import check_recipe, load_data, resolve_device, train
 
 BASELINE = "bf16"
+#: the noise-floor runs: BF16 with each seed's initialization and rounding, the training windows in another order
+REORDERED = "bf16-reordered"
+#: their data-order seed is the run's seed plus this
+REORDER_OFFSET = 1000
 
 
 #: tokens of each --eval-data text a comparison evaluates every run on (the first ones)
@@ -42,7 +47,7 @@ def run_name(recipe: str, seed: int) -> str:
 
 def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | Path, *, gpus: list[int] | None = None,
             overwrite: bool = False, eval_data: list[str] | None = None, eval_tokens: int = EVAL_TOKENS,
-            recipe_optimizers: bool = False) -> dict:
+            recipe_optimizers: bool = False, noise_floor: bool = False) -> dict:
     """Train every recipe x seed from ``base`` and write the report to ``out``.
 
     ``gpus``: ``None`` trains in this process, one run after another; a list of GPU ids runs
@@ -58,18 +63,27 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
     and gap to BF16. Results are kept in each run's folder and reused.
 
     ``recipe_optimizers``: each run takes its recipe's optimizer (``fullstack``: QAdamW; the others AdamW) in place of
-    ``base.optimizer`` - what the CLI does when ``--optimizer`` is not given."""
+    ``base.optimizer`` - what the CLI does when ``--optimizer`` is not given.
+
+    ``noise_floor``: also train BF16 once more per seed with the same initialization and rounding seeds but the
+    training windows in another order (``data_seed = seed + REORDER_OFFSET``), so that the report can set the
+    recipes' gaps beside two measures of noise: BF16's seed-to-seed spread and this same-init spread."""
     out = Path(out)
-    if BASELINE not in recipes:
-        recipes = [BASELINE] + list(recipes)
     if len(set(recipes)) < len(recipes):
         raise ValueError(f"--recipes names a recipe twice: {', '.join(recipes)}")
+    recipes = [BASELINE] + [r for r in recipes if r != BASELINE]  # the baseline first: every gap needs it
     if len(set(seeds)) < len(seeds):
         raise ValueError(f"--seeds names a seed twice: {', '.join(map(str, seeds))}")
     jobs = [(r, s) for r in recipes for s in seeds]  # recipe by recipe: a cut-short comparison still has whole pairs
     per_recipe = {"optimizer": None} if recipe_optimizers else {}  # None: TrainConfig resolves the recipe's
     cfgs = {(r, s): dataclasses.replace(base, recipe=r, seed=s, out=str(out / "runs" / run_name(r, s)), **per_recipe)
             for r, s in jobs}
+    if noise_floor:  # right after the BF16 runs they are paired with
+        extra = {(REORDERED, s): dataclasses.replace(cfgs[(BASELINE, s)], data_seed=s + REORDER_OFFSET,
+                                                     out=str(out / "runs" / run_name(REORDERED, s))) for s in seeds}
+        items = list(cfgs.items())
+        cut = len(seeds)  # the BF16 runs come first
+        cfgs = dict(items[:cut] + list(extra.items()) + items[cut:])
     # checks before any work: recipes, device, data, the runs already there
     for cfg in cfgs.values():
         check_recipe(cfg)
@@ -88,9 +102,10 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
     for key in stale:
         shutil.rmtree(cfgs[key].out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.json").write_text(json.dumps({"base": base.to_dict(), "recipes": recipes, "seeds": seeds}, indent=1))
+    (out / "compare.json").write_text(json.dumps({"base": base.to_dict(), "recipes": recipes, "seeds": seeds,
+                                                  "noise_floor": noise_floor}, indent=1))
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    log(f"fp4train compare: {len(jobs)} runs ({', '.join(recipes)} x seeds {', '.join(map(str, seeds))}) into {out}")
+    log(f"fp4train compare: {len(cfgs)} runs ({', '.join(recipes)} x seeds {', '.join(map(str, seeds))}) into {out}")
     if gpus:
         run_parallel(cfgs, gpus)
     else:
@@ -227,12 +242,64 @@ def eval_run(run: Path, text: str, tokens: int, *, device: str = "auto", log=pri
     return res
 
 
+#: two-sided 95% quantiles of Student's t by degrees of freedom (beyond 30: the value at 30, a slightly wide interval)
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228, 11: 2.201,
+       12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086, 21: 2.080,
+       22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045, 30: 2.042}
+
+
+def interval95(xs: list[float]) -> tuple[float, float] | None:
+    """The 95% confidence interval of the mean of ``xs`` (Student's t; the per-seed gaps are paired differences,
+    so this is the paired-t interval of the gap). None for fewer than two values."""
+    if len(xs) < 2:
+        return None
+    half = T95[min(len(xs) - 1, 30)] * statistics.stdev(xs) / math.sqrt(len(xs))
+    m = statistics.mean(xs)
+    return m - half, m + half
+
+
+def _verdict(ci: tuple[float, float] | None) -> str:
+    if ci is None:
+        return "one seed: no interval"
+    if ci[0] > 0:
+        return "resolved: worse than BF16"
+    if ci[1] < 0:
+        return "resolved: better than BF16"
+    return "not resolved (the interval holds 0)"
+
+
+def _gap_stats(gaps: list[float]) -> dict:
+    ci = interval95(gaps)
+    return {"gap_pct_mean": statistics.mean(gaps), "gap_pct_ci95": list(ci) if ci else None,
+            "resolved": ci is not None and (ci[0] > 0 or ci[1] < 0), "verdict": _verdict(ci)}
+
+
+def noise_floor(out: Path, seeds: list[int], base_losses: dict[int, float]) -> dict:
+    """BF16's noise: the seed-to-seed spread of its final validation loss (sample standard deviation and max − min,
+    in % of the mean) and, where the ``--noise-floor`` runs exist, the same-init spread: |L(seed, other order) −
+    L(seed)| / L(seed) per seed, its mean and maximum (%)."""
+    vals = [base_losses[s] for s in seeds]
+    mean = statistics.mean(vals)
+    nf = {"seed_std_pct": statistics.stdev(vals) / mean * 100 if len(vals) > 1 else None,
+          "seed_range_pct": (max(vals) - min(vals)) / mean * 100 if len(vals) > 1 else None}
+    reord = {s: json.loads(f.read_text())["final_val_loss"] for s in seeds
+             if (f := out / "runs" / run_name(REORDERED, s) / "summary.json").exists()}
+    if reord:
+        per = {str(s): abs(reord[s] / base_losses[s] - 1) * 100 for s in reord}
+        nf.update({"reorder_abs_pct_per_seed": per, "reorder_abs_pct_mean": statistics.mean(per.values()),
+                   "reorder_abs_pct_max": max(per.values())})
+    return nf
+
+
 def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_per_gpu: int = 1,
                  eval_data: list[str] | None = None) -> dict:
     """Report the finished runs in ``out/runs``. A recipe with a seed not yet finished is listed as
     unfinished and left out of the tables (re-running the same ``compare`` finishes it); BF16 must
     be complete, since every gap is measured against it. ``runs_per_gpu``: how many runs shared a
-    GPU at once (their tokens/s are then only comparable with each other)."""
+    GPU at once (their tokens/s are then only comparable with each other).
+
+    Each recipe's gap to BF16 is paired by seed (the same initialization and data order); the report gives its
+    mean with a 95% interval over seeds (:func:`interval95`) and says whether the interval excludes 0."""
     out = Path(out)
     done = {(r, s): out / "runs" / run_name(r, s) for r in recipes for s in seeds}
     unfinished = [r for r in recipes if any(not (done[(r, s)] / "summary.json").exists() for s in seeds)]
@@ -247,22 +314,23 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
             summ = json.loads((d / "summary.json").read_text())
             runs.append({**summ, "recipe_arg": r, "run": d.name, "curve": _curve(d)})
     by = {(x["recipe_arg"], x["seed"]): x for x in runs}
-    base_losses = [by[(BASELINE, s)]["final_val_loss"] for s in seeds]
-    spread = (max(base_losses) - min(base_losses)) / statistics.mean(base_losses) * 100 if len(seeds) > 1 else None
+    base_losses = {s: by[(BASELINE, s)]["final_val_loss"] for s in seeds}
+    nf = noise_floor(out, seeds, base_losses)
     summary = {}
     for r in recipes:
         losses = [by[(r, s)]["final_val_loss"] for s in seeds]
-        gaps = [(by[(r, s)]["final_val_loss"] / by[(BASELINE, s)]["final_val_loss"] - 1) * 100 for s in seeds]
+        gaps = [(by[(r, s)]["final_val_loss"] / base_losses[s] - 1) * 100 for s in seeds]
         tps = [by[(r, s)]["tokens_per_s"] for s in seeds if by[(r, s)]["tokens_per_s"]]
         mem = [by[(r, s)]["peak_mem_gib"] for s in seeds if by[(r, s)]["peak_mem_gib"]]
         summary[r] = {
             "val_loss_mean": statistics.mean(losses),
             "val_loss_per_seed": dict(zip(map(str, seeds), losses)),
             "gap_pct_per_seed": dict(zip(map(str, seeds), gaps)),
-            "gap_pct_mean": statistics.mean(gaps),
+            **(_gap_stats(gaps) if r != BASELINE else {"gap_pct_mean": 0.0}),
             "tokens_per_s": statistics.mean(tps) if tps else None,
             "peak_mem_gib": max(mem) if mem else None,
             "bf16_steps": max(by[(r, s)].get("bf16_steps", 0) for s in seeds),
+            "optimizer": by[(r, seeds[0])].get("optimizer"),
         }
         evals = {}
         for text in eval_data or []:
@@ -273,15 +341,16 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
                     if (f := done[(BASELINE, s)] / f"eval-{name}.json").exists()}
             paired = [s for s in seeds if s in got and s in base]
             if paired:
-                evals[name] = {"loss_mean": statistics.mean(got[s] for s in paired),
-                               "gap_pct_mean": statistics.mean((got[s] / base[s] - 1) * 100 for s in paired)}
+                egaps = [(got[s] / base[s] - 1) * 100 for s in paired]
+                evals[name] = {"loss_mean": statistics.mean(got[s] for s in paired), "gap_pct_per_seed": egaps,
+                               **(_gap_stats(egaps) if r != BASELINE else {"gap_pct_mean": 0.0})}
         if evals:
             summary[r]["eval"] = evals
     first = runs[0]
     report = {
         "model": first["model"], "tokens_per_run": first["tokens"], "steps": first["steps"], "seeds": seeds,
         "device": first["device"], "gpu": first.get("gpu"), "date": time.strftime("%Y-%m-%d"),
-        "bf16_seed_spread_pct": spread, "recipes": summary, "unfinished": unfinished,
+        "bf16_seed_spread_pct": nf["seed_range_pct"], "noise_floor": nf, "recipes": summary, "unfinished": unfinished,
         "numerics": sorted({x.get("numerics") or "eager" for x in runs}),
         "backends": sorted({x.get("backend") or "emulated" for x in runs}), "runs_per_gpu": runs_per_gpu,
         "runs": [{k: v for k, v in x.items() if k != "curve"} for x in runs],
@@ -297,33 +366,47 @@ def _fmt(v, spec):
     return "—" if v is None else format(v, spec)
 
 
+def _ci(x: dict) -> str:
+    ci = x.get("gap_pct_ci95")
+    return f"[{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "—"
+
+
 def _markdown(rep: dict) -> str:
     hw = rep["gpu"] or rep["device"]
+    n = len(rep["seeds"])
     lines = [
         f"# Recipe comparison: `{rep['model']}`, {rep['tokens_per_run']:,} tokens per run, seeds {rep['seeds']}",
         "",
         f"Hardware: {hw}. Date: {rep['date']}. Validation loss at the end of training; gap = loss / BF16 loss − 1 at "
-        f"the same seed. Tokens/s: backend {', '.join(rep.get('backends', ['emulated']))}, numerics {', '.join(rep.get('numerics', []))}"
+        f"the same seed, its mean over the {n} seeds with a 95% interval (paired t over seeds); a gap is resolved when "
+        f"the interval excludes 0. Tokens/s: backend {', '.join(rep.get('backends', ['emulated']))}, numerics {', '.join(rep.get('numerics', []))}"
         + (f", up to {rep['runs_per_gpu']} runs sharing each GPU at once (compare them with each other only; "
            "`bench/train_speed.py` measures speed)." if rep.get("runs_per_gpu", 1) > 1 else "."),
         "",
-        "| recipe | val loss (mean) | gap to BF16 % (mean) | gap per seed % | tokens/s | peak mem GiB |",
-        "|---|---:|---:|---|---:|---:|",
+        "| recipe | val loss (mean) | gap to BF16 % (mean) | 95% interval | verdict | gap per seed % | tokens/s | peak mem GiB |",
+        "|---|---:|---:|---|---|---|---:|---:|",
     ]
     for r, x in rep["recipes"].items():
         per = ", ".join(f"{g:+.2f}" for g in x["gap_pct_per_seed"].values())
-        lines.append(f"| {r} | {x['val_loss_mean']:.4f} | {x['gap_pct_mean']:+.2f} | {per} | {_fmt(x['tokens_per_s'], ',.0f')} | {_fmt(x['peak_mem_gib'], '.2f')} |")
+        verdict = "baseline" if r == BASELINE else x.get("verdict", "")
+        lines.append(f"| {r} | {x['val_loss_mean']:.4f} | {x['gap_pct_mean']:+.2f} | {_ci(x)} | {verdict} | {per} | "
+                     f"{_fmt(x['tokens_per_s'], ',.0f')} | {_fmt(x['peak_mem_gib'], '.2f')} |")
     texts = sorted({t for x in rep["recipes"].values() for t in x.get("eval", {})})
-    if texts:
-        lines += ["", "Loss on other text (`--eval-data`, the recipe's forward; gap to BF16 at the same seed, mean over seeds):", "",
-                  "| recipe | " + " | ".join(f"{t}: loss | {t}: gap %" for t in texts) + " |", "|---|" + "---:|---:|" * len(texts)]
+    for t in texts:
+        lines += ["", f"Loss on `{t}` (`--eval-data`, the recipe's forward; gap to BF16 at the same seed):", "",
+                  "| recipe | loss (mean) | gap % (mean) | 95% interval | verdict |", "|---|---:|---:|---|---|"]
         for r, x in rep["recipes"].items():
-            ev = x.get("eval", {})
-            cells = [f"{ev[t]['loss_mean']:.4f} | {ev[t]['gap_pct_mean']:+.2f}" if t in ev else "— | —" for t in texts]
-            lines.append(f"| {r} | " + " | ".join(cells) + " |")
-    if rep["bf16_seed_spread_pct"] is not None:
-        lines += ["", f"BF16 seed-to-seed spread: {rep['bf16_seed_spread_pct']:.2f}% (max − min of final val loss over seeds, / mean). "
-                  "A gap smaller than this is within noise."]
+            ev = x.get("eval", {}).get(t)
+            if ev:
+                lines.append(f"| {r} | {ev['loss_mean']:.4f} | {ev['gap_pct_mean']:+.2f} | {_ci(ev)} | "
+                             f"{'baseline' if r == BASELINE else ev.get('verdict', '')} |")
+    nf = rep.get("noise_floor") or {}
+    if nf.get("seed_std_pct") is not None:
+        lines += ["", f"Noise floor (BF16): seed-to-seed standard deviation {nf['seed_std_pct']:.3f}% of the validation loss "
+                  f"(max − min {nf['seed_range_pct']:.3f}%)"
+                  + (f"; same initialization, training data in another order: {nf['reorder_abs_pct_mean']:.3f}% on average, "
+                     f"at most {nf['reorder_abs_pct_max']:.3f}%" if "reorder_abs_pct_mean" in nf else "")
+                  + ". The intervals above already account for seed noise."]
     else:
         lines += ["", "One seed: these gaps carry no estimate of noise, so none of them is shown to be real. Run several "
                   "seeds (e.g. `--seeds 0,1,2`) to measure BF16's seed-to-seed spread beside them."]
@@ -337,28 +420,40 @@ def _markdown(rep: dict) -> str:
 
 
 def _plot(path: Path, runs: list[dict], recipes: list[str], seeds: list[int]) -> None:
+    """Left: validation loss, the mean over seeds with a band from the lowest to the highest seed. Right: the gap
+    to BF16 at the same seed, its mean with the 95% interval over seeds as a band."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
     by = {(x["recipe_arg"], x["seed"]): dict(x["curve"]) for x in runs}
     for i, r in enumerate(recipes):
         color = f"C{i % 10}"  # the same colour for a recipe in both panels
+        label = Path(r).stem
         steps = sorted(set.intersection(*(set(by[(r, s)]) for s in seeds)))
-        mean = [statistics.mean(by[(r, s)][t] for s in seeds) for t in steps]
-        ax1.plot(steps, mean, label=r, color=color, marker="." if len(steps) < 30 else None)
+        vals = [[by[(r, s)][t] for s in seeds] for t in steps]
+        ax1.plot(steps, [statistics.mean(v) for v in vals], label=label, color=color, marker="." if len(steps) < 30 else None)
+        if len(seeds) > 1:
+            ax1.fill_between(steps, [min(v) for v in vals], [max(v) for v in vals], color=color, alpha=0.15, lw=0)
         if r != BASELINE:
-            gap = [statistics.mean((by[(r, s)][t] / by[(BASELINE, s)][t] - 1) * 100 for s in seeds) for t in steps if all(t in by[(BASELINE, s)] for s in seeds)]
-            ax2.plot(steps[: len(gap)], gap, label=r, color=color)
-    ax1.set(xlabel="step", ylabel="validation loss", title="validation loss (mean over seeds)")
+            ts = [t for t in steps if all(t in by[(BASELINE, s)] for s in seeds)]
+            gaps = [[(by[(r, s)][t] / by[(BASELINE, s)][t] - 1) * 100 for s in seeds] for t in ts]
+            ax2.plot(ts, [statistics.mean(g) for g in gaps], label=label, color=color)
+            cis = [interval95(g) for g in gaps]
+            if ts and cis[0] is not None:
+                ax2.fill_between(ts, [c[0] for c in cis], [c[1] for c in cis], color=color, alpha=0.15, lw=0)
+    ax1.set(xlabel="step", ylabel="validation loss", title="validation loss (mean over seeds, band: lowest to highest)")
+    lows = [statistics.mean(by[(r, s)][t] for s in seeds) for r in recipes for t in [max(by[(r, seeds[0])])]]
+    if lows:  # the end of training, where the recipes differ, rather than the first evaluation's loss
+        ax1.set_ylim(min(lows) - 0.1, min(lows) + 1.5)
     ax2.axhline(0, color="k", lw=0.8)
-    ax2.set(xlabel="step", ylabel="gap to BF16 (%)", title="validation-loss gap to BF16, same seed")
+    ax2.set(xlabel="step", ylabel="gap to BF16 (%)", title="gap to BF16, same seed (mean, band: 95% interval)")
     for a in (ax1, ax2):
         a.grid(alpha=0.3)
         if a.get_legend_handles_labels()[0]:
-            a.legend(fontsize=8)
+            a.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

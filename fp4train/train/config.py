@@ -24,9 +24,10 @@ _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 #: change what a finished run reports, or changes it only within the numerics' own run-to-run noise).
 RESULT_FIELDS = ("model", "recipe", "backend", "calibration", "data", "val_data", "val_fraction", "tokenizer", "text_field",
                  "seq_len", "batch_size", "grad_accum", "max_steps", "lr", "min_lr_ratio", "warmup_steps", "weight_decay",
-                 "betas", "grad_clip", "eval_batches", "seed", "dtype", "numerics", "compile", "compile_mode", "optimizer")
+                 "betas", "grad_clip", "eval_batches", "seed", "data_seed", "dtype", "numerics", "compile", "compile_mode",
+                 "optimizer")
 #: fields added after runs were first saved, with the value a saved run without them had
-FIELDS_ADDED = {"optimizer": "adamw"}
+FIELDS_ADDED = {"optimizer": "adamw", "data_seed": None, "deterministic": False}
 
 
 @dataclass
@@ -64,7 +65,9 @@ class TrainConfig:
     log_every: int = 10
     out: str = "runs/train"
     # run
-    seed: int = 0
+    seed: int = 0  # initialization, stochastic rounding, and the data order unless data_seed is given
+    data_seed: int | None = None  # the order of the training windows; None: seed (a noise-floor probe changes only this)
+    deterministic: bool = False  # the same loss bits on every repeat on one GPU (torch.use_deterministic_algorithms)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     compile: bool | None = None  # torch.compile the model; None: on a GPU yes, on a CPU no (speed_settings)
@@ -123,6 +126,11 @@ class TrainConfig:
             raise ValueError("bad training config: " + "; ".join(problems))
 
     @property
+    def order_seed(self) -> int:
+        """The seed of the training windows' order."""
+        return self.seed if self.data_seed is None else self.data_seed
+
+    @property
     def tokens_per_step(self) -> int:
         return self.seq_len * self.batch_size * self.grad_accum
 
@@ -138,8 +146,17 @@ class TrainConfig:
         return cls(**d)
 
     def result_settings(self) -> dict:
-        """The :data:`RESULT_FIELDS` of this config (what two runs must share to be the same run)."""
-        return {k: getattr(self, k) for k in RESULT_FIELDS}
+        """The :data:`RESULT_FIELDS` of this config (what two runs must share to be the same run). ``calibration``
+        only where the recipe calibrates (AdaHOP): a BF16 run is the same run whatever calibration file it was given."""
+        out = {k: getattr(self, k) for k in RESULT_FIELDS}
+        try:
+            from .. import recipes
+
+            if not recipes.get(self.recipe).calibrate:
+                out["calibration"] = None
+        except (ValueError, FileNotFoundError, TypeError):
+            pass
+        return out
 
     @classmethod
     def from_toml(cls, path: str | Path, *, defaults: dict | None = None, **overrides) -> TrainConfig:
@@ -164,9 +181,9 @@ class TrainConfig:
             raise ValueError(f"{path}: {e}") from None
 
 
-_TYPES = {"str": (str,), "str | None": (str, type(None)), "int": (int,), "float": (int, float), "bool": (bool,),
+_TYPES = {"str": (str,), "str | None": (str, type(None)), "int": (int,), "int | None": (int, type(None)), "float": (int, float), "bool": (bool,),
           "bool | None": (bool, type(None)), "dict": (dict,)}
-_TYPE_NAMES = {"str": "a string", "str | None": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
+_TYPE_NAMES = {"str": "a string", "str | None": "a string", "int": "an integer", "int | None": "an integer", "float": "a number", "bool": "true or false",
                "bool | None": "true or false", "dict": "a table"}
 
 

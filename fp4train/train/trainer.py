@@ -38,6 +38,7 @@ from ..data import PackedBatches, eval_batches, load_splits, load_tokenizer
 from ..optim import QAdamW, QMuon, muon_groups
 from .checkpoint import MANIFEST, CheckpointError, Checkpoints
 from .config import FIELDS_ADDED, TrainConfig, speed_settings
+from .determinism import deterministic_algorithms
 
 
 class TrainingDiverged(RuntimeError):
@@ -171,7 +172,7 @@ def load_data(cfg: TrainConfig):
     tokenizer = load_tokenizer(cfg.tokenizer)
     train_split, val_split = load_splits(cfg.data, cfg.val_data, tokenizer, val_fraction=cfg.val_fraction,
                                          cache_dir=cfg.cache_dir, text_field=cfg.text_field, verbose=cfg.progress)
-    batches = PackedBatches(train_split, cfg.seq_len, cfg.batch_size, cfg.seed)
+    batches = PackedBatches(train_split, cfg.seq_len, cfg.batch_size, cfg.order_seed)
     evals = eval_batches(val_split, cfg.seq_len, cfg.batch_size, cfg.eval_batches)
     return tokenizer, train_split, val_split, batches, evals
 
@@ -320,8 +321,8 @@ class Trainer:
         saved = st["config"]
         saved = {**FIELDS_ADDED, **saved}
         # the optimizer too: its state in the checkpoint is only the same optimizer's
-        changed = [k for k in ("model", "recipe", "data", "val_data", "tokenizer", "seq_len", "batch_size", "seed", "optimizer")
-                   if saved.get(k) != getattr(self.cfg, k)]
+        changed = [k for k in ("model", "recipe", "data", "val_data", "tokenizer", "seq_len", "batch_size", "seed", "data_seed",
+                               "optimizer") if saved.get(k) != getattr(self.cfg, k)]
         if changed:
             diffs = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {getattr(self.cfg, k)!r}" for k in changed)
             raise ValueError(f"cannot resume: the run's settings changed ({diffs}); resume with the same settings "
@@ -410,7 +411,12 @@ class Trainer:
     def run(self) -> dict:
         """Train to ``max_steps``; returns the summary (also ``summary.json``). A resumed run that has
         finished returns its summary and writes nothing; one whose last step was checkpointed but not
-        yet evaluated (stopped during the final evaluation) is evaluated and finished."""
+        yet evaluated (stopped during the final evaluation) is evaluated and finished. With
+        ``deterministic`` PyTorch's deterministic algorithms are on for the run (:mod:`.determinism`)."""
+        with deterministic_algorithms(self.cfg.deterministic):
+            return self._run()
+
+    def _run(self) -> dict:
         cfg = self.cfg
         if self.resume:
             st = self.ckpts.load(None if self.resume is True else self.resume, map_location=self.device, trust=self.trust)
@@ -441,7 +447,8 @@ class Trainer:
             f"fp4train: model {cfg.model} ({n_params / 1e6:.1f}M params), recipe {self.recipe.name}, "
             f"{cfg.max_steps} steps x {cfg.tokens_per_step:,} tokens, device {self.device}, out {self.out}"
         )
-        self.log(f"fp4train: speed settings: {self._speed}")
+        self.log(f"fp4train: speed settings: {self._speed}"
+                 + ("; deterministic algorithms (repeats give the same bits on this GPU)" if cfg.deterministic else ""))
         graphs_before = _compiled_graphs()
         bar = _progress(cfg, self.step)  # after the header, so that the bar keeps a line of its own
         t_last, tok_last = time.perf_counter(), 0
@@ -510,7 +517,8 @@ class Trainer:
                 tb.close()
         peak = torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None
         summary = {
-            "model": cfg.model, "recipe": self.recipe.name, "seed": cfg.seed, "steps": self.step,
+            "model": cfg.model, "recipe": self.recipe.name, "seed": cfg.seed, "data_seed": cfg.order_seed,
+            "optimizer": cfg.optimizer, "steps": self.step,
             "tokens": self.step * cfg.tokens_per_step, "params": n_params,
             "final_val_loss": val_loss, "final_val_ppl": math.exp(min(val_loss, 50)) if val_loss is not None else None,
             "bf16_steps": self.bf16_steps,
@@ -522,6 +530,7 @@ class Trainer:
             "numerics": _numerics(self.model), "backend": backends.resolve(cfg.backend or self.recipe.backend),
             "commit": code_commit(), "torch": torch.__version__,
             "compile": self.compile, "compile_mode": self.compile_mode if self.compile else None,
+            "deterministic": cfg.deterministic,
             "compiled_graphs": _compiled_graphs() - graphs_before if self.compile else None,
         }
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -1,0 +1,112 @@
+"""The recipe comparison's protocol: every preset, three seeds, BF16's noise floor, at one model size per call.
+
+Question: which FP4 recipe comes closest to BF16, by how much, and is the difference larger than the
+noise? Each call trains, with ``fp4train compare`` (same model, data order, seeds and token budget for
+every recipe; each recipe with its own optimizer - ``fullstack``: QAdamW), into ``--out``:
+
+* every preset, BF16 first, seeds 0, 1, 2;
+* the noise floor: BF16 again per seed with the same initialization and the training windows in another
+  order (``compare --noise-floor``);
+* ``--components``: Full-Stack FP4 with one part taken out at a time (BF16 attention, AdamW's FP32 moments,
+  no LoRA-SVD), to see which part costs what;
+* ``--ablation``: AdaHOP without its BF16 start - a calibration made by a separate short run (another seed)
+  loaded with ``--calibration``, so that every step of every seed is quantized - into ``<out>/adahop-precalibrated``,
+  paired with the same BF16 runs;
+* every finished run evaluated on ``--eval-data`` (out-of-domain text).
+
+The settings below are the protocol (chosen so that BF16 leaves its early plateau smoothly at both sizes);
+re-running the same command reuses finished runs and resumes interrupted ones, so a comparison can be run
+in pieces. ``fp4train compare``'s report (``report.md``, ``report.json``, ``loss.png``) is written per folder.
+
+    python bench/compare_protocol.py --model 20m --data ../shared/data/enwiki --components --ablation \\
+        --eval-data ../shared/data/tinyshakespeare/input.txt --out bench/results/compare-20m-enwiki
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from pathlib import Path
+
+import fp4train
+from fp4train.train import TrainConfig
+from fp4train.train.compare import BASELINE, REORDERED, compare, run_name
+
+#: every preset, in the order they are trained (a comparison cut short has the first ones whole)
+PRESETS = ("bf16", "adahop", "tib2d", "fullstack", "nvfp4", "mxfp4", "hadamard_mxfp4", "fp8_rowwise", "adahop_measured")
+PROTOCOL = dict(seq_len=512, batch_size=32, max_steps=300, lr=1e-3, warmup_steps=75, min_lr_ratio=0.1, weight_decay=0.1,
+                grad_clip=1.0, eval_every=50, eval_batches=16, ckpt_every=100, keep_checkpoints=1, log_every=10)
+SEEDS = (0, 1, 2)
+EVAL_TOKENS = 131_072
+
+
+def fullstack_components(folder: Path) -> list[str]:
+    """Full-Stack FP4 less one part each, as recipe files in ``folder``: their paths."""
+    full = fp4train.recipes.get("fullstack")
+    variants = {
+        "fullstack_bf16_attention": full.replace(attention=None),
+        "fullstack_adamw": full.replace(optimizer=None),
+        "fullstack_no_lora": full.replace(lora_svd=None),
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, rec in variants.items():
+        path = folder / f"{name}.toml"
+        rec.replace(name=name, description=f"{full.name} less one part: {name.removeprefix('fullstack_')}").save(path)
+        paths.append(str(path))
+    return paths
+
+
+def calibration_run(base: TrainConfig, out: Path) -> Path:
+    """A short AdaHOP run (seed 1000: its calibration steps and one more) whose calibration the ablation loads."""
+    from fp4train.train import train
+
+    rec = fp4train.recipes.get("adahop")
+    cfg = TrainConfig(**{**base.to_dict(), "recipe": "adahop", "seed": 1000, "max_steps": rec.calibration_steps + 1,
+                         "eval_every": 0, "ckpt_every": 0, "out": str(out), "progress": False, "optimizer": None})
+    if not (out / "adahop_calibration.json").exists():
+        train(cfg, overwrite=True)
+    return out / "adahop_calibration.json"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="20m")
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--recipes", default=",".join(PRESETS))
+    ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+    ap.add_argument("--components", action="store_true", help="also Full-Stack FP4 less one part at a time")
+    ap.add_argument("--ablation", action="store_true", help="also AdaHOP with a calibration loaded from another run")
+    ap.add_argument("--eval-data", default=None, help="comma-separated out-of-domain texts")
+    ap.add_argument("--gpus", default="0,0,0", help="GPU ids, one run per entry at a time (default: three runs on GPU 0)")
+    ap.add_argument("--max-steps", type=int, default=PROTOCOL["max_steps"], help="(the protocol's unless a quick look is wanted)")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    gpus = [int(g) for g in args.gpus.split(",")] if args.gpus != "none" else None
+    evals = [t for t in (args.eval_data or "").split(",") if t]
+    base = TrainConfig(model=args.model, data=args.data, **{**PROTOCOL, "max_steps": args.max_steps}, progress=False,
+                       out=str(out))
+    recipes = [r for r in args.recipes.split(",") if r]
+    if args.components:
+        recipes += fullstack_components(out / "recipes")
+    compare(base, recipes, seeds, out, gpus=gpus, eval_data=evals, eval_tokens=EVAL_TOKENS, recipe_optimizers=True,
+            noise_floor=True)
+    if args.ablation:
+        cal = calibration_run(base, out / "adahop-calibration-run")
+        abl = out / "adahop-precalibrated"
+        for s in seeds:  # the same BF16 runs: a calibration file changes nothing in a BF16 run
+            for name in (run_name(BASELINE, s), run_name(REORDERED, s)):
+                link = abl / "runs" / name
+                if not link.exists():
+                    link.parent.mkdir(parents=True, exist_ok=True)
+                    os.symlink(os.path.relpath(out / "runs" / name, link.parent), link)
+        compare(TrainConfig(**{**base.to_dict(), "calibration": str(cal), "out": str(abl)}), ["adahop"], seeds, abl,
+                gpus=gpus, eval_data=evals, eval_tokens=EVAL_TOKENS, recipe_optimizers=True)
+    shutil.rmtree(out / "adahop-calibration-run" / "tb", ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
