@@ -52,7 +52,7 @@ def fullstack_components(folder: Path) -> list[str]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, rec in variants.items():
-        path = folder / f"{name}.toml"
+        path = folder / f"{name}.json"
         rec.replace(name=name, description=f"{full.name} less one part: {name.removeprefix('fullstack_')}").save(path)
         paths.append(str(path))
     return paths

@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 
 import torch
-
 from common import data_label, results_path, write_results
+
 from fp4train.train import TrainConfig, Trainer
 
 

@@ -16,7 +16,7 @@ import re
 
 from common import RESULTS, ROOT
 
-DOCS = (ROOT / "docs/performance.md", ROOT / "README.md")
+DOCS = (ROOT / "docs/performance.md", ROOT / "docs/comparing.md", ROOT / "README.md")
 
 
 def _load(name: str) -> dict | None:
@@ -117,6 +117,35 @@ def quickstart_table(report_md: str, timing: dict) -> str:
                               "`python bench/quickstart.py --tests`._"])
 
 
+def compare_table(rep: dict, folder: str) -> str:
+    """A protocol comparison's gaps with their intervals and verdicts, and its noise floor (from report.json)."""
+    lines = ["| recipe | val loss (mean of 3) | gap to BF16 % | 95% interval | verdict |", "|---|---:|---:|---|---|"]
+    for r, x in rep["recipes"].items():
+        ci = x.get("gap_pct_ci95")
+        lines.append(f"| {r} | {x['val_loss_mean']:.4f} | {x['gap_pct_mean']:+.2f} | "
+                     + (f"[{ci[0]:+.2f}, {ci[1]:+.2f}] | {x['verdict']} |" if ci else "— | baseline |"))
+    nf = rep["noise_floor"]
+    note = (f"BF16 noise floor: seed-to-seed standard deviation {nf['seed_std_pct']:.2f}%, same initialization with the "
+            f"data in another order {nf['reorder_abs_pct_mean']:.2f}% on average.")
+    if rep.get("unfinished"):
+        note += f" Not run yet: {', '.join(rep['unfinished'])}."
+    return "\n".join(lines + ["", f"_{note} `{rep['model']}`, {rep['tokens_per_run']:,} tokens per run, seeds "
+                                   f"{rep['seeds']}, {rep['gpu']}, {rep['date']}; `bench/results/{folder}/`._"])
+
+
+def determinism_table(d: dict) -> str:
+    lines = ["| recipe | repeats identical | steps | default run: largest loss difference | speed, deterministic / default |",
+             "|---|---|---:|---:|---:|"]
+    for r in d["results"]:
+        if "error" in r:
+            lines.append(f"| {r['recipe']} | failed: {r['error']} | | | |")
+            continue
+        lines.append(f"| {r['recipe']} | {'yes' if r['deterministic_repeat_identical'] else 'NO'} "
+                     f"({r['deterministic_repeat_identical_steps']}/{r['steps']} steps) | {r['steps']} | "
+                     f"{r['default_vs_deterministic_max_loss_diff']:.4f} | {r['deterministic_speed_ratio']:.2f}x |")
+    return "\n".join(lines + ["", _source(d, "determinism.py")])
+
+
 def tables(gpu: str) -> dict[str, str]:
     out = {}
     quick = RESULTS / "quickstart-cpu"
@@ -131,6 +160,12 @@ def tables(gpu: str) -> dict[str, str]:
         out["attention"] = attention_table(d)
     if d := _load(f"quantize_speed-{gpu}.json"):
         out["quantize"] = quantize_table(d)
+    for model in ("20m", "60m"):
+        folder = f"compare-{model}-enwiki"
+        if (RESULTS / folder / "report.json").exists():
+            out[f"compare_{model}"] = compare_table(json.loads((RESULTS / folder / "report.json").read_text()), folder)
+    if d := _load(f"determinism-20m-{gpu}.json"):
+        out["determinism"] = determinism_table(d)
     return out
 
 

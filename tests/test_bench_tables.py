@@ -102,3 +102,48 @@ def test_attention_table_gives_time_ratio_memory_and_sqnr():
     lines = tables.attention_table(d).splitlines()
     assert lines[2] == "| 1b (32/8 heads, d 64), 8 × 2048 | 1.00 | 3.00 | 3.0× | 400 | 450 | 16.0 / 13.7 / 13.8 / 18.3 |"
     assert "commit abc1234" in lines[-1] and "attention_speed.py" in lines[-1]
+
+
+def test_compare_table_gives_interval_and_verdict_and_names_what_is_missing():
+    rep = {"model": "60m", "tokens_per_run": 1000, "seeds": [0, 1, 2], "gpu": "G", "date": "2026-12-02",
+           "unfinished": ["mxfp4"], "noise_floor": {"seed_std_pct": 0.35, "reorder_abs_pct_mean": 0.39},
+           "recipes": {"bf16": {"val_loss_mean": 6.0, "gap_pct_mean": 0.0},
+                       "nvfp4": {"val_loss_mean": 6.1, "gap_pct_mean": 1.5, "gap_pct_ci95": [0.5, 2.5], "verdict": "resolved: worse than BF16"}}}
+    lines = tables.compare_table(rep, "compare-60m-enwiki").splitlines()
+    assert lines[2] == "| bf16 | 6.0000 | +0.00 | — | baseline |"
+    assert lines[3] == "| nvfp4 | 6.1000 | +1.50 | [+0.50, +2.50] | resolved: worse than BF16 |"
+    assert "0.35%" in lines[-1] and "Not run yet: mxfp4" in lines[-1]
+
+
+def test_determinism_table_says_whether_repeats_matched():
+    d = {"gpu": "G", "torch": "2.11.0", "commit": "abc", "date": "2026-12-02", "results": [
+        {"recipe": "bf16", "deterministic_repeat_identical": True, "deterministic_repeat_identical_steps": 5, "steps": 5,
+         "default_vs_deterministic_max_loss_diff": 0.25, "deterministic_speed_ratio": 0.9},
+        {"recipe": "x", "deterministic_repeat_identical": False, "deterministic_repeat_identical_steps": 3, "steps": 5,
+         "default_vs_deterministic_max_loss_diff": 0.0, "deterministic_speed_ratio": 0.5},
+        {"recipe": "y", "error": "RuntimeError: no deterministic kernel"}]}
+    lines = tables.determinism_table(d).splitlines()
+    assert lines[2] == "| bf16 | yes (5/5 steps) | 5 | 0.2500 | 0.90x |"
+    assert lines[3].startswith("| x | NO (3/5 steps)") and "failed: RuntimeError" in lines[4]
+
+
+def test_determinism_check_finds_cpu_repeats_identical(tmp_path):
+    import determinism
+
+    determinism.main(["--model", "tiny", "--recipes", "bf16", "--steps", "3", "--seq-len", "32", "--batch-size", "2",
+                      "--json", str(tmp_path / "d.json")])
+    row = json.loads((tmp_path / "d.json").read_text())["results"][0]
+    assert row["deterministic_repeat_identical"] and row["deterministic_repeat_identical_steps"] == 3
+
+
+def test_protocol_components_each_take_one_part_out_of_fullstack(tmp_path):
+    import compare_protocol
+
+    import fp4train
+
+    full = fp4train.recipes.get("fullstack")
+    got = {Path(p).stem: fp4train.recipes.get(p) for p in compare_protocol.fullstack_components(tmp_path)}
+    assert got["fullstack_bf16_attention"].attention is None and got["fullstack_bf16_attention"].lora_svd == full.lora_svd
+    assert got["fullstack_adamw"].optimizer is None and got["fullstack_adamw"].attention == full.attention
+    assert got["fullstack_no_lora"].lora_svd is None and got["fullstack_no_lora"].optimizer == full.optimizer
+    assert all(r.linear == full.linear for r in got.values())

@@ -88,7 +88,7 @@ def test_compare_eval_data_adds_loss_on_other_text_and_reuses_it(tmp_path):
     rep = compare(base, ["nvfp4"], [0], tmp_path / "cmp", eval_data=[str(ood)], eval_tokens=2000)
     ev = {r: x["eval"]["ood.txt"] for r, x in rep["recipes"].items()}
     assert ev["bf16"]["gap_pct_mean"] == 0 and ev["nvfp4"]["loss_mean"] > 0
-    assert "ood.txt: loss" in (tmp_path / "cmp" / "report.md").read_text()
+    assert "Loss on `ood.txt`" in (tmp_path / "cmp" / "report.md").read_text()
     kept = tmp_path / "cmp" / "runs" / "nvfp4-seed0" / "eval-ood.txt.json"
     before = kept.stat().st_mtime_ns
     compare(base, ["nvfp4"], [0], tmp_path / "cmp", eval_data=[str(ood)], eval_tokens=2000)

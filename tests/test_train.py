@@ -136,6 +136,8 @@ def test_compare_resumes_an_interrupted_run(tmp_path, monkeypatch, capsys, gpus)
     monkeypatch.setattr(Trainer, "train_step", real)
     run = tmp_path / "cmp" / "runs" / "mxfp4-seed0"
     assert not (run / "summary.json").exists() and Checkpoints(run).entries()[-1]["step"] == 4
+    # the report as far as it got: written as each run finished, the interrupted recipe named as unfinished
+    assert json.loads((tmp_path / "cmp" / "report.json").read_text())["unfinished"] == ["mxfp4"]
 
     capsys.readouterr()
     assert main(args + ["--gpus", gpus, "--out", str(tmp_path / "cmp")]) == 0

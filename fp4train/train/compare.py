@@ -12,7 +12,9 @@ subprocesses - then writes a report folder:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import math
 import os
@@ -106,8 +108,19 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
                                                   "noise_floor": noise_floor}, indent=1))
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     log(f"fp4train compare: {len(cfgs)} runs ({', '.join(recipes)} x seeds {', '.join(map(str, seeds))}) into {out}")
+    per_gpu = max(gpus.count(g) for g in gpus) if gpus else 1
+
+    def on_finish(cfg: TrainConfig) -> None:
+        """As each run finishes: its evaluations on the other texts, and the report so far (a comparison cut short
+        keeps both)."""
+        for text in eval_data or []:
+            eval_run(Path(cfg.out), text, eval_tokens, device=base.device, log=log)
+        if all(finished(c) for (r, _), c in cfgs.items() if r == BASELINE):
+            with contextlib.redirect_stdout(io.StringIO()):
+                write_report(out, recipes, seeds, runs_per_gpu=per_gpu, eval_data=eval_data)
+
     if gpus:
-        run_parallel(cfgs, gpus)
+        run_parallel(cfgs, gpus, on_finish=on_finish)
     else:
         for n, ((r, s), cfg) in enumerate(cfgs.items(), 1):
             if finished(cfg):
@@ -117,8 +130,8 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
             resume = interrupted(cfg)  # else a fresh start, over what a run stopped before its first checkpoint left
             train(cfg, resume=resume, overwrite=not resume)
             Checkpoints(cfg.out).prune(1)  # a finished run needs only its last checkpoint
-    per_gpu = max(gpus.count(g) for g in gpus) if gpus else 1
-    for text in eval_data or []:
+            on_finish(cfg)
+    for text in eval_data or []:  # runs finished before (kept results are reused)
         for (r, s), cfg in cfgs.items():
             if finished(cfg):
                 eval_run(Path(cfg.out), text, eval_tokens, device=base.device, log=log)
@@ -162,10 +175,11 @@ def interrupted(cfg: TrainConfig) -> bool:
     return not finished(cfg) and (Path(cfg.out) / MANIFEST).exists()
 
 
-def run_parallel(cfgs: dict, slots: list[int]) -> None:
+def run_parallel(cfgs: dict, slots: list[int], on_finish=None) -> None:
     """Train each config in a subprocess; ``slots`` lists GPU ids, one concurrent run per entry
     (``[0, 0, 1, 1]``: two runs at a time on each of two GPUs). Finished runs are skipped,
-    interrupted ones resumed from their newest checkpoint."""
+    interrupted ones resumed from their newest checkpoint. ``on_finish(cfg)`` is called in this process as
+    each run finishes."""
     pending = [(k, c) for k, c in cfgs.items() if not finished(c)]
     running: dict[int, tuple] = {}
     failed = []
@@ -189,7 +203,7 @@ def run_parallel(cfgs: dict, slots: list[int]) -> None:
                     how = "resumed" if resume else "started"
                     print(f"fp4train: {how} {Path(cfg.out).name} on GPU {g}", file=sys.stderr, flush=True)
             time.sleep(1)
-            for slot, (p, _key, log, run_out) in list(running.items()):
+            for slot, (p, key, log, run_out) in list(running.items()):
                 if p.poll() is not None:
                     log.close()
                     del running[slot]
@@ -198,6 +212,8 @@ def run_parallel(cfgs: dict, slots: list[int]) -> None:
                     else:
                         Checkpoints(run_out).prune(1)
                         print(f"fp4train: finished {Path(run_out).name}", file=sys.stderr, flush=True)
+                        if on_finish is not None:
+                            on_finish(cfgs[key])
     finally:  # interrupted (Ctrl-C, a time limit): stop the runs, each after its step and a checkpoint
         for p, _key, _log, _out in running.values():
             p.send_signal(signal.SIGINT)
