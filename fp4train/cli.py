@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -50,6 +51,8 @@ HELP = {
     "deterministic": "the same loss bits on every repeat of a run on one GPU: torch.use_deterministic_algorithms, a "
     "fixed cuBLAS workspace, atomic-free attention backward (slower; off by default)",
     "device": "auto (GPU if there is one), cpu, cuda or cuda:N",
+    "parallel": "none, or ddp: data-parallel over the processes torchrun starts (torchrun --nproc-per-node N -m fp4train "
+    "train --parallel ddp ...; each takes batch-size / N sequences of every batch, so the global batch is the same)",
     "dtype": "autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32",
     "optimizer": "adamw (torch's, FP32 moments), qadamw (AdamW with both moments stored in NVFP4, "
     "fp4train.optim.QAdamW), muon (Muon on the 2D hidden weights, AdamW on the rest: torch's arithmetic) or qmuon "
@@ -69,7 +72,7 @@ _SKIP = {"extra"}
 #: Options that only a training run uses (``analyze`` trains BF16 for its own --steps, without checkpoints)
 _TRAIN_ONLY = ("recipe", "max_steps", "calibration", "backend", "numerics", "eval_every", "eval_batches", "ckpt_every",
                "keep_checkpoints", "compile", "compile_mode")
-_CHOICES = {"model": models.names(), "dtype": DTYPES, "numerics": NUMERICS, "compile_mode": COMPILE_MODES, "optimizer": OPTIMIZERS}
+_CHOICES = {"model": models.names(), "dtype": DTYPES, "numerics": NUMERICS, "compile_mode": COMPILE_MODES, "optimizer": OPTIMIZERS, "parallel": ("none", "ddp")}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -126,6 +129,8 @@ def _config_from_args(args, *, drop=()) -> TrainConfig:
             except (ValueError, KeyError) as e:
                 raise ValueError(f"{saved} is damaged ({type(e).__name__}: {e}); give every option on the command line "
                                  "with --resume, as the run was started") from None
+            # how many processes run it is this launch's, not the saved run's: a checkpoint resumes on any number
+            base["parallel"] = "ddp" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "none"
             base.update(overrides)
             return TrainConfig.from_dict(base)
     return TrainConfig(**{**defaults, **overrides})

@@ -40,6 +40,9 @@ def test_readme_commands_parse():
                 part = part.strip()
                 if part.startswith("fp4train "):
                     cmds.append(shlex.split(part)[1:])
+                elif part.startswith("torchrun "):  # torchrun [its options] -m fp4train ...
+                    argv = shlex.split(part)
+                    cmds.append(argv[argv.index("fp4train") + 1:])
     assert len(cmds) >= 6
     for argv in cmds:
         build_parser().parse_args(argv)  # SystemExit on an unknown flag

@@ -17,8 +17,13 @@ from .tokens import TokenSplit
 
 
 class PackedBatches:
-    def __init__(self, split: TokenSplit, seq_len: int, batch_size: int, seed: int):
+    def __init__(self, split: TokenSplit, seq_len: int, batch_size: int, seed: int, *, rank: int = 0, world: int = 1):
+        """``rank``/``world``: this process's share of each batch (data parallel): rows ``rank * b / world`` to
+        ``(rank + 1) * b / world`` of the same global batch, so order and position do not depend on ``world``."""
         self.split, self.seq_len, self.batch_size, self.seed = split, seq_len, batch_size, seed
+        if batch_size % world:
+            raise ValueError(f"batch size {batch_size} does not split over {world} processes")
+        self.rank, self.world = rank, world
         self.n_windows = max(0, (len(split) - 1) // seq_len)
         if self.n_windows < batch_size:
             raise ValueError(
@@ -52,8 +57,10 @@ class PackedBatches:
         return t[:, :-1], t[:, 1:]
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(inputs, targets), int64 ``[batch_size, seq_len]``."""
-        return self.gather(self.next_windows())
+        """(inputs, targets), int64 ``[batch_size / world, seq_len]``: this process's rows of the next global batch."""
+        w = self.next_windows()
+        share = self.batch_size // self.world
+        return self.gather(w[self.rank * share:(self.rank + 1) * share])
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "cursor": self.cursor, "seed": self.seed, "seq_len": self.seq_len,

@@ -108,7 +108,7 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
                                                   "noise_floor": noise_floor}, indent=1))
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     log(f"fp4train compare: {len(cfgs)} runs ({', '.join(recipes)} x seeds {', '.join(map(str, seeds))}) into {out}")
-    per_gpu = max(gpus.count(g) for g in gpus) if gpus else 1
+    per_gpu = max(gpus.count(g) for g in gpus) if gpus and base.parallel != "ddp" else 1
 
     def on_finish(cfg: TrainConfig) -> None:
         """As each run finishes: its evaluations on the other texts, and the report so far (a comparison cut short
@@ -119,7 +119,12 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
             with contextlib.redirect_stdout(io.StringIO()):
                 write_report(out, recipes, seeds, runs_per_gpu=per_gpu, eval_data=eval_data)
 
-    if gpus:
+    if base.parallel == "ddp":  # each run over all the listed GPUs (torchrun), one run at a time
+        if not gpus:
+            raise ValueError("compare --parallel ddp spreads each run over the GPUs that --gpus lists (e.g. --gpus 0,1); "
+                             "it cannot run in this process (--gpus none)")
+        run_parallel(cfgs, [gpus], on_finish=on_finish)
+    elif gpus:
         run_parallel(cfgs, gpus, on_finish=on_finish)
     else:
         for n, ((r, s), cfg) in enumerate(cfgs.items(), 1):
@@ -177,7 +182,8 @@ def interrupted(cfg: TrainConfig) -> bool:
 
 def run_parallel(cfgs: dict, slots: list[int], on_finish=None) -> None:
     """Train each config in a subprocess; ``slots`` lists GPU ids, one concurrent run per entry
-    (``[0, 0, 1, 1]``: two runs at a time on each of two GPUs). Finished runs are skipped,
+    (``[0, 0, 1, 1]``: two runs at a time on each of two GPUs), or lists of ids: one run at a time over all of
+    a list's GPUs, data-parallel under torchrun (``[[0, 1]]``). Finished runs are skipped,
     interrupted ones resumed from their newest checkpoint. ``on_finish(cfg)`` is called in this process as
     each run finishes."""
     pending = [(k, c) for k, c in cfgs.items() if not finished(c)]
@@ -192,16 +198,20 @@ def run_parallel(cfgs: dict, slots: list[int], on_finish=None) -> None:
                     cfg_path = Path(cfg.out) / "train_config.json"
                     dev = "cuda:0" if torch.cuda.is_available() else cfg.device  # the one GPU the subprocess sees
                     cfg_path.write_text(json.dumps(dataclasses.replace(cfg, device=dev, progress=False).to_dict()))
-                    env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(g))
+                    ids = g if isinstance(g, list) else [g]
+                    env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, ids)))
+                    launch = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(len(ids))]
+                                                 if isinstance(g, list) else [])
                     resume = interrupted(cfg)
                     log = open(Path(cfg.out) / "train.log", "a" if resume else "w")
-                    p = subprocess.Popen([sys.executable, "-m", "fp4train", "train", "--config-json", str(cfg_path)]
+                    p = subprocess.Popen(launch + ["-m", "fp4train", "train", "--config-json", str(cfg_path)]
                                          + (["--resume"] if resume else ["--overwrite"]),
                                          env=env, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)  # Ctrl-C reaches this process, which passes it on once
                     running[slot] = (p, key, log, cfg.out)
                     how = "resumed" if resume else "started"
-                    print(f"fp4train: {how} {Path(cfg.out).name} on GPU {g}", file=sys.stderr, flush=True)
+                    where = f"GPUs {','.join(map(str, ids))}" if isinstance(g, list) else f"GPU {g}"
+                    print(f"fp4train: {how} {Path(cfg.out).name} on {where}", file=sys.stderr, flush=True)
             time.sleep(1)
             for slot, (p, key, log, run_out) in list(running.items()):
                 if p.poll() is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import shutil
 import signal
@@ -39,6 +40,7 @@ from ..optim import QAdamW, QMuon, muon_groups
 from .checkpoint import MANIFEST, CheckpointError, Checkpoints
 from .config import FIELDS_ADDED, TrainConfig, speed_settings
 from .determinism import deterministic_algorithms
+from .distributed import Ranks, setup as setup_ranks
 
 
 class TrainingDiverged(RuntimeError):
@@ -165,14 +167,14 @@ def _set_rng_state(st: dict, device: torch.device) -> None:
     device_seeds.load_device_seed_state(st.get("device_seeds", {}))  # compile_mode reduce-overhead's seed streams
 
 
-def load_data(cfg: TrainConfig):
+def load_data(cfg: TrainConfig, ranks: Ranks = Ranks()):
     """(tokenizer, train split, validation split, training batches, evaluation batches) of ``cfg``,
     tokenized once into the cache; refuses data that cannot make one training batch and one
     validation window."""
     tokenizer = load_tokenizer(cfg.tokenizer)
     train_split, val_split = load_splits(cfg.data, cfg.val_data, tokenizer, val_fraction=cfg.val_fraction,
                                          cache_dir=cfg.cache_dir, text_field=cfg.text_field, verbose=cfg.progress)
-    batches = PackedBatches(train_split, cfg.seq_len, cfg.batch_size, cfg.order_seed)
+    batches = PackedBatches(train_split, cfg.seq_len, cfg.batch_size, cfg.order_seed, rank=ranks.rank, world=ranks.world)
     evals = eval_batches(val_split, cfg.seq_len, cfg.batch_size, cfg.eval_batches)
     return tokenizer, train_split, val_split, batches, evals
 
@@ -221,9 +223,13 @@ class Trainer:
         self.cfg = cfg
         self.writes_checkpoints = checkpoints
         self.out = Path(cfg.out)
-        self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-        check_run_dir(self.out, resume=resume, overwrite=overwrite)
         self.device = resolve_device(cfg.device)
+        self.ranks = setup_ranks(cfg.parallel, cfg.batch_size, self.device.type)
+        if self.ranks.world > 1 and self.device.type == "cuda":
+            self.device = torch.device("cuda", self.ranks.local_rank)
+        self.main = self.ranks.main  # rank 0 writes the run's files and logs; every rank trains
+        self.log = (log or (lambda msg: print(msg, file=sys.stderr, flush=True))) if self.main else (lambda msg: None)
+        check_run_dir(self.out, resume=resume, overwrite=overwrite)
         self.amp_dtype = {"auto": torch.bfloat16 if self.device.type == "cuda" else None, "bf16": torch.bfloat16, "fp32": None}[cfg.dtype]
         self.resume, self.trust, self.overwrite = resume, trust, overwrite
         self.recipe = check_recipe(cfg)
@@ -236,7 +242,11 @@ class Trainer:
         self._graphs = self.compile and self.compile_mode == "reduce-overhead"
         if self._graphs:
             device_seeds.restart_device_seed_stream(self.device)
-        self.tokenizer, self.train_split, self.val_split, self.batches, self.evals = load_data(cfg)
+        if not self.main:  # rank 0 tokenizes into the cache first; the others then read it
+            self.ranks.barrier()
+        self.tokenizer, self.train_split, self.val_split, self.batches, self.evals = load_data(cfg, self.ranks)
+        if self.main:
+            self.ranks.barrier()
         mcfg = models.config(cfg.model, vocab_size=self.tokenizer.vocab_size)
         if cfg.seq_len > mcfg.max_seq_len:
             mcfg = models.config(cfg.model, vocab_size=self.tokenizer.vocab_size, max_seq_len=cfg.seq_len)
@@ -261,7 +271,8 @@ class Trainer:
         self.calibration_peak_gib: float | None = None  # peak memory of those steps, on a GPU
         self.ckpts = Checkpoints(self.out, keep=cfg.keep_checkpoints)
         self.step = 0
-        self.forward = self.model
+        self._ddp = None
+        self.forward = self._parallel(self.model)
         # AdaHOP: calibrate during the first steps (in BF16), or reuse a saved calibration
         self.calibration: Calibration | None = None
         self.recorder: PatternRecorder | None = None
@@ -274,6 +285,16 @@ class Trainer:
         elif self.compile:
             self.forward = self._compiled()
 
+    def _parallel(self, model):
+        """``model`` under DistributedDataParallel when there are several processes (gradients averaged)."""
+        if self.ranks.world == 1:
+            return model
+        if self._ddp is None:  # one wrapper for the run: a second would reduce every gradient again
+            from torch.nn.parallel import DistributedDataParallel
+
+            self._ddp = DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        return self._ddp
+
     def apply_calibration(self, cal: Calibration) -> None:
         """Swap every calibrated layer to its AdaHOP strategies (parameters are kept)."""
         if self.recorder is not None:
@@ -282,15 +303,14 @@ class Trainer:
         self.calibration = cal
         convert(self.model, cal.recipe(self.recipe.name, base=self.recipe), backend=self.cfg.backend, numerics=self.cfg.numerics,
                 device_seeds=self._graphs)
-        if self.compile:
-            self.forward = self._compiled()
+        self.forward = self._compiled() if self.compile else self._parallel(self.model)
 
     def _compiled(self):
         """The model under ``torch.compile`` with the config's mode. With ``reduce-overhead`` Inductor replays each
         graph as CUDA graphs, and the layers draw their stochastic-rounding seeds and random Hadamard signs on the
         device (set in __init__), so that every seeded layer is captured and each replay draws fresh ones."""
         mode = self.compile_mode
-        return torch.compile(self.model, mode=None if mode == "default" else mode)
+        return torch.compile(self._parallel(self.model), mode=None if mode == "default" else mode)
 
     def _step_begins(self) -> None:
         """Before each compiled call under CUDA graphs: a new iteration (the previous replay's outputs may be
@@ -373,7 +393,7 @@ class Trainer:
                 loss = self.forward(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
             (loss / cfg.grad_accum).backward()
             loss_sum += loss.detach().float()
-        loss_val = loss_sum.item() / cfg.grad_accum
+        loss_val = self.ranks.mean(loss_sum.item() / cfg.grad_accum)  # the global batch's mean loss
         if not math.isfinite(loss_val):
             raise TrainingDiverged(self._diverged_msg(f"loss is {loss_val}"))
         gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip).item()
@@ -391,16 +411,23 @@ class Trainer:
         return loss_val, gnorm
 
     def _finish_calibration(self) -> None:
-        cal = self.recorder.result()
+        cal = self.ranks.broadcast(self.recorder.result())  # rank 0's patterns: every rank runs the same strategies
         if self.device.type == "cuda":
             # the eager BF16 calibration steps peak above the compiled FP4 steps that follow; both are reported
             self.calibration_peak_gib = torch.cuda.max_memory_allocated(self.device) / 2**30
             torch.cuda.reset_peak_memory_stats(self.device)
         self.apply_calibration(cal)
         self.bf16_steps = cal.steps
-        cal.save(self.out / "adahop_calibration.json")
+        if self.main:
+            cal.save(self.out / "adahop_calibration.json")
         self.log(f"fp4train: AdaHOP calibrated over {cal.steps} steps ({cal.mode}): GEMM strategies {cal.strategy_counts()}; "
                  f"table in {self.out / 'adahop_calibration.json'}")
+
+    def _save(self) -> None:
+        """A checkpoint of this step (rank 0 writes it, in the single-process format: the ranks hold the same state)."""
+        if self.main:
+            self.ckpts.save(self.step, self.state_dict())
+        self.ranks.barrier()
 
     def _diverged_msg(self, what: str) -> str:
         last = self.ckpts.entries()
@@ -431,15 +458,17 @@ class Trainer:
                     raise ValueError(f"cannot resume: the checkpoint is at step {self.step}, past --max-steps {cfg.max_steps}; "
                                      f"give --max-steps {self.step} or more")
             self.log(f"fp4train: resumed {self.out} at step {self.step}")
-        elif self.overwrite:
+        elif self.overwrite and self.main:
             for p in run_files(self.out):
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.json").write_text(json.dumps({"train": cfg.to_dict(), "recipe": self.recipe.to_dict(),
-                                                          "model": self.model.config.to_dict()}, indent=1))
         metrics_path = self.out / "metrics.jsonl"
-        _truncate_metrics(metrics_path, self.step)
-        tb = _tensorboard(self.out / "tb") if cfg.tensorboard else None
+        if self.main:  # the run's files are rank 0's
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "config.json").write_text(json.dumps({"train": cfg.to_dict(), "recipe": self.recipe.to_dict(),
+                                                              "model": self.model.config.to_dict()}, indent=1))
+            _truncate_metrics(metrics_path, self.step)
+        self.ranks.barrier()
+        tb = _tensorboard(self.out / "tb") if cfg.tensorboard and self.main else None
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         n_params = self.model.num_params()
@@ -450,12 +479,12 @@ class Trainer:
         self.log(f"fp4train: speed settings: {self._speed}"
                  + ("; deterministic algorithms (repeats give the same bits on this GPU)" if cfg.deterministic else ""))
         graphs_before = _compiled_graphs()
-        bar = _progress(cfg, self.step)  # after the header, so that the bar keeps a line of its own
+        bar = _progress(cfg, self.step) if self.main else None  # after the header, so that the bar keeps a line of its own
         t_last, tok_last = time.perf_counter(), 0
         steady = SteadySteps()
         val_loss = None
         try:
-            with open(metrics_path, "a") as mf, _StopOnInterrupt(self.log) as stop:
+            with open(metrics_path if self.main else os.devnull, "a") as mf, _StopOnInterrupt(self.log) as stop:
                 def write(rec):
                     mf.write(json.dumps(rec) + "\n")
                     mf.flush()
@@ -490,7 +519,7 @@ class Trainer:
                                "tokens": self.step * cfg.tokens_per_step, "tokens_per_s": rate}
                     saved = False
                     if final and self.writes_checkpoints:  # the result is safe before what can still fail (evaluation, report)
-                        self.ckpts.save(self.step, self.state_dict())
+                        self._save()
                         saved = True
                     if (cfg.eval_every and self.step % cfg.eval_every == 0) or final:
                         val_loss = self.evaluate()
@@ -502,13 +531,13 @@ class Trainer:
                         bar.update(1)
                         bar.set_postfix(loss=f"{loss:.3f}", **({"val": f"{val_loss:.3f}"} if val_loss is not None else {}))
                     if not saved and self.writes_checkpoints and cfg.ckpt_every and self.step % cfg.ckpt_every == 0:
-                        self.ckpts.save(self.step, self.state_dict())
+                        self._save()
                         saved = True
                     if stop.requested and not final and not self.writes_checkpoints:
                         raise KeyboardInterrupt  # nothing to resume from: stop at once
                     if stop.requested and not final:
                         if not saved:
-                            self.ckpts.save(self.step, self.state_dict())
+                            self._save()
                         raise TrainingInterrupted(self.out, self.step, self.out / self.ckpts.entries()[-1]["file"])
         finally:
             if bar is not None:
@@ -530,10 +559,12 @@ class Trainer:
             "numerics": _numerics(self.model), "backend": backends.resolve(cfg.backend or self.recipe.backend),
             "commit": code_commit(), "torch": torch.__version__,
             "compile": self.compile, "compile_mode": self.compile_mode if self.compile else None,
-            "deterministic": cfg.deterministic,
+            "deterministic": cfg.deterministic, "processes": self.ranks.world,
             "compiled_graphs": _compiled_graphs() - graphs_before if self.compile else None,
         }
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        if self.main:
+            (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        self.ranks.barrier()
         calib = f" ({self.bf16_steps} of them BF16 calibration)" if self.bf16_steps else ""
         if self.compile:  # a bounded number: a recompilation storm would show here
             self.log(f"fp4train: torch.compile made {summary['compiled_graphs']} graphs in this run")

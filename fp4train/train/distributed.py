@@ -1,0 +1,77 @@
+"""Data-parallel training on PyTorch's own engine: ``torchrun`` launches the processes, ``torch.distributed``
+(NCCL on GPUs, gloo on CPUs) connects them, ``DistributedDataParallel`` averages the gradients.
+
+Every process holds the whole model and the same optimizer state; each takes ``batch_size / N`` of every
+global batch's sequences (:class:`~fp4train.data.PackedBatches` with ``rank``/``world``), so the global batch,
+its order and the data position are the same whatever N - and a checkpoint, written by rank 0 in the
+single-process format, resumes on any number of processes. Gradients are averaged over equal shards: the
+mean over ranks of each rank's mean loss is the global batch's mean loss, as one process computes it. AdaHOP's
+calibration is rank 0's, sent to every rank, so all ranks run the same strategies.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+PARALLEL = ("none", "ddp")
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: str = "cpu"  # where collectives' tensors live (NCCL: the process's GPU)
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def mean(self, x: float) -> float:
+        """The mean of ``x`` over the processes."""
+        if self.world == 1:
+            return x
+        t = torch.tensor([x], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return float(t.item()) / self.world
+
+    def broadcast(self, obj):
+        """Rank 0's ``obj`` on every process."""
+        if self.world == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+
+def setup(parallel: str, batch_size: int, device_type: str) -> Ranks:
+    """The process's place in the run; joins the process group under ``torchrun`` with ``--parallel ddp``.
+    Refuses a launch that cannot be what the user meant, naming the fix."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if parallel == "none":
+        if world > 1:
+            raise ValueError(f"launched as {world} processes (torchrun) but --parallel is none: add --parallel ddp, "
+                             "or run one process")
+        return Ranks()
+    if parallel != "ddp":
+        raise ValueError(f"--parallel must be one of {', '.join(PARALLEL)}, got {parallel!r}")
+    if "RANK" not in os.environ:
+        raise ValueError("--parallel ddp runs under torchrun: torchrun --nproc-per-node N -m fp4train train --parallel ddp ...")
+    if batch_size % world:
+        raise ValueError(f"--batch-size {batch_size} does not split over {world} processes: give a multiple of {world} "
+                         "(the global batch stays the same whatever the number of processes)")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    ranks = Ranks(int(os.environ["RANK"]), world, local, f"cuda:{local}" if device_type == "cuda" else "cpu")
+    if device_type == "cuda":
+        torch.cuda.set_device(local)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    return ranks

@@ -1,0 +1,89 @@
+"""Data-parallel training under torchrun (2 CPU processes, gloo) against one process at the same global batch."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fp4train.train import TrainConfig, Trainer
+
+BASE = ["--model", "tiny", "--seq-len", "32", "--batch-size", "4", "--log-every", "1", "--eval-every", "0", "--eval-batches", "1",
+        "--device", "cpu", "--no-progress", "--no-tensorboard"]
+
+
+def _train(out, *args, procs=1):
+    launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs)] if procs > 1
+              else [sys.executable])
+    extra = ["--parallel", "ddp"] if procs > 1 else []
+    r = subprocess.run(launch + ["-m", "fp4train", "train", *BASE, *args, *extra, "--out", str(out)], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def _losses(out):
+    return {json.loads(ln)["step"]: json.loads(ln)["loss"] for ln in (out / "metrics.jsonl").read_text().splitlines()}
+
+
+def _rel(a, b):
+    return max(abs(a[s] - b[s]) / abs(a[s]) for s in a.keys() & b.keys())
+
+
+# bf16: the same arithmetic but for the gradient's summation order (averaged over ranks); tib2d: stochastic rounding
+# draws by position within each process's tensors, so other draws; adahop: rank 0's calibration on every rank
+@pytest.mark.parametrize("recipe,steps,tol", [("bf16", 4, 1e-5), ("tib2d", 6, 2e-2), ("adahop", 22, 2e-3)])
+def test_two_processes_train_like_one_at_the_same_global_batch(tmp_path, recipe, steps, tol):
+    args = ["--recipe", recipe, "--max-steps", str(steps), "--ckpt-every", "0"]
+    _train(tmp_path / "one", *args)
+    _train(tmp_path / "two", *args, procs=2)
+    one, two = _losses(tmp_path / "one"), _losses(tmp_path / "two")
+    assert sorted(one) == sorted(two) == list(range(1, steps + 1))
+    assert _rel(one, two) < tol
+    summ = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summ["processes"] == 2 and summ["tokens"] == steps * 4 * 32  # the global batch
+    if recipe == "adahop":
+        cal = json.loads((tmp_path / "two" / "adahop_calibration.json").read_text())
+        assert cal["steps"] == 20
+
+
+@pytest.mark.parametrize("first,then", [(2, 1), (1, 2)])
+def test_a_checkpoint_resumes_on_another_number_of_processes(tmp_path, first, then):
+    args = ["--recipe", "bf16", "--max-steps", "4", "--ckpt-every", "2", "--keep-checkpoints", "2"]
+    _train(tmp_path / "ref", *args, procs=first)
+    ref = _losses(tmp_path / "ref")
+    run = tmp_path / "ref"
+    step2 = sorted(run.glob("step_*2.pt"))[0]
+    _train(run, *args, "--resume", str(step2), procs=then)  # steps 3 and 4 again, now on `then` processes
+    again = _losses(run)
+    assert sorted(again) == [1, 2, 3, 4] and _rel(ref, again) < 1e-5
+
+
+def test_parallel_launches_that_cannot_work_are_refused(tmp_path, monkeypatch):
+    cfg = TrainConfig(model="tiny", seq_len=32, batch_size=4, max_steps=1, device="cpu", progress=False, out=str(tmp_path / "a"),
+                      parallel="ddp")
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match=r"--parallel ddp runs under torchrun: torchrun --nproc-per-node N"):
+        Trainer(cfg)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ValueError, match=r"--batch-size 4 does not split over 3 processes: give a multiple of 3"):
+        Trainer(cfg)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"launched as 2 processes \(torchrun\) but --parallel is none: add --parallel ddp"):
+        Trainer(TrainConfig(model="tiny", device="cpu", out=str(tmp_path / "b")))
+    with pytest.raises(ValueError, match=r"parallel must be none or ddp, got 'fsdp'"):
+        TrainConfig(parallel="fsdp")
+
+
+def test_compare_runs_each_recipe_over_all_listed_devices(tmp_path, capsys):
+    from fp4train.cli import main
+
+    args = ["compare", *BASE, "--recipes", "mxfp4", "--max-steps", "2", "--parallel", "ddp"]
+    assert main(args + ["--gpus", "0,0", "--out", str(tmp_path / "cmp")]) == 0  # two processes per run (CPU here)
+    for run in ("bf16-seed0", "mxfp4-seed0"):
+        assert json.loads((tmp_path / "cmp" / "runs" / run / "summary.json").read_text())["processes"] == 2
+    assert "started mxfp4-seed0 on GPUs 0,0" in capsys.readouterr().err
+    assert main(args + ["--gpus", "none", "--out", str(tmp_path / "x")]) == 2
+    assert "compare --parallel ddp spreads each run over the GPUs that --gpus lists" in capsys.readouterr().err
