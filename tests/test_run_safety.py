@@ -357,7 +357,7 @@ def test_config_values_of_the_wrong_type_are_named():
 def test_ctrl_c_before_the_first_step_says_to_start_again(tmp_path, capsys, monkeypatch):
     from fp4train.train import trainer
 
-    def interrupted(cfg):
+    def interrupted(*args):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(trainer, "load_data", interrupted)  # Ctrl-C while the data is tokenized
