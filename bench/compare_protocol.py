@@ -14,7 +14,7 @@ every recipe; each recipe with its own optimizer - ``fullstack``: QAdamW), into 
   paired with the same BF16 runs;
 * every finished run evaluated on ``--eval-data`` (out-of-domain text).
 
-The settings below are the protocol (chosen so that BF16 leaves its early plateau smoothly at both sizes);
+The settings below are the protocol (``docs/comparing.md`` gives them and the noise floor they reach);
 re-running the same command reuses finished runs and resumes interrupted ones, so a comparison can be run
 in pieces. ``fp4train compare``'s report (``report.md``, ``report.json``, ``loss.png``) is written per folder.
 
@@ -25,8 +25,8 @@ in pieces. ``fp4train compare``'s report (``report.md``, ``report.json``, ``loss
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
-import shutil
 from pathlib import Path
 
 import fp4train
@@ -62,9 +62,8 @@ def calibration_run(base: TrainConfig, out: Path) -> Path:
     """A short AdaHOP run (seed 1000: its calibration steps and one more) whose calibration the ablation loads."""
     from fp4train.train import train
 
-    rec = fp4train.recipes.get("adahop")
-    cfg = TrainConfig(**{**base.to_dict(), "recipe": "adahop", "seed": 1000, "max_steps": rec.calibration_steps + 1,
-                         "eval_every": 0, "ckpt_every": 0, "out": str(out), "progress": False, "optimizer": None})
+    cfg = dataclasses.replace(base, recipe="adahop", seed=1000, max_steps=fp4train.recipes.get("adahop").calibration_steps + 1,
+                              eval_every=0, ckpt_every=0, out=str(out), tensorboard=False, optimizer=None)
     if not (out / "adahop_calibration.json").exists():
         train(cfg, overwrite=True)
     return out / "adahop_calibration.json"
@@ -103,9 +102,8 @@ def main(argv=None):
                 if not link.exists():
                     link.parent.mkdir(parents=True, exist_ok=True)
                     os.symlink(os.path.relpath(out / "runs" / name, link.parent), link)
-        compare(TrainConfig(**{**base.to_dict(), "calibration": str(cal), "out": str(abl)}), ["adahop"], seeds, abl,
+        compare(dataclasses.replace(base, calibration=str(cal), out=str(abl)), ["adahop"], seeds, abl,
                 gpus=gpus, eval_data=evals, eval_tokens=EVAL_TOKENS, recipe_optimizers=True)
-    shutil.rmtree(out / "adahop-calibration-run" / "tb", ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import models
 from . import recipes as _recipes
-from .train.config import COMPILE_MODES, DTYPES, NUMERICS, OPTIMIZERS, TrainConfig
+from .train.config import COMPILE_MODES, DTYPES, NUMERICS, OPTIMIZERS, PARALLEL, TrainConfig
 
 HELP = {
     "model": "model size preset: tiny, 20m, 60m, 125m, 350m, 1b, 3b",
@@ -72,7 +72,7 @@ _SKIP = {"extra"}
 #: Options that only a training run uses (``analyze`` trains BF16 for its own --steps, without checkpoints)
 _TRAIN_ONLY = ("recipe", "max_steps", "calibration", "backend", "numerics", "eval_every", "eval_batches", "ckpt_every",
                "keep_checkpoints", "compile", "compile_mode")
-_CHOICES = {"model": models.names(), "dtype": DTYPES, "numerics": NUMERICS, "compile_mode": COMPILE_MODES, "optimizer": OPTIMIZERS, "parallel": ("none", "ddp")}
+_CHOICES = {"model": models.names(), "dtype": DTYPES, "numerics": NUMERICS, "compile_mode": COMPILE_MODES, "optimizer": OPTIMIZERS, "parallel": PARALLEL}
 
 
 class _Parser(argparse.ArgumentParser):

@@ -95,7 +95,7 @@ def test_compare_writes_report(tmp_path):
     half = 4.303 * statistics.stdev(expect) / 3**0.5  # paired t, 2 degrees of freedom
     assert m["gap_pct_ci95"] == pytest.approx([statistics.mean(expect) - half, statistics.mean(expect) + half])
     assert m["resolved"] == (m["gap_pct_ci95"][0] > 0 or m["gap_pct_ci95"][1] < 0)
-    assert rep["bf16_seed_spread_pct"] is not None and rep["tokens_per_run"] == 3 * 64
+    assert rep["noise_floor"]["seed_range_pct"] is not None and rep["tokens_per_run"] == 3 * 64
     # the noise-floor runs: BF16 with each seed's init, the data in another order
     nf = rep["noise_floor"]
     assert nf["seed_std_pct"] == pytest.approx(statistics.stdev(bf.values()) / statistics.mean(bf.values()) * 100)

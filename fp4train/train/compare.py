@@ -76,16 +76,13 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
     recipes = [BASELINE] + [r for r in recipes if r != BASELINE]  # the baseline first: every gap needs it
     if len(set(seeds)) < len(seeds):
         raise ValueError(f"--seeds names a seed twice: {', '.join(map(str, seeds))}")
-    jobs = [(r, s) for r in recipes for s in seeds]  # recipe by recipe: a cut-short comparison still has whole pairs
+    # recipe by recipe (a cut-short comparison still has whole pairs); the noise-floor runs right after BF16's
+    labels = recipes[:1] + ([REORDERED] if noise_floor else []) + recipes[1:]
     per_recipe = {"optimizer": None} if recipe_optimizers else {}  # None: TrainConfig resolves the recipe's
-    cfgs = {(r, s): dataclasses.replace(base, recipe=r, seed=s, out=str(out / "runs" / run_name(r, s)), **per_recipe)
-            for r, s in jobs}
-    if noise_floor:  # right after the BF16 runs they are paired with
-        extra = {(REORDERED, s): dataclasses.replace(cfgs[(BASELINE, s)], data_seed=s + REORDER_OFFSET,
-                                                     out=str(out / "runs" / run_name(REORDERED, s))) for s in seeds}
-        items = list(cfgs.items())
-        cut = len(seeds)  # the BF16 runs come first
-        cfgs = dict(items[:cut] + list(extra.items()) + items[cut:])
+    cfgs = {(r, s): dataclasses.replace(base, recipe=BASELINE if r == REORDERED else r, seed=s,
+                                        data_seed=s + REORDER_OFFSET if r == REORDERED else base.data_seed,
+                                        out=str(out / "runs" / run_name(r, s)), **per_recipe)
+            for r in labels for s in seeds}
     # checks before any work: recipes, device, data, the runs already there
     for cfg in cfgs.values():
         check_recipe(cfg)
@@ -125,7 +122,7 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
                              "it cannot run in this process (--gpus none)")
         run_parallel(cfgs, [gpus], on_finish=on_finish)
     elif gpus:
-        run_parallel(cfgs, gpus, on_finish=on_finish)
+        run_parallel(cfgs, [[g] for g in gpus], on_finish=on_finish)
     else:
         for n, ((r, s), cfg) in enumerate(cfgs.items(), 1):
             if finished(cfg):
@@ -180,10 +177,10 @@ def interrupted(cfg: TrainConfig) -> bool:
     return not finished(cfg) and (Path(cfg.out) / MANIFEST).exists()
 
 
-def run_parallel(cfgs: dict, slots: list[int], on_finish=None) -> None:
-    """Train each config in a subprocess; ``slots`` lists GPU ids, one concurrent run per entry
-    (``[0, 0, 1, 1]``: two runs at a time on each of two GPUs), or lists of ids: one run at a time over all of
-    a list's GPUs, data-parallel under torchrun (``[[0, 1]]``). Finished runs are skipped,
+def run_parallel(cfgs: dict, slots: list[list[int]], on_finish=None) -> None:
+    """Train each config in a subprocess; ``slots`` lists, per concurrent run, the GPU ids it runs on
+    (``[[0], [0], [1], [1]]``: two runs at a time on each of two GPUs; ``[[0, 1]]``: one run at a time over two
+    GPUs, under torchrun, for configs with ``parallel="ddp"``). Finished runs are skipped,
     interrupted ones resumed from their newest checkpoint. ``on_finish(cfg)`` is called in this process as
     each run finishes."""
     pending = [(k, c) for k, c in cfgs.items() if not finished(c)]
@@ -196,12 +193,11 @@ def run_parallel(cfgs: dict, slots: list[int], on_finish=None) -> None:
                     key, cfg = pending.pop(0)
                     Path(cfg.out).mkdir(parents=True, exist_ok=True)
                     cfg_path = Path(cfg.out) / "train_config.json"
-                    dev = "cuda:0" if torch.cuda.is_available() else cfg.device  # the one GPU the subprocess sees
+                    dev = "cuda:0" if torch.cuda.is_available() else cfg.device  # the first GPU the subprocess sees
                     cfg_path.write_text(json.dumps(dataclasses.replace(cfg, device=dev, progress=False).to_dict()))
-                    ids = g if isinstance(g, list) else [g]
-                    env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, ids)))
-                    launch = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(len(ids))]
-                                                 if isinstance(g, list) else [])
+                    env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, g)))
+                    launch = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(len(g))]
+                                                 if cfg.parallel == "ddp" else [])
                     resume = interrupted(cfg)
                     log = open(Path(cfg.out) / "train.log", "a" if resume else "w")
                     p = subprocess.Popen(launch + ["-m", "fp4train", "train", "--config-json", str(cfg_path)]
@@ -210,8 +206,8 @@ def run_parallel(cfgs: dict, slots: list[int], on_finish=None) -> None:
                                          start_new_session=True)  # Ctrl-C reaches this process, which passes it on once
                     running[slot] = (p, key, log, cfg.out)
                     how = "resumed" if resume else "started"
-                    where = f"GPUs {','.join(map(str, ids))}" if isinstance(g, list) else f"GPU {g}"
-                    print(f"fp4train: {how} {Path(cfg.out).name} on {where}", file=sys.stderr, flush=True)
+                    print(f"fp4train: {how} {Path(cfg.out).name} on GPU{'s' if len(g) > 1 else ''} {','.join(map(str, g))}",
+                          file=sys.stderr, flush=True)
             time.sleep(1)
             for slot, (p, key, log, run_out) in list(running.items()):
                 if p.poll() is not None:
@@ -294,7 +290,10 @@ def _verdict(ci: tuple[float, float] | None) -> str:
     return "not resolved (the interval holds 0)"
 
 
-def _gap_stats(gaps: list[float]) -> dict:
+def _gap_stats(gaps: list[float], recipe: str) -> dict:
+    """A recipe's gaps (% per seed) summarized: mean, 95% interval, verdict (the baseline's gap is 0 by definition)."""
+    if recipe == BASELINE:
+        return {"gap_pct_mean": 0.0, "verdict": "baseline"}
     ci = interval95(gaps)
     return {"gap_pct_mean": statistics.mean(gaps), "gap_pct_ci95": list(ci) if ci else None,
             "resolved": ci is not None and (ci[0] > 0 or ci[1] < 0), "verdict": _verdict(ci)}
@@ -352,7 +351,7 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
             "val_loss_mean": statistics.mean(losses),
             "val_loss_per_seed": dict(zip(map(str, seeds), losses)),
             "gap_pct_per_seed": dict(zip(map(str, seeds), gaps)),
-            **(_gap_stats(gaps) if r != BASELINE else {"gap_pct_mean": 0.0}),
+            **_gap_stats(gaps, r),
             "tokens_per_s": statistics.mean(tps) if tps else None,
             "peak_mem_gib": max(mem) if mem else None,
             "bf16_steps": max(by[(r, s)].get("bf16_steps", 0) for s in seeds),
@@ -369,14 +368,14 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
             if paired:
                 egaps = [(got[s] / base[s] - 1) * 100 for s in paired]
                 evals[name] = {"loss_mean": statistics.mean(got[s] for s in paired), "gap_pct_per_seed": egaps,
-                               **(_gap_stats(egaps) if r != BASELINE else {"gap_pct_mean": 0.0})}
+                               **_gap_stats(egaps, r)}
         if evals:
             summary[r]["eval"] = evals
     first = runs[0]
     report = {
         "model": first["model"], "tokens_per_run": first["tokens"], "steps": first["steps"], "seeds": seeds,
         "device": first["device"], "gpu": first.get("gpu"), "date": time.strftime("%Y-%m-%d"),
-        "bf16_seed_spread_pct": nf["seed_range_pct"], "noise_floor": nf, "recipes": summary, "unfinished": unfinished,
+        "noise_floor": nf, "recipes": summary, "unfinished": unfinished,
         "numerics": sorted({x.get("numerics") or "eager" for x in runs}),
         "backends": sorted({x.get("backend") or "emulated" for x in runs}), "runs_per_gpu": runs_per_gpu,
         "runs": [{k: v for k, v in x.items() if k != "curve"} for x in runs],
@@ -414,8 +413,7 @@ def _markdown(rep: dict) -> str:
     ]
     for r, x in rep["recipes"].items():
         per = ", ".join(f"{g:+.2f}" for g in x["gap_pct_per_seed"].values())
-        verdict = "baseline" if r == BASELINE else x.get("verdict", "")
-        lines.append(f"| {r} | {x['val_loss_mean']:.4f} | {x['gap_pct_mean']:+.2f} | {_ci(x)} | {verdict} | {per} | "
+        lines.append(f"| {r} | {x['val_loss_mean']:.4f} | {x['gap_pct_mean']:+.2f} | {_ci(x)} | {x['verdict']} | {per} | "
                      f"{_fmt(x['tokens_per_s'], ',.0f')} | {_fmt(x['peak_mem_gib'], '.2f')} |")
     texts = sorted({t for x in rep["recipes"].values() for t in x.get("eval", {})})
     for t in texts:
@@ -424,8 +422,7 @@ def _markdown(rep: dict) -> str:
         for r, x in rep["recipes"].items():
             ev = x.get("eval", {}).get(t)
             if ev:
-                lines.append(f"| {r} | {ev['loss_mean']:.4f} | {ev['gap_pct_mean']:+.2f} | {_ci(ev)} | "
-                             f"{'baseline' if r == BASELINE else ev.get('verdict', '')} |")
+                lines.append(f"| {r} | {ev['loss_mean']:.4f} | {ev['gap_pct_mean']:+.2f} | {_ci(ev)} | {ev['verdict']} |")
     nf = rep.get("noise_floor") or {}
     if nf.get("seed_std_pct") is not None:
         lines += ["", f"Noise floor (BF16): seed-to-seed standard deviation {nf['seed_std_pct']:.3f}% of the validation loss "
@@ -455,12 +452,15 @@ def _plot(path: Path, runs: list[dict], recipes: list[str], seeds: list[int]) ->
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
     by = {(x["recipe_arg"], x["seed"]): dict(x["curve"]) for x in runs}
+    ends = []  # each recipe's last mean loss
     for i, r in enumerate(recipes):
         color = f"C{i % 10}"  # the same colour for a recipe in both panels
         label = Path(r).stem
         steps = sorted(set.intersection(*(set(by[(r, s)]) for s in seeds)))
         vals = [[by[(r, s)][t] for s in seeds] for t in steps]
-        ax1.plot(steps, [statistics.mean(v) for v in vals], label=label, color=color, marker="." if len(steps) < 30 else None)
+        means = [statistics.mean(v) for v in vals]
+        ends += means[-1:]
+        ax1.plot(steps, means, label=label, color=color, marker="." if len(steps) < 30 else None)
         if len(seeds) > 1:
             ax1.fill_between(steps, [min(v) for v in vals], [max(v) for v in vals], color=color, alpha=0.15, lw=0)
         if r != BASELINE:
@@ -471,9 +471,8 @@ def _plot(path: Path, runs: list[dict], recipes: list[str], seeds: list[int]) ->
             if ts and cis[0] is not None:
                 ax2.fill_between(ts, [c[0] for c in cis], [c[1] for c in cis], color=color, alpha=0.15, lw=0)
     ax1.set(xlabel="step", ylabel="validation loss", title="validation loss (mean over seeds, band: lowest to highest)")
-    lows = [statistics.mean(by[(r, s)][t] for s in seeds) for r in recipes for t in [max(by[(r, seeds[0])])]]
-    if lows:  # the end of training, where the recipes differ, rather than the first evaluation's loss
-        ax1.set_ylim(min(lows) - 0.1, min(lows) + 1.5)
+    if ends:  # the end of training, where the recipes differ, rather than the first evaluation's loss
+        ax1.set_ylim(min(ends) - 0.1, min(ends) + 1.5)
     ax2.axhline(0, color="k", lw=0.8)
     ax2.set(xlabel="step", ylabel="gap to BF16 (%)", title="gap to BF16, same seed (mean, band: 95% interval)")
     for a in (ax1, ax2):

@@ -16,6 +16,7 @@ from ..recipes.spec import OPTIMIZERS
 DTYPES = ("auto", "bf16", "fp32")
 NUMERICS = ("eager", "compiled", "triton")
 COMPILE_MODES = ("default", "reduce-overhead")
+PARALLEL = ("none", "ddp")  # one process, or data-parallel under torchrun (fp4train.train.distributed)
 DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
@@ -69,7 +70,7 @@ class TrainConfig:
     data_seed: int | None = None  # the order of the training windows; None: seed (a noise-floor probe changes only this)
     deterministic: bool = False  # the same loss bits on every repeat on one GPU (torch.use_deterministic_algorithms)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    parallel: str = "none"  # none | ddp (under torchrun: fp4train.train.distributed)
+    parallel: str = "none"  # one of PARALLEL
     dtype: str = "auto"  # autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     compile: bool | None = None  # torch.compile the model; None: on a GPU yes, on a CPU no (speed_settings)
     compile_mode: str | None = None  # default | reduce-overhead (steps replayed as CUDA graphs); None: see speed_settings
@@ -121,8 +122,8 @@ class TrainConfig:
                 self.optimizer = "adamw"  # the bad recipe is reported when the run loads it
         if self.optimizer not in OPTIMIZERS:
             problems.append(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
-        if self.parallel not in ("none", "ddp"):
-            problems.append(f"parallel must be none or ddp, got {self.parallel!r}")
+        if self.parallel not in PARALLEL:
+            problems.append(f"parallel must be {' or '.join(PARALLEL)}, got {self.parallel!r}")
         if self.dtype not in DTYPES:
             problems.append(f"dtype must be auto, bf16 or fp32, got {self.dtype!r}")
         if problems:

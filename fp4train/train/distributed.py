@@ -17,9 +17,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-PARALLEL = ("none", "ddp")
-
-
 @dataclass(frozen=True)
 class Ranks:
     rank: int = 0
@@ -54,15 +51,13 @@ class Ranks:
 
 def setup(parallel: str, batch_size: int, device_type: str) -> Ranks:
     """The process's place in the run; joins the process group under ``torchrun`` with ``--parallel ddp``.
-    Refuses a launch that cannot be what the user meant, naming the fix."""
+    Refuses a launch that cannot be what the user meant, naming the fix (``parallel`` is a checked config value)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if parallel == "none":
         if world > 1:
             raise ValueError(f"launched as {world} processes (torchrun) but --parallel is none: add --parallel ddp, "
                              "or run one process")
         return Ranks()
-    if parallel != "ddp":
-        raise ValueError(f"--parallel must be one of {', '.join(PARALLEL)}, got {parallel!r}")
     if "RANK" not in os.environ:
         raise ValueError("--parallel ddp runs under torchrun: torchrun --nproc-per-node N -m fp4train train --parallel ddp ...")
     if batch_size % world:
