@@ -18,8 +18,9 @@ The settings below are the protocol (``docs/comparing.md`` gives them and the no
 re-running the same command reuses finished runs and resumes interrupted ones, so a comparison can be run
 in pieces. ``fp4train compare``'s report (``report.md``, ``report.json``, ``loss.png``) is written per folder.
 
-    python bench/compare_protocol.py --model 20m --data ../shared/data/enwiki --components --ablation \\
-        --eval-data ../shared/data/tinyshakespeare/input.txt --out bench/results/compare-20m-enwiki
+    mkdir -p enwiki-00 && cp ../shared/data/enwiki/{train,val}-00.jsonl.xz enwiki-00/   # the protocol's text
+    python bench/compare_protocol.py --model 20m --data enwiki-00 --components --ablation \\
+        --eval-data shakespeare --out bench/results/compare-20m-enwiki
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .export import load_checkpoint, merged_state_dict
+from .export import load_checkpoint, plain_model
 from .models.llama import Llama, LlamaConfig
 
 FORWARDS = ("recipe", "bf16")
@@ -58,10 +58,9 @@ def build_model(ck: dict, forward: str, device: torch.device) -> Llama:
     """The checkpoint's model for ``forward`` (see the module docstring), on ``device``, in eval mode."""
     if forward not in FORWARDS:
         raise ValueError(f"--forward must be one of {FORWARDS}, got {forward!r}")
-    model = Llama(LlamaConfig(**ck["model_config"]))
     if forward == "bf16":
-        model.load_state_dict({k: v.float() for k, v in merged_state_dict(ck).items()})
-        return model.to(device).eval()
+        return plain_model(ck).to(device)
+    model = Llama(LlamaConfig(**ck["model_config"]))
     from . import convert
     from .adahop.calibration import Calibration
     from .recipes import Recipe

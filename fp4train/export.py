@@ -38,12 +38,17 @@ def merged_state_dict(ck: dict) -> dict[str, torch.Tensor]:
     return sd
 
 
-def load_model(run: str | Path, checkpoint: str | Path | None = None) -> tuple[Llama, dict]:
-    """(the run's model with plain linears and the trained weights, in FP32; the checkpoint)."""
-    ck = load_checkpoint(run, checkpoint)
+def plain_model(ck: dict) -> Llama:
+    """The checkpoint's model with plain linears and the trained weights (LoRA-SVD merged), FP32, in eval mode."""
     model = Llama(LlamaConfig(**ck["model_config"]))
     model.load_state_dict({k: v.float() for k, v in merged_state_dict(ck).items()})
-    return model.eval(), ck
+    return model.eval()
+
+
+def load_model(run: str | Path, checkpoint: str | Path | None = None) -> tuple[Llama, dict]:
+    """(the run's :func:`plain_model`; the checkpoint)."""
+    ck = load_checkpoint(run, checkpoint)
+    return plain_model(ck), ck
 
 
 def hf_config(cfg: LlamaConfig, eot_id: int):

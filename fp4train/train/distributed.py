@@ -22,19 +22,18 @@ class Ranks:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
-    device: str = "cpu"  # where collectives' tensors live (NCCL: the process's GPU)
 
     @property
     def main(self) -> bool:
         return self.rank == 0
 
-    def mean(self, x: float) -> float:
-        """The mean of ``x`` over the processes."""
+    def mean(self, t: torch.Tensor) -> torch.Tensor:
+        """The mean of ``t`` over the processes (on ``t``'s device: no host round trip of its own)."""
         if self.world == 1:
-            return x
-        t = torch.tensor([x], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
-        return float(t.item()) / self.world
+            return t
+        t = t.clone()
+        dist.all_reduce(t)  # a sum: gloo has no average
+        return t / self.world
 
     def broadcast(self, obj):
         """Rank 0's ``obj`` on every process."""
@@ -64,7 +63,7 @@ def setup(parallel: str, batch_size: int, device_type: str) -> Ranks:
         raise ValueError(f"--batch-size {batch_size} does not split over {world} processes: give a multiple of {world} "
                          "(the global batch stays the same whatever the number of processes)")
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    ranks = Ranks(int(os.environ["RANK"]), world, local, f"cuda:{local}" if device_type == "cuda" else "cpu")
+    ranks = Ranks(int(os.environ["RANK"]), world, local)
     if device_type == "cuda":
         torch.cuda.set_device(local)
     if not dist.is_initialized():

@@ -393,7 +393,7 @@ class Trainer:
                 loss = self.forward(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
             (loss / cfg.grad_accum).backward()
             loss_sum += loss.detach().float()
-        loss_val = self.ranks.mean(loss_sum.item() / cfg.grad_accum)  # the global batch's mean loss
+        loss_val = self.ranks.mean(loss_sum / cfg.grad_accum).item()  # the global batch's mean loss
         if not math.isfinite(loss_val):
             raise TrainingDiverged(self._diverged_msg(f"loss is {loss_val}"))
         gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip).item()
