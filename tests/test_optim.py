@@ -165,6 +165,32 @@ def test_state_dict_resumes_bit_for_bit_through_weights_only_load():
     assert all(torch.equal(a, b) for a, b in zip(params, params2))
 
 
+def test_compiled_update_tracks_the_eager_one_and_compiles_once_per_shape():
+    """compiled=True: the same update fused by torch.compile (equal up to float rounding of fused operations),
+    compiled once per state shape however the learning rate moves (its scalars go in as tensors)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    shapes = [(64, 128), (32, 64), (64,)]
+    eager = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    fused = [torch.nn.Parameter(p.detach().clone()) for p in eager]
+    opts = [QAdamW(ps, lr=1e-2, weight_decay=0.1, compiled=c) for ps, c in ((eager, False), (fused, True))]
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: (s + 1) / 5) for o in opts]
+    for i in range(5):
+        for ps in (eager, fused):
+            _grads(ps, i)
+        for o, s in zip(opts, scheds):
+            o.step()
+            s.step()
+    for a, b in zip(eager, fused):
+        assert torch.allclose(a, b, rtol=0, atol=1e-5), float((a - b).abs().max())
+    assert counters["stats"]["unique_graphs"] == 2  # two quantized shapes; the bias keeps FP32 states, uncompiled
+    state = opts[1].state[fused[0]]
+    assert state["exp_avg.codes"].dtype == opts[0].state[eager[0]]["exp_avg.codes"].dtype
+
+
 def test_bad_hyperparameters_and_sparse_gradients_are_refused():
     w = torch.nn.Parameter(torch.randn(16, 16))
     with pytest.raises(ValueError, match="betas must be in"):

@@ -49,14 +49,15 @@ class QMuon(QAdamW):
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
                  weight_decay: float = 0.1, *, momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5,
                  ns_matmul: str = "bf16", ns_coefficients: tuple[float, float, float] | None = None,
-                 adjust_lr_fn: str = "match_rms_adamw", quantize_states: bool = True):
+                 adjust_lr_fn: str = "match_rms_adamw", quantize_states: bool = True, compiled: bool = False):
         if ns_matmul not in ("bf16", "nvfp4"):
             raise ValueError(f"QMuon: ns_matmul must be bf16 or nvfp4, got {ns_matmul!r}")
         if adjust_lr_fn not in ADJUST_LR:
             raise ValueError(f"QMuon: adjust_lr_fn must be one of {ADJUST_LR}, got {adjust_lr_fn!r}")
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"QMuon: momentum must be in [0, 1), got {momentum}")
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, quantize_states=quantize_states)
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, quantize_states=quantize_states,
+                         compiled=compiled)
         coefficients = ns_coefficients or (NVFP4_COEFFICIENTS if ns_matmul == "nvfp4" else BF16_COEFFICIENTS)
         for group in self.param_groups:
             group.setdefault("muon", False)

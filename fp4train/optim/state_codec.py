@@ -70,7 +70,7 @@ def _store(q: QuantizedTensor) -> dict[str, torch.Tensor]:
 
 
 def _load(stored: dict[str, torch.Tensor], rows: int, cols: int) -> torch.Tensor:
-    meta = _layout(rows, cols)
+    meta = (_layout.__wrapped__ if torch.compiler.is_compiling() else _layout)(rows, cols)  # the compiler traces it once
     q = meta.with_tensors((stored["codes"], stored["scales"], stored["tensor_scale"]))
     return q.dequantize(torch.float32)
 

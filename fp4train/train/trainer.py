@@ -260,10 +260,10 @@ class Trainer:
         no_decay = [p for p in self.model.parameters() if p.ndim < 2]
         groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         if cfg.optimizer == "qadamw":  # both moments in NVFP4 where a parameter's shape tiles (fp4train.optim)
-            self.opt = QAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8)
+            self.opt = QAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, compiled=self.compile)
         elif cfg.optimizer in ("muon", "qmuon"):  # Muon on the 2D hidden weights at AdamW's lr (match_rms_adamw)
             self.opt = QMuon(muon_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=1e-8,
-                             quantize_states=cfg.optimizer == "qmuon")
+                             quantize_states=cfg.optimizer == "qmuon", compiled=self.compile)
         else:
             self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, fused=self.device.type == "cuda")
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, cfg))
