@@ -118,12 +118,21 @@ def quickstart_table(report_md: str, timing: dict) -> str:
 
 
 def compare_table(rep: dict, folder: str) -> str:
-    """A protocol comparison's gaps with their intervals and verdicts, and its noise floor (from report.json)."""
-    lines = ["| recipe | val loss (mean of 3) | gap to BF16 % | 95% interval | verdict |", "|---|---:|---:|---|---|"]
+    """A protocol comparison's gaps with their intervals and verdicts, its out-of-domain gaps where evaluated, and
+    its noise floor (from report.json)."""
+    texts = list(next(iter(rep["recipes"].values())).get("eval", {}))
+    lines = ["| recipe | val loss (mean of 3) | gap to BF16 % | 95% interval | verdict |"
+             + "".join(f" {t}: gap % [95% interval] |" for t in texts),
+             "|---|---:|---:|---|---|" + "---|" * len(texts)]
     for r, x in rep["recipes"].items():
         ci = x.get("gap_pct_ci95")
-        lines.append(f"| {r} | {x['val_loss_mean']:.4f} | {x['gap_pct_mean']:+.2f} | "
-                     + (f"[{ci[0]:+.2f}, {ci[1]:+.2f}] | {x['verdict']} |" if ci else "— | baseline |"))
+        row = (f"| {r} | {x['val_loss_mean']:.4f} | {x['gap_pct_mean']:+.2f} | "
+               + (f"[{ci[0]:+.2f}, {ci[1]:+.2f}] | {x['verdict']} |" if ci else "— | baseline |"))
+        for t in texts:
+            e = x.get("eval", {}).get(t)
+            eci = e and e.get("gap_pct_ci95")
+            row += f" {e['gap_pct_mean']:+.2f} [{eci[0]:+.2f}, {eci[1]:+.2f}] |" if eci else " — |"
+        lines.append(row)
     nf = rep["noise_floor"]
     note = (f"BF16 noise floor: seed-to-seed standard deviation {nf['seed_std_pct']:.2f}%, same initialization with the "
             f"data in another order {nf['reorder_abs_pct_mean']:.2f}% on average.")
@@ -154,6 +163,8 @@ def tables(gpu: str) -> dict[str, str]:
     runs = [d for d in (_load(f"train_speed-{m}-{gpu}.json") for m in ("1b", "3b")) if d]
     if runs:
         out["train"] = train_table(runs)
+    if d := _load(f"train_speed-20m-{gpu}.json"):  # the comparison protocol's size and batch
+        out["train_20m"] = train_table([d])
     if d := _load(f"gemm_speed-{gpu}.json"):
         out["gemm"] = gemm_table(d)
     if d := _load(f"attention_speed-{gpu}.json"):

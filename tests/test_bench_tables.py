@@ -115,6 +115,18 @@ def test_compare_table_gives_interval_and_verdict_and_names_what_is_missing():
     assert "0.35%" in lines[-1] and "Not run yet: mxfp4" in lines[-1]
 
 
+def test_compare_table_adds_the_out_of_domain_gap_where_evaluated():
+    rep = {"model": "20m", "tokens_per_run": 1000, "seeds": [0, 1, 2], "gpu": "G", "date": "2026-12-03",
+           "noise_floor": {"seed_std_pct": 0.3, "reorder_abs_pct_mean": 0.2},
+           "recipes": {"bf16": {"val_loss_mean": 5.0, "gap_pct_mean": 0.0, "eval": {"shakespeare": {"gap_pct_mean": 0.0}}},
+                       "nvfp4": {"val_loss_mean": 5.1, "gap_pct_mean": 0.6, "gap_pct_ci95": [0.1, 1.1], "verdict": "resolved: worse than BF16",
+                                 "eval": {"shakespeare": {"gap_pct_mean": 0.4, "gap_pct_ci95": [-1.6, 2.5]}}}}}
+    lines = tables.compare_table(rep, "compare-20m-enwiki").splitlines()
+    assert lines[0].endswith("| shakespeare: gap % [95% interval] |")
+    assert lines[2].endswith("| baseline | — |")
+    assert lines[3].endswith("| resolved: worse than BF16 | +0.40 [-1.60, +2.50] |")
+
+
 def test_determinism_table_says_whether_repeats_matched():
     d = {"gpu": "G", "torch": "2.11.0", "commit": "abc", "date": "2026-12-02", "results": [
         {"recipe": "bf16", "deterministic_repeat_identical": True, "deterministic_repeat_identical_steps": 5, "steps": 5,
