@@ -51,8 +51,9 @@ HELP = {
     "deterministic": "the same loss bits on every repeat of a run on one GPU: torch.use_deterministic_algorithms, a "
     "fixed cuBLAS workspace, atomic-free attention backward (slower; off by default)",
     "device": "auto (GPU if there is one), cpu, cuda or cuda:N",
-    "parallel": "none, or ddp: data-parallel over the processes torchrun starts (torchrun --nproc-per-node N -m fp4train "
-    "train --parallel ddp ...; each takes batch-size / N sequences of every batch, so the global batch is the same)",
+    "parallel": "none; ddp: data-parallel over the processes torchrun starts (torchrun --nproc-per-node N -m fp4train "
+    "train --parallel ddp ...; each takes batch-size / N sequences of every batch, so the global batch is the same); "
+    "fsdp: the same, with each transformer block's weights, gradients and AdamW states sharded (FSDP2)",
     "dtype": "autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32",
     "optimizer": "adamw (torch's, FP32 moments), qadamw (AdamW with both moments stored in NVFP4, "
     "fp4train.optim.QAdamW), muon (Muon on the 2D hidden weights, AdamW on the rest: torch's arithmetic) or qmuon "
@@ -130,7 +131,9 @@ def _config_from_args(args, *, drop=()) -> TrainConfig:
                 raise ValueError(f"{saved} is damaged ({type(e).__name__}: {e}); give every option on the command line "
                                  "with --resume, as the run was started") from None
             # how many processes run it is this launch's, not the saved run's: a checkpoint resumes on any number
-            base["parallel"] = "ddp" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "none"
+            # (a sharded run stays sharded where there are several; --parallel overrides)
+            several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+            base["parallel"] = (base.get("parallel") if base.get("parallel") in ("ddp", "fsdp") else "ddp") if several else "none"
             base.update(overrides)
             return TrainConfig.from_dict(base)
     return TrainConfig(**{**defaults, **overrides})

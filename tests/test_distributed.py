@@ -1,4 +1,5 @@
-"""Data-parallel training under torchrun (2 CPU processes, gloo) against one process at the same global batch."""
+"""Data-parallel and fully sharded training under torchrun (2 CPU processes, gloo) against one process at the same
+global batch."""
 
 import json
 import subprocess
@@ -12,10 +13,10 @@ BASE = ["--model", "tiny", "--seq-len", "32", "--batch-size", "4", "--log-every"
         "--device", "cpu", "--no-progress", "--no-tensorboard"]
 
 
-def _train(out, *args, procs=1):
+def _train(out, *args, procs=1, parallel="ddp"):
     launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs)] if procs > 1
               else [sys.executable])
-    extra = ["--parallel", "ddp"] if procs > 1 else []
+    extra = ["--parallel", parallel] if procs > 1 else []
     r = subprocess.run(launch + ["-m", "fp4train", "train", *BASE, *args, *extra, "--out", str(out)], capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -31,12 +32,14 @@ def _rel(a, b):
 
 
 # bf16: the same arithmetic but for the gradient's summation order (averaged over ranks); tib2d: stochastic rounding
-# draws by position within each process's tensors, so other draws; adahop: rank 0's calibration on every rank
+# draws by position within each process's tensors, so other draws; adahop: rank 0's calibration on every rank (under
+# fsdp the calibration steps run on the whole model, which is sharded after them)
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 @pytest.mark.parametrize("recipe,steps,tol", [("bf16", 4, 1e-5), ("tib2d", 6, 2e-2), ("adahop", 22, 2e-3)])
-def test_two_processes_train_like_one_at_the_same_global_batch(tmp_path, recipe, steps, tol):
+def test_two_processes_train_like_one_at_the_same_global_batch(tmp_path, recipe, steps, tol, parallel):
     args = ["--recipe", recipe, "--max-steps", str(steps), "--ckpt-every", "0"]
     _train(tmp_path / "one", *args)
-    _train(tmp_path / "two", *args, procs=2)
+    _train(tmp_path / "two", *args, procs=2, parallel=parallel)
     one, two = _losses(tmp_path / "one"), _losses(tmp_path / "two")
     assert sorted(one) == sorted(two) == list(range(1, steps + 1))
     assert _rel(one, two) < tol
@@ -47,16 +50,26 @@ def test_two_processes_train_like_one_at_the_same_global_batch(tmp_path, recipe,
         assert cal["steps"] == 20
 
 
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 @pytest.mark.parametrize("first,then", [(2, 1), (1, 2)])
-def test_a_checkpoint_resumes_on_another_number_of_processes(tmp_path, first, then):
+def test_a_checkpoint_resumes_on_another_number_of_processes(tmp_path, first, then, parallel):
     args = ["--recipe", "bf16", "--max-steps", "4", "--ckpt-every", "2", "--keep-checkpoints", "2"]
-    _train(tmp_path / "ref", *args, procs=first)
+    _train(tmp_path / "ref", *args, procs=first, parallel=parallel)
     ref = _losses(tmp_path / "ref")
     run = tmp_path / "ref"
     step2 = sorted(run.glob("step_*2.pt"))[0]
-    _train(run, *args, "--resume", str(step2), procs=then)  # steps 3 and 4 again, now on `then` processes
+    _train(run, *args, "--resume", str(step2), procs=then, parallel=parallel)  # steps 3 and 4 again, on `then` processes
     again = _losses(run)
     assert sorted(again) == [1, 2, 3, 4] and _rel(ref, again) < 1e-5
+
+
+def test_a_sharded_adahop_checkpoint_after_calibration_resumes_in_one_process(tmp_path):
+    """Saved sharded after the calibration (the whole optimizer state gathered), resumed unsharded: the same losses."""
+    args = ["--recipe", "adahop", "--max-steps", "24", "--ckpt-every", "22", "--keep-checkpoints", "2"]
+    _train(tmp_path / "ref", *args, procs=2, parallel="fsdp")
+    ref = _losses(tmp_path / "ref")
+    _train(tmp_path / "ref", *args, "--resume", str(sorted((tmp_path / "ref").glob("step_*22.pt"))[0]))
+    assert _rel(ref, _losses(tmp_path / "ref")) < 1e-5
 
 
 def test_parallel_launches_that_cannot_work_are_refused(tmp_path, monkeypatch):
@@ -73,8 +86,16 @@ def test_parallel_launches_that_cannot_work_are_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match=r"launched as 2 processes \(torchrun\) but --parallel is none: add --parallel ddp"):
         Trainer(TrainConfig(model="tiny", device="cpu", out=str(tmp_path / "b")))
-    with pytest.raises(ValueError, match=r"parallel must be none or ddp, got 'fsdp'"):
-        TrainConfig(parallel="fsdp")
+    with pytest.raises(ValueError, match=r"parallel must be one of none, ddp, fsdp, got 'zero3'"):
+        TrainConfig(parallel="zero3")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    for opt, what in (("qadamw", "the qadamw optimizer needs whole parameters"), ("muon", "the muon optimizer needs whole")):
+        with pytest.raises(ValueError, match=f"--parallel fsdp shards AdamW's states; {what}"):
+            Trainer(TrainConfig(model="tiny", seq_len=32, batch_size=4, device="cpu", out=str(tmp_path / "c"), parallel="fsdp",
+                                optimizer=opt))
+    with pytest.raises(ValueError, match=r"--parallel fsdp does not shard LoRA-SVD layers \(recipe fullstack"):
+        Trainer(TrainConfig(model="tiny", seq_len=32, batch_size=4, device="cpu", out=str(tmp_path / "d"), parallel="fsdp",
+                            recipe="fullstack", optimizer="adamw"))
 
 
 def test_compare_runs_each_recipe_over_all_listed_devices(tmp_path, capsys):

@@ -105,7 +105,7 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
                                                   "noise_floor": noise_floor}, indent=1))
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     log(f"fp4train compare: {len(cfgs)} runs ({', '.join(recipes)} x seeds {', '.join(map(str, seeds))}) into {out}")
-    per_gpu = max(gpus.count(g) for g in gpus) if gpus and base.parallel != "ddp" else 1
+    per_gpu = max(gpus.count(g) for g in gpus) if gpus and base.parallel == "none" else 1
 
     def on_finish(cfg: TrainConfig) -> None:
         """As each run finishes: its evaluations on the other texts, and the report so far (a comparison cut short
@@ -116,10 +116,10 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
             with contextlib.redirect_stdout(io.StringIO()):
                 write_report(out, recipes, seeds, runs_per_gpu=per_gpu, eval_data=eval_data)
 
-    if base.parallel == "ddp":  # each run over all the listed GPUs (torchrun), one run at a time
+    if base.parallel != "none":  # each run over all the listed GPUs (torchrun), one run at a time
         if not gpus:
-            raise ValueError("compare --parallel ddp spreads each run over the GPUs that --gpus lists (e.g. --gpus 0,1); "
-                             "it cannot run in this process (--gpus none)")
+            raise ValueError(f"compare --parallel {base.parallel} spreads each run over the GPUs that --gpus lists (e.g. "
+                             "--gpus 0,1); it cannot run in this process (--gpus none)")
         run_parallel(cfgs, [gpus], on_finish=on_finish)
     elif gpus:
         run_parallel(cfgs, [[g] for g in gpus], on_finish=on_finish)
@@ -180,7 +180,7 @@ def interrupted(cfg: TrainConfig) -> bool:
 def run_parallel(cfgs: dict, slots: list[list[int]], on_finish=None) -> None:
     """Train each config in a subprocess; ``slots`` lists, per concurrent run, the GPU ids it runs on
     (``[[0], [0], [1], [1]]``: two runs at a time on each of two GPUs; ``[[0, 1]]``: one run at a time over two
-    GPUs, under torchrun, for configs with ``parallel="ddp"``). Finished runs are skipped,
+    GPUs, under torchrun, for configs with ``parallel`` ddp or fsdp). Finished runs are skipped,
     interrupted ones resumed from their newest checkpoint. ``on_finish(cfg)`` is called in this process as
     each run finishes."""
     pending = [(k, c) for k, c in cfgs.items() if not finished(c)]
@@ -197,7 +197,7 @@ def run_parallel(cfgs: dict, slots: list[list[int]], on_finish=None) -> None:
                     cfg_path.write_text(json.dumps(dataclasses.replace(cfg, device=dev, progress=False).to_dict()))
                     env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, g)))
                     launch = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(len(g))]
-                                                 if cfg.parallel == "ddp" else [])
+                                                 if cfg.parallel != "none" else [])
                     resume = interrupted(cfg)
                     log = open(Path(cfg.out) / "train.log", "a" if resume else "w")
                     p = subprocess.Popen(launch + ["-m", "fp4train", "train", "--config-json", str(cfg_path)]

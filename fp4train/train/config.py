@@ -16,7 +16,8 @@ from ..recipes.spec import OPTIMIZERS
 DTYPES = ("auto", "bf16", "fp32")
 NUMERICS = ("eager", "compiled", "triton")
 COMPILE_MODES = ("default", "reduce-overhead")
-PARALLEL = ("none", "ddp")  # one process, or data-parallel under torchrun (fp4train.train.distributed)
+#: one process; data-parallel (fp4train.train.distributed) or fully sharded (fp4train.train.sharding) under torchrun
+PARALLEL = ("none", "ddp", "fsdp")
 DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
@@ -123,7 +124,7 @@ class TrainConfig:
         if self.optimizer not in OPTIMIZERS:
             problems.append(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.parallel not in PARALLEL:
-            problems.append(f"parallel must be {' or '.join(PARALLEL)}, got {self.parallel!r}")
+            problems.append(f"parallel must be one of {', '.join(PARALLEL)}, got {self.parallel!r}")
         if self.dtype not in DTYPES:
             problems.append(f"dtype must be auto, bf16 or fp32, got {self.dtype!r}")
         if problems:

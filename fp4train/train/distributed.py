@@ -49,16 +49,17 @@ class Ranks:
 
 
 def setup(parallel: str, batch_size: int, device_type: str) -> Ranks:
-    """The process's place in the run; joins the process group under ``torchrun`` with ``--parallel ddp``.
+    """The process's place in the run; joins the process group under ``torchrun`` with ``--parallel ddp|fsdp``.
     Refuses a launch that cannot be what the user meant, naming the fix (``parallel`` is a checked config value)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if parallel == "none":
         if world > 1:
-            raise ValueError(f"launched as {world} processes (torchrun) but --parallel is none: add --parallel ddp, "
-                             "or run one process")
+            raise ValueError(f"launched as {world} processes (torchrun) but --parallel is none: add --parallel ddp "
+                             "(or fsdp), or run one process")
         return Ranks()
     if "RANK" not in os.environ:
-        raise ValueError("--parallel ddp runs under torchrun: torchrun --nproc-per-node N -m fp4train train --parallel ddp ...")
+        raise ValueError(f"--parallel {parallel} runs under torchrun: torchrun --nproc-per-node N -m fp4train train "
+                         f"--parallel {parallel} ...")
     if batch_size % world:
         raise ValueError(f"--batch-size {batch_size} does not split over {world} processes: give a multiple of {world} "
                          "(the global batch stays the same whatever the number of processes)")

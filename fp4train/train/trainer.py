@@ -40,6 +40,7 @@ from ..optim import QAdamW, QMuon, muon_groups
 from .checkpoint import MANIFEST, CheckpointError, Checkpoints
 from .config import FIELDS_ADDED, TrainConfig, speed_settings
 from .determinism import deterministic_algorithms
+from . import sharding
 from .distributed import Ranks, setup as setup_ranks
 
 
@@ -224,6 +225,9 @@ class Trainer:
         self.writes_checkpoints = checkpoints
         self.out = Path(cfg.out)
         self.device = resolve_device(cfg.device)
+        self.recipe = check_recipe(cfg)
+        if cfg.parallel == "fsdp":
+            sharding.check(cfg.optimizer, self.recipe)  # before joining the other processes
         self.ranks = setup_ranks(cfg.parallel, cfg.batch_size, self.device.type)
         if self.ranks.world > 1 and self.device.type == "cuda":
             self.device = torch.device("cuda", self.ranks.local_rank)
@@ -232,7 +236,6 @@ class Trainer:
         check_run_dir(self.out, resume=resume, overwrite=overwrite)
         self.amp_dtype = {"auto": torch.bfloat16 if self.device.type == "cuda" else None, "bf16": torch.bfloat16, "fp32": None}[cfg.dtype]
         self.resume, self.trust, self.overwrite = resume, trust, overwrite
-        self.recipe = check_recipe(cfg)
 
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
@@ -256,22 +259,14 @@ class Trainer:
                 calibrating=bool(self.recipe.calibrate))
         if model_hook is not None:
             model_hook(self.model)
-        decay = [p for p in self.model.parameters() if p.ndim >= 2]
-        no_decay = [p for p in self.model.parameters() if p.ndim < 2]
-        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        if cfg.optimizer == "qadamw":  # both moments in NVFP4 where a parameter's shape tiles (fp4train.optim)
-            self.opt = QAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, compiled=self.compile)
-        elif cfg.optimizer in ("muon", "qmuon"):  # Muon on the 2D hidden weights at AdamW's lr (match_rms_adamw)
-            self.opt = QMuon(muon_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=1e-8,
-                             quantize_states=cfg.optimizer == "qmuon", compiled=self.compile)
-        else:
-            self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, fused=self.device.type == "cuda")
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, cfg))
+        self.opt = self._make_optimizer()
+        self.sched = self._make_scheduler()
         self.bf16_steps = 0  # steps this run spent in BF16 calibration (AdaHOP)
         self.calibration_peak_gib: float | None = None  # peak memory of those steps, on a GPU
         self.ckpts = Checkpoints(self.out, keep=cfg.keep_checkpoints)
         self.step = 0
         self._ddp = None
+        self._sharded = False
         self.forward = self._parallel(self.model)
         # AdaHOP: calibrate during the first steps (in BF16), or reuse a saved calibration
         self.calibration: Calibration | None = None
@@ -284,10 +279,43 @@ class Trainer:
             self.recorder = PatternRecorder.for_recipe(self.model, self.recipe).attach()
         elif self.compile:
             self.forward = self._compiled()
+        if cfg.parallel == "fsdp" and self.recorder is None and not self._sharded:
+            self._shard()
+
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        cfg = self.cfg
+        decay = [p for p in self.model.parameters() if p.ndim >= 2]
+        no_decay = [p for p in self.model.parameters() if p.ndim < 2]
+        groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if cfg.optimizer == "qadamw":  # both moments in NVFP4 where a parameter's shape tiles (fp4train.optim)
+            return QAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, compiled=self.compile)
+        if cfg.optimizer in ("muon", "qmuon"):  # Muon on the 2D hidden weights at AdamW's lr (match_rms_adamw)
+            return QMuon(muon_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=1e-8,
+                         quantize_states=cfg.optimizer == "qmuon", compiled=self.compile)
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, fused=self.device.type == "cuda")
+
+    def _make_scheduler(self):
+        return torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, self.cfg))
+
+    def _shard(self) -> None:
+        """``--parallel fsdp``: shard the model (FSDP2, :mod:`.sharding`) and move the optimizer and scheduler onto
+        its sharded parameters, their state kept (AdaHOP shards after its calibration steps, whose layer swap
+        needs whole modules)."""
+        by_name = sharding.state_by_name(self.model, self.opt) if self.opt.state else None
+        sched = self.sched.state_dict()
+        sharding.shard(self.model, self.device.type)
+        self.opt = self._make_optimizer()
+        self.sched = self._make_scheduler()  # first: it gives the param groups the initial_lr the saved ones hold
+        if by_name is not None:
+            sharding.load_state_by_name(self.model, self.opt, by_name)
+        self.sched.load_state_dict(sched)
+        self._sharded = True
+        self.forward = self._compiled() if self.compile else self.model
 
     def _parallel(self, model):
-        """``model`` under DistributedDataParallel when there are several processes (gradients averaged)."""
-        if self.ranks.world == 1:
+        """``model`` under DistributedDataParallel when there are several processes (gradients averaged); under
+        ``fsdp`` the model itself (sharded in place, or whole during AdaHOP's calibration steps)."""
+        if self.ranks.world == 1 or self.cfg.parallel == "fsdp":
             return model
         if self._ddp is None:  # one wrapper for the run: a second would reduce every gradient again
             from torch.nn.parallel import DistributedDataParallel
@@ -297,6 +325,11 @@ class Trainer:
 
     def apply_calibration(self, cal: Calibration) -> None:
         """Swap every calibrated layer to its AdaHOP strategies (parameters are kept)."""
+        if self._sharded:  # a resumed run whose --calibration was applied (and the model sharded) at the start
+            if self.calibration is not None and cal.to_dict() == self.calibration.to_dict():
+                return
+            raise ValueError("cannot resume: the checkpoint's AdaHOP calibration is not the one this run loaded "
+                             "(--calibration); resume with the run's own settings")
         if self.recorder is not None:
             self.recorder.detach()
             self.recorder = None
@@ -304,6 +337,8 @@ class Trainer:
         convert(self.model, cal.recipe(self.recipe.name, base=self.recipe), backend=self.cfg.backend, numerics=self.cfg.numerics,
                 device_seeds=self._graphs)
         self.forward = self._compiled() if self.compile else self._parallel(self.model)
+        if self.cfg.parallel == "fsdp":
+            self._shard()
 
     def _compiled(self):
         """The model under ``torch.compile`` with the config's mode. With ``reduce-overhead`` Inductor replays each
@@ -321,10 +356,14 @@ class Trainer:
 
     # ---- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
+        """The checkpoint, in the single-process format. Sharded (``fsdp``), every rank calls it: the whole model and
+        optimizer state are gathered on rank 0, the only rank that gets them (and writes them)."""
+        model, opt = (sharding.full_state(self.model, self.opt) if self._sharded
+                      else (self.model.state_dict(), self.opt.state_dict()))
         return {
             "step": self.step,
-            "model": self.model.state_dict(),
-            "optimizer": self.opt.state_dict(),
+            "model": model,
+            "optimizer": opt,
             "scheduler": self.sched.state_dict(),
             "data": self.batches.state_dict(),
             "rng": _rng_state(self.device),
@@ -358,8 +397,11 @@ class Trainer:
                     self.recorder.err_sum[layer][gemm].update(errs)
             for layer, gemms in rec["err_n"].items():
                 self.recorder.err_n[layer].update(gemms)
-        self.model.load_state_dict(st["model"])
-        self.opt.load_state_dict(st["optimizer"])
+        if self._sharded:
+            sharding.load_full_state(self.model, self.opt, st["model"], st["optimizer"])
+        else:
+            self.model.load_state_dict(st["model"])
+            self.opt.load_state_dict(st["optimizer"])
         self.sched.load_state_dict(st["scheduler"])
         self.batches.load_state_dict(st["data"])
         _set_rng_state(st["rng"], self.device)
@@ -393,10 +435,13 @@ class Trainer:
                 loss = self.forward(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
             (loss / cfg.grad_accum).backward()
             loss_sum += loss.detach().float()
+        if self.cfg.parallel == "fsdp" and not self._sharded and self.ranks.world > 1:
+            sharding.average_gradients(self.model, self.ranks.world)  # AdaHOP's calibration steps: the model is whole
         loss_val = self.ranks.mean(loss_sum / cfg.grad_accum).item()  # the global batch's mean loss
         if not math.isfinite(loss_val):
             raise TrainingDiverged(self._diverged_msg(f"loss is {loss_val}"))
-        gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip).item()
+        gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        gnorm = (gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm).item()  # sharded: a DTensor
         if not math.isfinite(gnorm):
             raise TrainingDiverged(self._diverged_msg(f"gradient norm is {gnorm}"))
         self.opt.step()
@@ -424,8 +469,13 @@ class Trainer:
                  f"table in {self.out / 'adahop_calibration.json'}")
 
     def _save(self) -> None:
-        """A checkpoint of this step (rank 0 writes it, in the single-process format: the ranks hold the same state)."""
-        if self.main:
+        """A checkpoint of this step (rank 0 writes it, in the single-process format: under ddp the ranks hold the same
+        state; sharded, every rank takes part in gathering it)."""
+        if self._sharded:
+            st = self.state_dict()
+            if self.main:
+                self.ckpts.save(self.step, st)
+        elif self.main:
             self.ckpts.save(self.step, self.state_dict())
         self.ranks.barrier()
 

@@ -1,0 +1,109 @@
+"""Fully sharded data parallel (``--parallel fsdp``): PyTorch's FSDP2 (``fully_shard``) per transformer block.
+
+Each block's parameters, gradients and AdamW moments are split over the processes (dim 0, as
+``torch.distributed.DTensor`` shards); before a block runs, FSDP2 all-gathers its weights, so a quantized linear
+quantizes the whole gathered weight (its block and tensor scales are the whole weight's, as in one process), and
+after the backward it reduce-scatters the gradients (their mean over the processes). Mixed precision: on a GPU
+the weights are all-gathered in BF16 and gradients reduced in FP32 - the quantizers then read weights rounded to
+BF16, where one process quantizes the FP32 master weights directly (a second rounding, small next to FP4's);
+on a CPU nothing is cast, and the arithmetic is one process's but for the gradients' summation order. Weights
+are not all-gathered in FP8 or MXFP4: that would quantize every weight twice (for the wire, then for the GEMM)
+to save half or three quarters of the all-gather's bytes.
+
+A checkpoint stays the single-process format: :func:`full_state` gathers the model and the optimizer into
+whole tensors on rank 0 (``torch.distributed.checkpoint.state_dict``, keyed by parameter name) and numbers the
+optimizer's state as ``torch.optim.Optimizer.state_dict`` does; :func:`load_full_state` is the reverse on every
+rank, so a run resumes on any number of processes, sharded or not.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+#: optimizers whose state is elementwise over a parameter (sharding-agnostic); QAdamW's NVFP4 blocks and
+#: Muon's whole-matrix orthogonalization need the whole parameter
+SHARDABLE_OPTIMIZERS = ("adamw",)
+
+
+def check(optimizer: str, recipe) -> None:
+    """Refuse what cannot run sharded yet, naming the fix (before any work)."""
+    if optimizer not in SHARDABLE_OPTIMIZERS:
+        raise ValueError(f"--parallel fsdp shards AdamW's states; the {optimizer} optimizer needs whole parameters "
+                         "(NVFP4 blocks, Newton-Schulz): run it with --parallel ddp, or give --optimizer adamw")
+    if recipe.lora_svd is not None:
+        raise ValueError(f"--parallel fsdp does not shard LoRA-SVD layers (recipe {recipe.name}: their realignment "
+                         "needs the whole weight): run it with --parallel ddp")
+
+
+def shard(model: nn.Module, device_type: str) -> None:
+    """``fully_shard`` every transformer block of ``model`` (``model.layers``) and then the rest (embedding, final
+    norm, LM head: tied weights stay one parameter)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device_type == "cuda" else MixedPrecisionPolicy()
+    for block in model.layers:
+        fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+
+
+def is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def _ids_to_names(opt: torch.optim.Optimizer, model: nn.Module, osd: dict) -> dict:
+    """A single-process optimizer state dict (state keyed by parameter number) keyed by parameter name."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for g in opt.param_groups for p in g["params"]]
+    return {"state": {order[i]: st for i, st in osd["state"].items()},
+            "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in osd["param_groups"]]}
+
+
+def _names_to_ids(osd: dict) -> dict:
+    """The reverse: numbered in param-group order, as ``torch.optim.Optimizer.state_dict`` numbers them."""
+    ids, groups = {}, []
+    for g in osd["param_groups"]:
+        groups.append({**g, "params": [ids.setdefault(n, len(ids)) for n in g["params"]]})
+    return {"state": {ids[n]: st for n, st in osd["state"].items()}, "param_groups": groups}
+
+
+def full_state(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """Every rank calls it: the whole model and optimizer state on rank 0 (on the CPU), in the single-process
+    format; other ranks get empty dicts."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return msd, (_names_to_ids(osd) if osd.get("param_groups") else {})
+
+
+def load_full_state(model: nn.Module, opt: torch.optim.Optimizer, msd: dict, osd: dict) -> None:
+    """Load a single-process checkpoint's model and optimizer state into the sharded ``model`` and its ``opt``
+    (every rank holds the whole checkpoint and keeps its own shard of it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=_ids_to_names(opt, model, osd),
+                   options=StateDictOptions(full_state_dict=True))
+
+
+def state_by_name(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
+    """``opt``'s state keyed by parameter name: what survives :func:`shard` replacing the parameters."""
+    return _ids_to_names(opt, model, opt.state_dict())
+
+
+def load_state_by_name(model: nn.Module, opt: torch.optim.Optimizer, by_name: dict) -> None:
+    """:func:`state_by_name`'s state into ``opt`` over the sharded ``model``: each rank keeps its shard."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, opt, by_name, options=StateDictOptions(full_state_dict=True))
+
+
+def average_gradients(model: nn.Module, world: int) -> None:
+    """The mean gradient over the processes, in place (the unsharded model of AdaHOP's calibration steps)."""
+    import torch.distributed as dist
+
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad.div_(world)
