@@ -132,8 +132,10 @@ def _config_from_args(args, *, drop=()) -> TrainConfig:
                                  "with --resume, as the run was started") from None
             # how many processes run it is this launch's, not the saved run's: a checkpoint resumes on any number
             # (a sharded run stays sharded where there are several; --parallel overrides)
-            several = int(os.environ.get("WORLD_SIZE", "1")) > 1
-            base["parallel"] = (base.get("parallel") if base.get("parallel") in ("ddp", "fsdp") else "ddp") if several else "none"
+            if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+                base["parallel"] = "none"
+            elif base.get("parallel", "none") == "none":
+                base["parallel"] = "ddp"
             base.update(overrides)
             return TrainConfig.from_dict(base)
     return TrainConfig(**{**defaults, **overrides})

@@ -15,6 +15,7 @@ and loads like AdamW's (``torch.load(weights_only=True)`` included) and a resume
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -63,32 +64,40 @@ class QAdamW(torch.optim.Optimizer):
     def _adamw_group(self, group: dict) -> None:
         """One param group's AdamW step (see the module docstring)."""
         lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            if p.grad.is_sparse:
-                raise RuntimeError("QAdamW does not take sparse gradients")
-            state = self.state[p]
-            step = (state["step"] if "step" in state else torch.zeros((), dtype=torch.float32)) + 1
-            t = float(step)
-            # the step's scalars as torch.optim.AdamW computes them; b1, b2, eps are fixed for a run
-            scalars = dict(decay=1 - lr * wd, step_size=lr / (1 - b1**t), bias2_sqrt=(1 - b2**t) ** 0.5, b1=b1, b2=b2, eps=eps)
-            if not self._quantized(p, group):
-                m, v = (state[_M], state[_V]) if _M in state else _zeros(p)
-                _adamw_update(p, p.grad, m, v, **scalars)
+        # the step's scalars by step count (the same for every parameter of a run), and as device tensors
+        per_step: dict[float, dict] = {}
+        on_device: dict[tuple, dict] = {}
+        with _compile_limit(self.compiled):
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("QAdamW does not take sparse gradients")
+                state = self.state[p]
+                step = (state["step"] if "step" in state else torch.zeros((), dtype=torch.float32)) + 1
+                t = float(step)
+                if t not in per_step:  # as torch.optim.AdamW computes them; b1, b2, eps are fixed for a run
+                    per_step[t] = dict(decay=1 - lr * wd, step_size=lr / (1 - b1**t), bias2_sqrt=(1 - b2**t) ** 0.5,
+                                       b1=b1, b2=b2, eps=eps)
+                scalars = per_step[t]
+                if not self._quantized(p, group):
+                    m, v = (state[_M], state[_V]) if _M in state else _zeros(p)
+                    _adamw_update(p, p.grad, m, v, **scalars)
+                    state.clear()
+                    state.update({"step": step, _M: m, _V: v})
+                    continue
+                moments = (_sub(state, _M), _sub(state, _V)) if _M + ".codes" in state else None
+                if moments is not None and self.compiled:  # the first step (from zero moments) runs eagerly, once
+                    key = (t, p.device)
+                    if key not in on_device:
+                        on_device[key] = _as_tensors(scalars, p.device)
+                    stored = _compiled_quantized_update()(p, p.grad, moments, **on_device[key])
+                else:
+                    stored = _quantized_update(p, p.grad, moments, **scalars)
                 state.clear()
-                state.update({"step": step, _M: m, _V: v})
-                continue
-            if _M + ".codes" not in state:  # the first step, from zero moments: once per run, eagerly
-                stored = _first_quantized_update(p, p.grad, **scalars)
-            elif self.compiled:
-                stored = _compiled_update(p, p.grad, _sub(state, _M), _sub(state, _V), **_as_tensors(scalars, p.device))
-            else:
-                stored = _quantized_update(p, p.grad, _sub(state, _M), _sub(state, _V), **scalars)
-            state.clear()
-            state["step"] = step
-            _put(state, _M, stored[0])
-            _put(state, _V, stored[1])
+                state["step"] = step
+                _put(state, _M, stored[0])
+                _put(state, _V, stored[1])
 
     def load_state_dict(self, state_dict: dict) -> None:
         """``torch.optim.Optimizer.load_state_dict``, keeping every state tensor's own dtype: the base class casts
@@ -130,17 +139,14 @@ def _adamw_update(p, g, m, v, *, decay, step_size, bias2_sqrt, b1, b2, eps) -> N
         p.copy_(pf)
 
 
-def _quantized_update(p, g, m_stored, v_stored, **scalars):
-    """One AdamW step of ``p`` from its stored NVFP4 moments: decode, update, encode (the new stored moments)."""
-    m = state_codec.decode_signed(m_stored, p.shape)
-    v = state_codec.decode_second_moment(v_stored, p.shape)
-    _adamw_update(p, g, m, v, **scalars)
-    return state_codec.encode_signed(m), state_codec.encode_second_moment(v)
-
-
-def _first_quantized_update(p, g, **scalars):
-    """The first step: moments start at zero."""
-    m, v = _zeros(p)
+def _quantized_update(p, g, moments: tuple[dict, dict] | None, **scalars):
+    """One AdamW step of ``p`` from its stored NVFP4 moments (``None``: the first step, from zero moments): decode,
+    update, encode; returns the new stored moments."""
+    if moments is None:
+        m, v = _zeros(p)
+    else:
+        m = state_codec.decode_signed(moments[0], p.shape)
+        v = state_codec.decode_second_moment(moments[1], p.shape)
     _adamw_update(p, g, m, v, **scalars)
     return state_codec.encode_signed(m), state_codec.encode_second_moment(v)
 
@@ -159,9 +165,9 @@ def _as_tensors(scalars: dict, device: torch.device) -> dict:
 _RECOMPILE_LIMIT = 64
 
 
-def _compiled_update(p, g, m_stored, v_stored, **scalars):
-    with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
-        return _compiled_quantized_update()(p, g, m_stored, v_stored, **scalars)
+def _compile_limit(compiled: bool):
+    """Room for one compiled update per state shape, for the duration of a step (not a process-wide setting)."""
+    return torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT) if compiled else contextlib.nullcontext()
 
 
 @functools.cache

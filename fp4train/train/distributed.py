@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+
 @dataclass(frozen=True)
 class Ranks:
     rank: int = 0

@@ -47,12 +47,6 @@ def shard(model: nn.Module, device_type: str) -> None:
     fully_shard(model, mp_policy=mp)
 
 
-def is_sharded(model: nn.Module) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(p, DTensor) for p in model.parameters())
-
-
 def _ids_to_names(opt: torch.optim.Optimizer, model: nn.Module, osd: dict) -> dict:
     """A single-process optimizer state dict (state keyed by parameter number) keyed by parameter name."""
     names = {id(p): n for n, p in model.named_parameters()}

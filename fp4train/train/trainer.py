@@ -259,6 +259,11 @@ class Trainer:
                 calibrating=bool(self.recipe.calibrate))
         if model_hook is not None:
             model_hook(self.model)
+        # fsdp: shard now, unless AdaHOP's layer swap (which needs whole modules) is still to come: then apply_calibration
+        # shards, after it
+        self._sharded = cfg.parallel == "fsdp" and not self.recipe.calibrate
+        if self._sharded:
+            sharding.shard(self.model, self.device.type)
         self.opt = self._make_optimizer()
         self.sched = self._make_scheduler()
         self.bf16_steps = 0  # steps this run spent in BF16 calibration (AdaHOP)
@@ -266,7 +271,6 @@ class Trainer:
         self.ckpts = Checkpoints(self.out, keep=cfg.keep_checkpoints)
         self.step = 0
         self._ddp = None
-        self._sharded = False
         self.forward = self._parallel(self.model)
         # AdaHOP: calibrate during the first steps (in BF16), or reuse a saved calibration
         self.calibration: Calibration | None = None
@@ -279,8 +283,6 @@ class Trainer:
             self.recorder = PatternRecorder.for_recipe(self.model, self.recipe).attach()
         elif self.compile:
             self.forward = self._compiled()
-        if cfg.parallel == "fsdp" and self.recorder is None and not self._sharded:
-            self._shard()
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         cfg = self.cfg
@@ -298,9 +300,8 @@ class Trainer:
         return torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, self.cfg))
 
     def _shard(self) -> None:
-        """``--parallel fsdp``: shard the model (FSDP2, :mod:`.sharding`) and move the optimizer and scheduler onto
-        its sharded parameters, their state kept (AdaHOP shards after its calibration steps, whose layer swap
-        needs whole modules)."""
+        """``--parallel fsdp`` with AdaHOP, once its layers have their strategies: shard the model (FSDP2,
+        :mod:`.sharding`) and move the optimizer and scheduler onto its sharded parameters, their state kept."""
         by_name = sharding.state_by_name(self.model, self.opt) if self.opt.state else None
         sched = self.sched.state_dict()
         sharding.shard(self.model, self.device.type)
@@ -310,7 +311,6 @@ class Trainer:
             sharding.load_state_by_name(self.model, self.opt, by_name)
         self.sched.load_state_dict(sched)
         self._sharded = True
-        self.forward = self._compiled() if self.compile else self.model
 
     def _parallel(self, model):
         """``model`` under DistributedDataParallel when there are several processes (gradients averaged); under
@@ -336,9 +336,9 @@ class Trainer:
         self.calibration = cal
         convert(self.model, cal.recipe(self.recipe.name, base=self.recipe), backend=self.cfg.backend, numerics=self.cfg.numerics,
                 device_seeds=self._graphs)
-        self.forward = self._compiled() if self.compile else self._parallel(self.model)
         if self.cfg.parallel == "fsdp":
             self._shard()
+        self.forward = self._compiled() if self.compile else self._parallel(self.model)
 
     def _compiled(self):
         """The model under ``torch.compile`` with the config's mode. With ``reduce-overhead`` Inductor replays each
@@ -471,12 +471,10 @@ class Trainer:
     def _save(self) -> None:
         """A checkpoint of this step (rank 0 writes it, in the single-process format: under ddp the ranks hold the same
         state; sharded, every rank takes part in gathering it)."""
-        if self._sharded:
+        if self._sharded or self.main:
             st = self.state_dict()
             if self.main:
                 self.ckpts.save(self.step, st)
-        elif self.main:
-            self.ckpts.save(self.step, self.state_dict())
         self.ranks.barrier()
 
     def _diverged_msg(self, what: str) -> str:
