@@ -17,13 +17,17 @@ from .models.llama import Llama, LlamaConfig
 
 
 def load_checkpoint(run: str | Path, checkpoint: str | Path | None = None) -> dict:
-    """The newest verified checkpoint of ``run`` (or ``checkpoint``), on the CPU."""
-    from .train.checkpoint import Checkpoints
+    """The newest verified checkpoint of ``run`` (or ``checkpoint``), on the CPU; a sharded one with its model's
+    whole tensors read from the shards (the optimizer's are not needed here)."""
+    from .train.checkpoint import Checkpoints, read_tensors
 
     run = Path(run)
     if not run.is_dir():
         raise FileNotFoundError(f"--run {run} is not a run directory (fp4train train --out DIR writes one)")
-    return Checkpoints(run).load(checkpoint)
+    ck = Checkpoints(run).load(checkpoint)
+    if "sharded" in ck:
+        ck["model"] = read_tensors(ck["sharded"], "model")
+    return ck
 
 
 def merged_state_dict(ck: dict) -> dict[str, torch.Tensor]:

@@ -69,3 +69,69 @@ def test_an_interrupted_save_leaves_the_manifest_consistent(tmp_path, monkeypatc
     monkeypatch.undo()
     assert [e["step"] for e in json.loads((tmp_path / "checkpoints.json").read_text())["checkpoints"]] == [1]
     assert c.load()["step"] == 1 and not list(tmp_path.glob("*.tmp"))
+
+
+def _sharded(c, step, v):
+    """A sharded checkpoint written by one process (no process group: Distributed Checkpoint's single-process mode)."""
+    return c.save_sharded(step, {"model": {"layers.0.w": torch.full((4, 3), float(v))}, "optimizer": {"layers.0.w": {
+        "exp_avg": torch.full((4, 3), -float(v))}}}, {"step": step, "config": {"seed": v}}, main=True, barrier=lambda: None)
+
+
+def test_a_sharded_checkpoint_is_a_checksummed_directory(tmp_path):
+    from fp4train.train.checkpoint import read_tensors
+
+    c = Checkpoints(tmp_path, keep=2)
+    for s in (1, 2, 3):
+        _sharded(c, s, s)
+    assert [e["step"] for e in c.entries()] == [2, 3] and not (tmp_path / "step_000001").exists()
+    entry = c.entries()[-1]
+    assert entry["file"] == "step_000003" and {".metadata", "meta.pt"} <= set(entry["files"])
+    assert entry["bytes"] == sum(f.stat().st_size for f in (tmp_path / "step_000003").iterdir())
+    st = c.load()
+    assert st["step"] == 3 and st["config"] == {"seed": 3} and st["sharded"] == tmp_path / "step_000003"
+    w = read_tensors(st["sharded"], "model")
+    assert list(w) == ["layers.0.w"] and torch.equal(w["layers.0.w"], torch.full((4, 3), 3.0))
+    assert torch.equal(read_tensors(st["sharded"], "optimizer")["layers.0.w.exp_avg"], torch.full((4, 3), -3.0))
+    _sharded(c, 3, 7)  # the same step again replaces it
+    assert c.load()["config"] == {"seed": 7} and not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob("*.old"))
+    c.save(3, _state(3))  # and a file of the same step replaces the directory
+    assert not (tmp_path / "step_000003").exists() and c.load()["step"] == 3
+    c.prune(1)
+    assert not (tmp_path / "step_000002").exists()
+
+
+def test_a_damaged_shard_is_refused_and_the_previous_checkpoint_named(tmp_path):
+    c = Checkpoints(tmp_path, keep=2)
+    _sharded(c, 1, 1)
+    _sharded(c, 2, 2)
+    shard = next((tmp_path / "step_000002").glob("*.distcp"))
+    b = bytearray(shard.read_bytes())
+    b[len(b) // 2] ^= 0xFF
+    shard.write_bytes(bytes(b))
+    with pytest.raises(CheckpointError, match=rf"{shard.name} is corrupted.*previous good checkpoint is .*step_000001 \(step 1\)"):
+        c.load()
+    (tmp_path / "step_000001" / "meta.pt").unlink()
+    with pytest.raises(CheckpointError, match=r"step_000001/meta.pt is missing"):
+        c.load(tmp_path / "step_000001")
+
+
+def test_a_sharded_checkpoint_that_could_run_code_is_refused(tmp_path):
+    import os
+    import pickle
+
+    c = Checkpoints(tmp_path)
+    d = _sharded(c, 1, 1)
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    (d / ".metadata").write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(CheckpointError, match=r"step_000001/.metadata is truncated or padded"):
+        c.load(d, trust=True)  # listed: checked against the manifest first
+    (tmp_path / "checkpoints.json").unlink()
+    with pytest.raises(CheckpointError, match=r"refusing to load .*step_000001: its .metadata holds more than checkpoint metadata"):
+        c.load(d, trust=True)  # unlisted and trusted: still refused
+    d2 = c.save_sharded(2, {"model": {"w": torch.zeros(2)}, "note": "text"}, {"step": 2}, main=True, barrier=lambda: None)
+    with pytest.raises(CheckpointError, match=r"it holds entries other than tensors \(note\)"):
+        c.load(d2)

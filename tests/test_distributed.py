@@ -2,6 +2,7 @@
 global batch."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -50,25 +51,41 @@ def test_two_processes_train_like_one_at_the_same_global_batch(tmp_path, recipe,
         assert cal["steps"] == 20
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-@pytest.mark.parametrize("first,then", [(2, 1), (1, 2)])
+def _checkpoint(run, step):
+    """The run's checkpoint of ``step``: a file, or (written sharded) a directory."""
+    return next(p for p in (run / f"step_{step:06d}.pt", run / f"step_{step:06d}") if p.exists())
+
+
+@pytest.mark.parametrize("parallel,first,then", [("ddp", 2, 1), ("ddp", 1, 2), ("fsdp", 2, 1), ("fsdp", 1, 2), ("fsdp", 2, 2)])
 def test_a_checkpoint_resumes_on_another_number_of_processes(tmp_path, first, then, parallel):
     args = ["--recipe", "bf16", "--max-steps", "4", "--ckpt-every", "2", "--keep-checkpoints", "2"]
     _train(tmp_path / "ref", *args, procs=first, parallel=parallel)
     ref = _losses(tmp_path / "ref")
     run = tmp_path / "ref"
-    step2 = sorted(run.glob("step_*2.pt"))[0]
+    step2 = _checkpoint(run, 2)
+    if parallel == "fsdp" and first == 2:  # sharded: Distributed Checkpoint's directory, a file of shards per process
+        assert step2.is_dir() and len(list(step2.glob("*.distcp"))) == 2
     _train(run, *args, "--resume", str(step2), procs=then, parallel=parallel)  # steps 3 and 4 again, on `then` processes
     again = _losses(run)
     assert sorted(again) == [1, 2, 3, 4] and _rel(ref, again) < 1e-5
 
 
 def test_a_sharded_adahop_checkpoint_after_calibration_resumes_in_one_process(tmp_path):
-    """Saved sharded after the calibration (the whole optimizer state gathered), resumed unsharded: the same losses."""
+    """Saved sharded after the calibration, resumed unsharded: the same losses; its model reads back whole for
+    evaluation and export."""
+    from fp4train.evaluate import evaluate
+    from fp4train.export import load_checkpoint, load_model
+
     args = ["--recipe", "adahop", "--max-steps", "24", "--ckpt-every", "22", "--keep-checkpoints", "2"]
     _train(tmp_path / "ref", *args, procs=2, parallel="fsdp")
     ref = _losses(tmp_path / "ref")
-    _train(tmp_path / "ref", *args, "--resume", str(sorted((tmp_path / "ref").glob("step_*22.pt"))[0]))
+    ck = load_checkpoint(tmp_path / "ref")
+    assert ck["step"] == 24 and (tmp_path / "ref" / "step_000024").is_dir()
+    model, _ = load_model(tmp_path / "ref")
+    assert set(model.state_dict()) == set(ck["model"])
+    res = evaluate(tmp_path / "ref", None, device="cpu", max_tokens=2000, log=lambda m: None)
+    assert math.isfinite(res["loss"]) and res["step"] == 24
+    _train(tmp_path / "ref", *args, "--resume", str(_checkpoint(tmp_path / "ref", 22)))
     assert _rel(ref, _losses(tmp_path / "ref")) < 1e-5
 
 

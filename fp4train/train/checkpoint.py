@@ -1,15 +1,20 @@
 """Checkpoints that survive crashes: atomic writes, checksums, the previous one kept.
 
-Each checkpoint is one ``torch.save`` file, ``step_000100.pt``, written to a temporary name,
-flushed to disk and renamed; its SHA-256 (computed while writing) and size go into
-``checkpoints.json``, itself replaced atomically. Only then are checkpoints beyond the newest
-``keep`` deleted - so a crash at any moment leaves at least one complete, verifiable checkpoint.
-Loading verifies size and checksum and refuses a damaged file with an error that names the
-last good checkpoint to resume from instead. A checkpoint file that no manifest lists (the
-manifest was lost or damaged) loads only when the caller says it trusts it.
+A checkpoint is either one ``torch.save`` file, ``step_000100.pt``, or - written by a sharded run, every process
+its own part - a directory ``step_000100/`` in PyTorch's Distributed Checkpoint format
+(``torch.distributed.checkpoint``: ``.metadata`` and one ``__R_0.distcp`` file of tensor shards per process) plus
+``meta.pt``, everything that is not a sharded tensor. Either is written under a temporary name, flushed to disk
+and renamed; its SHA-256 and size (per file, for a directory) go into ``checkpoints.json``, itself replaced
+atomically. Only then are checkpoints beyond the newest ``keep`` deleted - so a crash at any moment leaves at
+least one complete, verifiable checkpoint. Loading verifies sizes and checksums and refuses a damaged checkpoint
+with an error that names the last good checkpoint to resume from instead. A checkpoint that no manifest lists
+(the manifest was lost or damaged) loads only when the caller says it trusts it.
 
-Files are read with ``torch.load(weights_only=True)``: tensors, numbers, strings and plain
-containers only, so a checkpoint from elsewhere cannot run code when it is opened.
+Files are read with ``torch.load(weights_only=True)``: tensors, numbers, strings and plain containers only, so a
+checkpoint from elsewhere cannot run code when it is opened. A sharded checkpoint's ``.metadata`` is a pickle
+(Distributed Checkpoint's own format): it is first read by an unpickler that admits only the checkpoint
+metadata's own classes, and a checkpoint whose entries are not all tensors is refused (Distributed Checkpoint
+unpickles non-tensor entries with no such restriction).
 """
 
 from __future__ import annotations
@@ -19,11 +24,16 @@ import io
 import json
 import os
 import pickle
+import shutil
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 MANIFEST = "checkpoints.json"
+#: a sharded checkpoint's non-tensor part (step, settings, scheduler, data order, RNG, optimizer hyperparameters)
+SHARDED_META = "meta.pt"
 
 
 class CheckpointError(RuntimeError):
@@ -42,6 +52,28 @@ class _HashingWriter(io.RawIOBase):
         self.sha.update(b)
         self.n += len(b)
         return len(b)
+
+
+def _write(path: Path, state) -> tuple[str, int]:
+    """``torch.save(state)`` to ``path``, flushed to disk; (SHA-256, bytes)."""
+    with open(path, "wb") as f:
+        w = _HashingWriter(f)
+        torch.save(state, w)
+        f.flush()
+        os.fsync(f.fileno())
+    return w.sha.hexdigest(), w.n
+
+
+@contextmanager
+def single_process_ok():
+    """Silences Distributed Checkpoint's warning that it runs in one process: here that is intended."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
+def _remove(path: Path) -> None:
+    shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 def _sha256(path: Path) -> str:
@@ -80,38 +112,77 @@ class Checkpoints:
 
     # ---- save / load ------------------------------------------------------------------------
     def save(self, step: int, state: dict) -> Path:
+        """Write ``state`` as one file (one process writes it)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         final = self.dir / f"step_{step:06d}.pt"
         tmp = final.with_suffix(".pt.tmp")
         try:
-            with open(tmp, "wb") as f:
-                w = _HashingWriter(f)
-                torch.save(state, w)
-                f.flush()
-                os.fsync(f.fileno())
+            sha, n = _write(tmp, state)
             os.replace(tmp, final)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        entries = [e for e in self.entries() if e["step"] != step]
-        entries.append({"step": step, "file": final.name, "sha256": w.sha.hexdigest(), "bytes": w.n})
+        self._record({"step": step, "file": final.name, "sha256": sha, "bytes": n})
+        return final
+
+    def save_sharded(self, step: int, tensors: dict, meta: dict, *, main: bool, barrier) -> Path:
+        """Every process calls it: ``tensors`` (nested dicts of tensors, sharded ones as ``DTensor``) through
+        ``torch.distributed.checkpoint.save``, each process writing its own shards, and ``meta`` (plain data: only
+        ``main`` writes it) into the directory ``step_NNNNNN``; ``barrier()`` waits for every process."""
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        final = self.dir / f"step_{step:06d}"
+        tmp = final.with_name(final.name + ".tmp")
+        if main:
+            _remove(tmp)  # a save that died before its rename
+            tmp.mkdir(parents=True)
+        barrier()
+        try:
+            with single_process_ok():
+                dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True), no_dist=not dist.is_initialized())
+            barrier()  # every process's shards are on disk
+            if not main:
+                return final
+            _write(tmp / SHARDED_META, meta)
+            files = {f.name: {"sha256": _sha256(f), "bytes": f.stat().st_size} for f in sorted(tmp.iterdir())}
+            old = final.with_name(final.name + ".old")
+            if final.exists():  # the same step again (a resumed run): the new one replaces it
+                _remove(old)
+                final.rename(old)
+            tmp.rename(final)
+            _remove(old)
+        except BaseException:
+            if main:
+                _remove(tmp)
+            raise
+        self._record({"step": step, "file": final.name, "sha256": _digest(files), "bytes": sum(f["bytes"] for f in files.values()),
+                      "files": files})
+        return final
+
+    def _record(self, entry: dict) -> None:
+        """List ``entry`` in the manifest (replacing one of its step), then delete what falls beyond ``keep``."""
+        entries = self.entries()
+        replaced = [e for e in entries if e["step"] == entry["step"] and e["file"] != entry["file"]]
+        entries = [e for e in entries if e["step"] != entry["step"]] + [entry]
         entries.sort(key=lambda e: e["step"])
         keep, drop = entries[-self.keep :], entries[: -self.keep]
         self._write_manifest(keep)
-        for e in drop:
-            (self.dir / e["file"]).unlink(missing_ok=True)
-        return final
+        for e in drop + replaced:
+            if e is not entry:
+                _remove(self.dir / e["file"])
 
     def verify(self, entry: dict) -> str | None:
-        """``None`` if the checkpoint file is intact, else what is wrong with it."""
+        """``None`` if the checkpoint (file or directory) is intact, else what is wrong with it."""
         p = self.dir / entry["file"]
         if not p.exists():
             return f"{p} is missing"
-        size = p.stat().st_size
-        if size != entry["bytes"]:
-            return f"{p} is truncated or padded: {size:,} bytes, the manifest says {entry['bytes']:,}"
-        if _sha256(p) != entry["sha256"]:
-            return f"{p} is corrupted: its SHA-256 does not match the manifest"
+        if "files" not in entry:
+            return _check_file(p, entry)
+        for name, f in entry["files"].items():
+            problem = _check_file(p / name, f)
+            if problem:
+                return problem
         return None
 
     def load(self, path: str | Path | None = None, map_location="cpu", *, trust: bool = False) -> dict:
@@ -123,7 +194,7 @@ class Checkpoints:
             except CheckpointError:
                 listed = False
             if not listed:
-                if not Path(path).is_file():
+                if not Path(path).exists():
                     raise CheckpointError(f"checkpoint {path} does not exist")
                 return _read(Path(path), map_location)
         entries = self.entries()
@@ -157,15 +228,90 @@ class Checkpoints:
             return
         self._write_manifest(entries[-keep:])
         for e in entries[:-keep]:
-            (self.dir / e["file"]).unlink(missing_ok=True)
+            _remove(self.dir / e["file"])
+
+
+def _check_file(p: Path, entry: dict) -> str | None:
+    if not p.is_file():
+        return f"{p} is missing"
+    size = p.stat().st_size
+    if size != entry["bytes"]:
+        return f"{p} is truncated or padded: {size:,} bytes, the manifest says {entry['bytes']:,}"
+    if _sha256(p) != entry["sha256"]:
+        return f"{p} is corrupted: its SHA-256 does not match the manifest"
+    return None
+
+
+def _digest(files: dict) -> str:
+    """One SHA-256 for a directory: over its files' names and SHA-256s."""
+    return hashlib.sha256("".join(f"{n} {f['sha256']}\n" for n, f in sorted(files.items())).encode()).hexdigest()
 
 
 def _read(path: Path, map_location) -> dict:
-    """``torch.load`` of tensors and plain data only: opening a checkpoint never runs code from it."""
+    """A checkpoint's content. A file: all of it. A sharded checkpoint (a directory): its non-tensor part, with
+    ``"sharded"`` - the directory - for :func:`read_tensors` or ``torch.distributed.checkpoint.load`` to read
+    the tensors from (into whole tensors, or into each process's shards)."""
+    if path.is_dir():
+        meta = _read(path / SHARDED_META, map_location)
+        sharded_entries(path)  # refuses a directory that is not a checkpoint of tensors
+        return {**meta, "sharded": path}
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing: {path.parent} is not a whole checkpoint") from None
     except pickle.UnpicklingError as e:
         raise CheckpointError(f"refusing to load {path}: it holds objects other than tensors and plain data, which could run "
                               f"code when unpickled ({str(e).splitlines()[0]})") from None
     except (RuntimeError, EOFError, OSError) as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {str(e).splitlines()[0]}") from None
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Admits only what a Distributed Checkpoint's ``.metadata`` is made of: the classes of
+    ``torch.distributed.checkpoint``'s metadata, dtypes, sizes, layouts and paths."""
+
+    def find_class(self, module: str, name: str):
+        obj = super().find_class(module, name)
+        if module in ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem") and isinstance(obj, type):
+            return obj
+        if module == "torch" and (isinstance(obj, torch.dtype) or obj is torch.Size):
+            return obj
+        if (module, name) in (("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
+                              ("pathlib", "PurePosixPath"), ("pathlib", "PureWindowsPath")):
+            return obj
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+
+
+def sharded_entries(path: Path) -> dict:
+    """A sharded checkpoint's tensors: ``{flattened name: (shape, dtype)}``, from its ``.metadata``, read safely
+    (:class:`_MetadataUnpickler`); refuses one with non-tensor entries."""
+    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
+    try:
+        with open(path / ".metadata", "rb") as f:
+            md = _MetadataUnpickler(f).load()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is not a sharded checkpoint: it has no .metadata") from None
+    except (pickle.UnpicklingError, AttributeError, EOFError, ImportError) as e:
+        raise CheckpointError(f"refusing to load {path}: its .metadata holds more than checkpoint metadata, which could run "
+                              f"code when unpickled ({str(e).splitlines()[0]})") from None
+    if not isinstance(md, Metadata):
+        raise CheckpointError(f"refusing to load {path}: its .metadata is not a checkpoint's metadata")
+    others = [k for k, v in md.state_dict_metadata.items() if not isinstance(v, TensorStorageMetadata)]
+    if others:
+        raise CheckpointError(f"refusing to load {path}: it holds entries other than tensors ({', '.join(others[:3])}), "
+                              "which would be unpickled without restriction")
+    return {k: (tuple(v.size), v.properties.dtype) for k, v in md.state_dict_metadata.items()}
+
+
+def read_tensors(path: Path, prefix: str) -> dict[str, torch.Tensor]:
+    """The whole tensors under ``prefix`` (e.g. ``"model"``) of the sharded checkpoint ``path``, in one process on
+    the CPU, keyed as in ``state_dict()``."""
+    import torch.distributed.checkpoint as dcp
+
+    lead = prefix + "."
+    out = {k[len(lead):]: torch.empty(shape, dtype=dtype) for k, (shape, dtype) in sharded_entries(path).items()
+           if k.startswith(lead)}
+    with single_process_ok():
+        dcp.load({prefix: out}, storage_reader=dcp.FileSystemReader(path), no_dist=True)
+    return out

@@ -147,7 +147,7 @@ def settings_changed(cfg: TrainConfig) -> str:
     (or there is none), else e.g. ``"max_steps 150 (now 300), lr 0.003 (now 0.001)"``."""
     saved = Path(cfg.out) / "config.json"
     if not saved.exists():
-        return "its config.json is missing" if any(Path(cfg.out).glob("step_*.pt")) else ""
+        return "its config.json is missing" if any(Path(cfg.out).glob("step_*")) else ""
     try:
         then = json.loads(saved.read_text())["train"]
     except (ValueError, KeyError):

@@ -10,10 +10,12 @@ on a CPU nothing is cast, and the arithmetic is one process's but for the gradie
 are not all-gathered in FP8 or MXFP4: that would quantize every weight twice (for the wire, then for the GEMM)
 to save half or three quarters of the all-gather's bytes.
 
-A checkpoint stays the single-process format: :func:`full_state` gathers the model and the optimizer into
-whole tensors on rank 0 (``torch.distributed.checkpoint.state_dict``, keyed by parameter name) and numbers the
-optimizer's state as ``torch.optim.Optimizer.state_dict`` does; :func:`load_full_state` is the reverse on every
-rank, so a run resumes on any number of processes, sharded or not.
+A sharded run checkpoints through ``torch.distributed.checkpoint``: :func:`sharded_state` gives each process's
+shards of the model and optimizer state (keyed by parameter name), which every process writes itself; any run -
+sharded or not, on any number of processes - reads them back with :func:`load_sharded_state`, Distributed
+Checkpoint resharding them to its own layout. A single-process checkpoint loads into a sharded run through
+:func:`load_full_state` (every rank keeps its shard of the whole tensors); :func:`full_state` is the reverse
+(gathered on rank 0).
 """
 
 from __future__ import annotations
@@ -79,6 +81,33 @@ def load_full_state(model: nn.Module, opt: torch.optim.Optimizer, msd: dict, osd
 
     set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=_ids_to_names(opt, model, osd),
                    options=StateDictOptions(full_state_dict=True))
+
+
+def sharded_state(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict, list]:
+    """(``{"model": ..., "optimizer": ...}``: the model's and the optimizer's state tensors, sharded ones as
+    ``DTensor`` and keyed by parameter name - what ``torch.distributed.checkpoint.save`` writes; the optimizer's
+    param groups, plain data)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(model, opt)
+    return {"model": msd, "optimizer": osd["state"]}, osd["param_groups"]
+
+
+def load_sharded_state(model: nn.Module, opt: torch.optim.Optimizer, path, param_groups: list) -> None:
+    """A sharded checkpoint (the directory ``path``, :func:`sharded_state`'s tensors) into ``model`` and ``opt``,
+    sharded or not: each process reads the parts of the tensors it holds."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from .checkpoint import single_process_ok
+
+    msd, osd = get_state_dict(model, opt)  # the optimizer's state made (a zero step at lr 0) to be read into
+    state = {"model": msd, "optimizer": osd["state"]}
+    with single_process_ok():
+        dcp.load(state, storage_reader=dcp.FileSystemReader(path), no_dist=not dist.is_initialized())
+    set_state_dict(model, opt, model_state_dict=state["model"],
+                   optim_state_dict={"state": state["optimizer"], "param_groups": param_groups})
 
 
 def state_by_name(model: nn.Module, opt: torch.optim.Optimizer) -> dict:

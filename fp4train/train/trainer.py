@@ -9,7 +9,7 @@ stochastic rounding - CUDA, Python), so ``resume`` continues bit for bit. A non-
 gradient norm stops the run at once with the step named; the last good checkpoint stays.
 
 Writes to ``out``: ``config.json``, ``metrics.jsonl`` (one JSON object per logged step),
-TensorBoard events under ``tb/``, ``checkpoints.json`` + ``step_*.pt``, and ``summary.json``.
+TensorBoard events under ``tb/``, ``checkpoints.json`` + ``step_*.pt`` (sharded runs: ``step_*/`` directories), and ``summary.json``.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def run_files(out: Path) -> list[Path]:
     """The files of a run in ``out`` (what ``--overwrite`` removes)."""
     if not out.is_dir():
         return []
-    return [out / n for n in RUN_FILES if (out / n).exists()] + sorted(out.glob("step_*.pt*"))
+    return [out / n for n in RUN_FILES if (out / n).exists()] + sorted(out.glob("step_*"))  # files, or sharded: directories
 
 
 def describe_run(out: Path) -> str:
@@ -357,13 +357,14 @@ class Trainer:
     # ---- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The checkpoint, in the single-process format. Sharded (``fsdp``), every rank calls it: the whole model and
-        optimizer state are gathered on rank 0, the only rank that gets them (and writes them)."""
+        optimizer state are gathered on rank 0, the only rank that gets them."""
         model, opt = (sharding.full_state(self.model, self.opt) if self._sharded
                       else (self.model.state_dict(), self.opt.state_dict()))
+        return {"step": self.step, "model": model, "optimizer": opt, **self._plain_state()}
+
+    def _plain_state(self) -> dict:
+        """What a checkpoint holds besides the model's and the optimizer's tensors."""
         return {
-            "step": self.step,
-            "model": model,
-            "optimizer": opt,
             "scheduler": self.sched.state_dict(),
             "data": self.batches.state_dict(),
             "rng": _rng_state(self.device),
@@ -397,7 +398,9 @@ class Trainer:
                     self.recorder.err_sum[layer][gemm].update(errs)
             for layer, gemms in rec["err_n"].items():
                 self.recorder.err_n[layer].update(gemms)
-        if self._sharded:
+        if "sharded" in st:  # written by a sharded run: each process reads its part
+            sharding.load_sharded_state(self.model, self.opt, st["sharded"], st["optimizer_groups"])
+        elif self._sharded:
             sharding.load_full_state(self.model, self.opt, st["model"], st["optimizer"])
         else:
             self.model.load_state_dict(st["model"])
@@ -469,12 +472,14 @@ class Trainer:
                  f"table in {self.out / 'adahop_calibration.json'}")
 
     def _save(self) -> None:
-        """A checkpoint of this step (rank 0 writes it, in the single-process format: under ddp the ranks hold the same
-        state; sharded, every rank takes part in gathering it)."""
-        if self._sharded or self.main:
-            st = self.state_dict()
-            if self.main:
-                self.ckpts.save(self.step, st)
+        """A checkpoint of this step. Sharded, every process writes its shards (``torch.distributed.checkpoint``);
+        otherwise rank 0 writes one file, the single-process format (under ddp the ranks hold the same state)."""
+        if self._sharded:
+            tensors, groups = sharding.sharded_state(self.model, self.opt)
+            self.ckpts.save_sharded(self.step, tensors, {"step": self.step, "optimizer_groups": groups, **self._plain_state()},
+                                    main=self.main, barrier=self.ranks.barrier)
+        elif self.main:
+            self.ckpts.save(self.step, self.state_dict())
         self.ranks.barrier()
 
     def _diverged_msg(self, what: str) -> str:
