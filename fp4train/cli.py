@@ -155,13 +155,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(t)
     t.set_defaults(default_out=TrainConfig.out)
     t.add_argument("--resume", nargs="?", const=True, default=False, metavar="CHECKPOINT",
-                   help="continue from the newest checkpoint in --out (or from the given checkpoint file); the run's "
+                   help="continue from the newest checkpoint in --out (or from the given checkpoint: a step_NNNNNN.pt file, "
+                   "or a sharded run's step_NNNNNN directory); the run's "
                    "saved config.json supplies every option not given on the command line; a finished run is left "
                    "as it is unless a larger --max-steps extends it")
     t.add_argument("--overwrite", action="store_true", help="replace the run that --out holds (its checkpoints, metrics "
                    "and summary are deleted first)")
-    t.add_argument("--trust-checkpoint", action="store_true", help="with --resume FILE: load the file although no "
-                   "checkpoints.json lists it (its checksum cannot be verified)")
+    t.add_argument("--trust-checkpoint", action="store_true", help="with --resume CHECKPOINT: load it although no "
+                   "checkpoints.json lists it (its checksums cannot be verified)")
     t.add_argument("--config-json", help=argparse.SUPPRESS)
 
     c = sub.add_parser("compare", help="train several recipes on the same model, data, seed and budget",
@@ -298,8 +299,11 @@ def _run(args) -> int:
         else:
             cfg = _config_from_args(args)
         if args.trust_checkpoint and not isinstance(args.resume, str):
-            raise ValueError("--trust-checkpoint goes with --resume FILE (the checkpoint file to load unverified)")
+            raise ValueError("--trust-checkpoint goes with --resume CHECKPOINT (the checkpoint to load unverified)")
         train(cfg, resume=args.resume, overwrite=args.overwrite, trust=args.trust_checkpoint)
+        from .train.distributed import leave
+
+        leave()
     else:
         base = _config_from_args(args)
         seeds = _ints("--seeds", args.seeds) if args.seeds else [base.seed]

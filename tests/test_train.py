@@ -245,6 +245,8 @@ def test_speed_settings_are_the_fastest_correct_ones_by_default_and_said_once(tm
     assert speed_settings(TrainConfig(), gpu)[:2] == (True, "reduce-overhead")
     assert "the default on a GPU; --no-compile" in speed_settings(TrainConfig(), gpu)[2]
     assert speed_settings(TrainConfig(grad_accum=2), gpu)[:2] == (True, "default")
+    assert speed_settings(TrainConfig(parallel="fsdp"), gpu)[:2] == (True, "default")
+    assert "no CUDA graphs under --parallel fsdp" in speed_settings(TrainConfig(parallel="fsdp"), gpu)[2]
     assert speed_settings(TrainConfig(compile=False), gpu)[:2] == (False, "default")
     assert speed_settings(TrainConfig(compile_mode="default"), gpu)[:2] == (True, "default")
     assert speed_settings(TrainConfig(), cpu)[:2] == (False, "default")

@@ -39,11 +39,17 @@ _FP32_MAX = torch.finfo(torch.float32).max
 
 def tensor_scale(x: torch.Tensor, *, four_over_six: bool = False) -> torch.Tensor:
     """FP32 encode scale ``s_enc`` (0-d tensor) from the finite values of ``x``."""
+    if x.numel() == 0:
+        return torch.ones((), device=x.device)
+    return scale_from_amax(finite_amax(x), four_over_six=four_over_six)
+
+
+def finite_amax(x: torch.Tensor) -> torch.Tensor:
+    """The largest finite magnitude of ``x`` (FP32, 0-d; 0 for an empty ``x``): what the tensor scale is made from."""
     xf = x.float()
     if xf.numel() == 0:
-        return torch.ones((), device=x.device)
-    amax = torch.where(torch.isfinite(xf), xf.abs(), torch.zeros_like(xf)).amax()
-    return scale_from_amax(amax, four_over_six=four_over_six)
+        return torch.zeros((), device=x.device)
+    return torch.where(torch.isfinite(xf), xf.abs(), torch.zeros_like(xf)).amax()
 
 
 def scale_from_amax(amax: torch.Tensor, *, four_over_six: bool = False) -> torch.Tensor:

@@ -16,7 +16,8 @@ projections onto the subspace, ``dB = beta * G A^T`` and ``dA = beta * B^T G`` -
 
 Realignment (:func:`realign`) recomputes the split from the effective weight ``W_res + beta * B A``, which
 it leaves unchanged up to one FP32 rounding per element; the trainer realigns every
-``LoRASVDSpec.realign_every`` steps and resets the factors' optimizer state (their basis changed).
+``LoRASVDSpec.realign_every`` steps and resets the factors' optimizer state (their basis changed). Sharded
+(FSDP2), every process gathers the three tensors, computes the same (seeded) split and keeps its own rows.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 import torch.nn as nn
 
 from ..recipes.spec import LinearSpec, LoRASVDSpec
+from ..row_shards import assign, full
 from .module import QuantizedLinear
 from .shared_input import SharedInput
 
@@ -115,7 +117,7 @@ class LoRASVDLinear(QuantizedLinear):
     def merged_weight(self) -> torch.Tensor:
         """``W_res + beta * B A`` in FP32 (no gradient)."""
         with torch.no_grad():
-            return self.weight.float() + self.beta * (self.lora_b.float() @ self.lora_a.float())
+            return full(self.weight).float() + self.beta * (full(self.lora_b).float() @ full(self.lora_a).float())
 
     @torch.no_grad()
     def realign(self, *, seed: int | None = None) -> None:
@@ -123,9 +125,10 @@ class LoRASVDLinear(QuantizedLinear):
         w = self.merged_weight()
         b, a = svd_factors(w, self.lora_a.shape[0], self.beta, niter=self.lora.niter,
                            seed=self.split_seed if seed is None else seed)
-        self.lora_b.copy_(b)
-        self.lora_a.copy_(a)
-        self.weight.copy_(w - self.beta * (self.lora_b.float() @ self.lora_a.float()))
+        b, a = b.to(self.lora_b.dtype), a.to(self.lora_a.dtype)  # as stored
+        assign(self.lora_b, b)
+        assign(self.lora_a, a)
+        assign(self.weight, w - self.beta * (b.float() @ a.float()))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = _SubspaceGrad.apply(self.weight, self.lora_a, self.lora_b, self.beta)

@@ -11,6 +11,10 @@ after which ``m`` and ``v`` are stored again: ``m`` as NVFP4, ``v`` through the 
 the codec cannot tile (biases, norm weights, odd shapes) keeps FP32 moments, as ``torch.optim.AdamW`` does;
 :meth:`QAdamW.state_bytes` says what the states take. Every state is a plain tensor, so ``state_dict()`` saves
 and loads like AdamW's (``torch.load(weights_only=True)`` included) and a resumed run continues bit for bit.
+
+Sharded parameters (FSDP2) are updated shard by shard, their states kept sharded
+(:mod:`fp4train.row_shards`): the NVFP4 states encoded with the whole tensor's scale hold the same bits
+as one process's. Their update runs eagerly (the scale's all-reduce sits between the update and the encoding).
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ import functools
 
 import torch
 
+from .. import row_shards
 from . import state_codec
+from ..row_shards import local
 
 _M, _V = "exp_avg", "exp_avg_sq"
 
@@ -43,6 +49,9 @@ class QAdamW(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                                       quantize_states=quantize_states))
         self.compiled = compiled
+        for group in self.param_groups:
+            for p in group["params"]:
+                row_shards.check(p, type(self).__name__, tiles=state_codec.TILE if self._quantized(p, group) else None)
 
     def _quantized(self, p: torch.Tensor, group: dict) -> bool:
         return group["quantize_states"] and state_codec.fits(p.shape)
@@ -80,24 +89,25 @@ class QAdamW(torch.optim.Optimizer):
                     per_step[t] = dict(decay=1 - lr * wd, step_size=lr / (1 - b1**t), bias2_sqrt=(1 - b2**t) ** 0.5,
                                        b1=b1, b2=b2, eps=eps)
                 scalars = per_step[t]
+                pl, g = local(p), local(p.grad)  # a sharded parameter: this process's rows
                 if not self._quantized(p, group):
-                    m, v = (state[_M], state[_V]) if _M in state else _zeros(p)
-                    _adamw_update(p, p.grad, m, v, **scalars)
+                    m, v = (local(state[_M]), local(state[_V])) if _M in state else _zeros(pl)
+                    _adamw_update(pl, g, m, v, **scalars)
                     state.clear()
-                    state.update({"step": step, _M: m, _V: v})
+                    state.update({"step": step, _M: row_shards.like(m, p), _V: row_shards.like(v, p)})
                     continue
                 moments = (_sub(state, _M), _sub(state, _V)) if _M + ".codes" in state else None
-                if moments is not None and self.compiled:  # the first step (from zero moments) runs eagerly, once
-                    key = (t, p.device)
+                if moments is not None and self.compiled and not row_shards.is_sharded(p):
+                    key = (t, p.device)  # the first step (from zero moments) runs eagerly, once
                     if key not in on_device:
                         on_device[key] = _as_tensors(scalars, p.device)
-                    stored = _compiled_quantized_update()(p, p.grad, moments, **on_device[key])
+                    stored = _compiled_quantized_update()(pl, g, moments, **on_device[key])
                 else:
-                    stored = _quantized_update(p, p.grad, moments, **scalars)
+                    stored = _quantized_update(pl, g, moments, amax_over=row_shards.amax_over(p), **scalars)
                 state.clear()
                 state["step"] = step
-                _put(state, _M, stored[0])
-                _put(state, _V, stored[1])
+                _put(state, _M, {k: row_shards.by_rows(x, p) for k, x in stored[0].items()})
+                _put(state, _V, {k: row_shards.by_rows(x, p) for k, x in stored[1].items()})
 
     def load_state_dict(self, state_dict: dict) -> None:
         """``torch.optim.Optimizer.load_state_dict``, keeping every state tensor's own dtype: the base class casts
@@ -113,8 +123,9 @@ class QAdamW(torch.optim.Optimizer):
                 self.state[p][k] = t.to(device=p.device, copy=True)
 
     def state_bytes(self) -> int:
-        """Bytes the optimizer's moments take (codes, scales, tile means; FP32 moments where not quantized)."""
-        return sum(t.numel() * t.element_size() for st in self.state.values() for k, t in st.items()
+        """Bytes the optimizer's moments take in this process (codes, scales, tile means; FP32 moments where not
+        quantized)."""
+        return sum(local(t).numel() * t.element_size() for st in self.state.values() for k, t in st.items()
                    if k != "step" and isinstance(t, torch.Tensor))
 
 
@@ -139,16 +150,16 @@ def _adamw_update(p, g, m, v, *, decay, step_size, bias2_sqrt, b1, b2, eps) -> N
         p.copy_(pf)
 
 
-def _quantized_update(p, g, moments: tuple[dict, dict] | None, **scalars):
+def _quantized_update(p, g, moments: tuple[dict, dict] | None, amax_over=None, **scalars):
     """One AdamW step of ``p`` from its stored NVFP4 moments (``None``: the first step, from zero moments): decode,
-    update, encode; returns the new stored moments."""
+    update, encode; returns the new stored moments (``amax_over``: a shard's, :mod:`fp4train.row_shards`)."""
     if moments is None:
         m, v = _zeros(p)
     else:
         m = state_codec.decode_signed(moments[0], p.shape)
         v = state_codec.decode_second_moment(moments[1], p.shape)
     _adamw_update(p, g, m, v, **scalars)
-    return state_codec.encode_signed(m), state_codec.encode_second_moment(v)
+    return state_codec.encode_signed(m, amax_over=amax_over), state_codec.encode_second_moment(v, amax_over=amax_over)
 
 
 #: per-step scalars, given to the compiled update as tensors (a Python float would be compiled in as a constant)
@@ -181,5 +192,6 @@ def _put(state: dict, name: str, stored: dict[str, torch.Tensor]) -> None:
 
 
 def _sub(state: dict, name: str) -> dict[str, torch.Tensor]:
+    """The stored tensors of state ``name`` (a sharded parameter's: this process's parts)."""
     pre = name + "."
-    return {k[len(pre):]: t for k, t in state.items() if k.startswith(pre)}
+    return {k[len(pre):]: local(t) for k, t in state.items() if k.startswith(pre)}

@@ -16,6 +16,9 @@ orthogonal factor than BF16's (docs/findings.md). The other groups are :class:`~
 
 ``quantize_states=False`` with ``ns_matmul="bf16"`` is ``torch.optim.Muon`` plus ``torch.optim.AdamW``, bit for
 bit (tested); ``fp4train train --optimizer muon`` runs that, ``--optimizer qmuon`` the quantized states.
+
+A sharded parameter (FSDP2) keeps its momentum sharded (:mod:`fp4train.row_shards`); every process
+orthogonalizes the whole update, gathered, and applies its own rows of it.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ import math
 
 import torch
 
+from .. import row_shards
 from . import state_codec
 from .newton_schulz import BF16_COEFFICIENTS, NVFP4_COEFFICIENTS, newton_schulz
 from .qadamw import QAdamW, _put, _sub
+from ..row_shards import local
 
 _BUF = "momentum_buffer"
 ADJUST_LR = ("original", "match_rms_adamw")
@@ -81,24 +86,26 @@ class QMuon(QAdamW):
         for p in group["params"]:
             if p.grad is None:
                 continue
-            g = p.grad
+            pl, g = local(p), local(p.grad)  # a sharded parameter: this process's rows
             state = self.state[p]
             quantized = group["quantize_states"] and state_codec.fits(p.shape)
             if quantized:
-                buf = (state_codec.decode_signed(_sub(state, _BUF), p.shape) if state
+                buf = (state_codec.decode_signed(_sub(state, _BUF), pl.shape) if state
                        else torch.zeros_like(g, dtype=torch.float32))
             else:
-                buf = state[_BUF] if _BUF in state else torch.zeros_like(g, memory_format=torch.preserve_format)
+                buf = local(state[_BUF]) if _BUF in state else torch.zeros_like(g, memory_format=torch.preserve_format)
             buf.lerp_(g, 1 - mu)
             update = g.lerp(buf, mu) if group["nesterov"] else buf
-            update = newton_schulz(update, group["ns_coefficients"], group["ns_steps"], matmul=group["ns_matmul"])
-            p.mul_(1 - lr * wd)
-            p.add_(update, alpha=-adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+            update = newton_schulz(row_shards.whole(update, p), group["ns_coefficients"], group["ns_steps"],
+                                   matmul=group["ns_matmul"])
+            pl.mul_(1 - lr * wd)
+            pl.add_(row_shards.own_rows(update, p), alpha=-adjust_lr(lr, group["adjust_lr_fn"], p.shape))
             if quantized:
                 state.clear()
-                _put(state, _BUF, state_codec.encode_signed(buf))
+                _put(state, _BUF, {k: row_shards.by_rows(x, p)
+                                   for k, x in state_codec.encode_signed(buf, amax_over=row_shards.amax_over(p)).items()})
             else:
-                state[_BUF] = buf
+                state[_BUF] = row_shards.like(buf, p)
 
 
 def muon_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:

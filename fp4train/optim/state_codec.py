@@ -24,6 +24,10 @@ state and ``torch.load(weights_only=True)`` reads them back. Two codecs:
   there (a smaller, safe step) and leaves tiles without such an entry as they were (``tests/test_optim.py``).
 
 Tensors that do not fit (biases, norms, odd shapes) are not encoded: :func:`fits` says which.
+
+A state split by rows over processes (a sharded parameter's, :mod:`fp4train.row_shards`) is encoded
+shard by shard with the whole tensor's scale: the encoders take ``amax_over``, which turns a shard's amax into
+the whole tensor's (an all-reduce), so that the shards' codes are the rows of the whole tensor's codes.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import functools
 
 import torch
 
+from ..formats import nvfp4
 from ..formats.quantize import quantize, quantize_tensors
 from ..formats.qtensor import QuantizedTensor
 from ..transforms.hadamard import hadamard
@@ -75,9 +80,22 @@ def _load(stored: dict[str, torch.Tensor], rows: int, cols: int) -> torch.Tensor
     return q.dequantize(torch.float32)
 
 
-def encode_signed(m: torch.Tensor) -> dict[str, torch.Tensor]:
-    """A signed state ``m`` (``fits(m.shape)``) as NVFP4 tensors."""
-    return _store(quantize(_as_2d(m.float()), "nvfp4", axis=-1))
+def _nvfp4(x: torch.Tensor, amax_over) -> QuantizedTensor:
+    """NVFP4 of ``x`` ``[rows, cols]`` in 1x16 blocks, nearest rounding; the tensor scale from
+    ``amax_over(x's amax)`` where given (a shard encoded with the whole tensor's scale)."""
+    if amax_over is None:
+        return quantize(x, "nvfp4", axis=-1)
+    ts = nvfp4.scale_from_amax(amax_over(nvfp4.finite_amax(x)))
+
+    def encode(xb, keys, fmt, element, scale, four_over_six):
+        return (*nvfp4.encode_blocks(xb, ts, u=None), ts)
+
+    return quantize_tensors(x, None, fmt="nvfp4", block=(TILE,), axis=1, scale="floor", four_over_six=False, encode=encode)
+
+
+def encode_signed(m: torch.Tensor, *, amax_over=None) -> dict[str, torch.Tensor]:
+    """A signed state ``m`` (``fits(m.shape)``) as NVFP4 tensors (``amax_over``: see the module docstring)."""
+    return _store(_nvfp4(_as_2d(m.float()), amax_over))
 
 
 def decode_signed(stored: dict[str, torch.Tensor], shape: torch.Size) -> torch.Tensor:
@@ -91,13 +109,14 @@ def _tiles(r: torch.Tensor) -> torch.Tensor:
     return r.view(rows // TILE, TILE, cols // TILE, TILE)
 
 
-def encode_second_moment(v: torch.Tensor) -> dict[str, torch.Tensor]:
-    """A non-negative state ``v`` (``fits(v.shape)``) as: NVFP4 of ``H16(sqrt(v) - tile mean)`` and the FP32 tile means."""
+def encode_second_moment(v: torch.Tensor, *, amax_over=None) -> dict[str, torch.Tensor]:
+    """A non-negative state ``v`` (``fits(v.shape)``) as: NVFP4 of ``H16(sqrt(v) - tile mean)`` and the FP32 tile means
+    (``amax_over``: see the module docstring)."""
     r = _as_2d(v.float()).clamp_min(0).sqrt()
     tiles = _tiles(r)
     mu = tiles.mean(dim=(1, 3))
     y = hadamard((tiles - mu[:, None, :, None]).reshape(r.shape), TILE, axis=-1)
-    return {**_store(quantize(y, "nvfp4", axis=-1)), "tile_mean": mu}
+    return {**_store(_nvfp4(y, amax_over)), "tile_mean": mu}
 
 
 def decode_second_moment(stored: dict[str, torch.Tensor], shape: torch.Size) -> torch.Tensor:

@@ -195,19 +195,22 @@ _TYPE_NAMES = {"str": "a string", "str | None": "a string", "int": "an integer",
 def speed_settings(cfg: TrainConfig, device) -> tuple[bool, str, str]:
     """``(compile, compile_mode, why)``: what the run uses. Given values are kept; where the config leaves them
     (None), a GPU run takes the fastest correct settings - ``torch.compile`` with its steps replayed as CUDA graphs
-    (``reduce-overhead``; ``default`` where ``grad_accum`` > 1, which graphs cannot replay) - and a CPU run stays
-    eager (Inductor's CPU code is no faster here and compiles for minutes). ``why`` says so in a line."""
+    (``reduce-overhead``; ``default`` where ``grad_accum`` > 1, which graphs cannot replay, or under ``--parallel``,
+    whose gradient collectives run between the compiled pieces) - and a CPU run stays eager (Inductor's CPU code
+    is no faster here and compiles for minutes). ``why`` says so in a line."""
     gpu = getattr(device, "type", str(device)) == "cuda"
     compile_ = cfg.compile if cfg.compile is not None else gpu
     if cfg.compile_mode is not None:
         mode = cfg.compile_mode
     else:
-        mode = "reduce-overhead" if compile_ and gpu and cfg.grad_accum == 1 else "default"
+        mode = "reduce-overhead" if compile_ and gpu and cfg.grad_accum == 1 and cfg.parallel == "none" else "default"
     if not compile_:
         why = "eager" + (" (the default on a CPU; --compile to compile)" if cfg.compile is None else " (--no-compile)")
     else:
         what = "torch.compile with CUDA graphs (reduce-overhead)" if mode == "reduce-overhead" else "torch.compile (default mode)"
         why = what + (" - the default on a GPU; --no-compile runs eagerly" if cfg.compile is None else "")
+        if cfg.compile_mode is None and gpu and cfg.parallel != "none":
+            why += f" (no CUDA graphs under --parallel {cfg.parallel})"
     return compile_, mode, why
 
 

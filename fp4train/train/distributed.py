@@ -71,3 +71,11 @@ def setup(parallel: str, batch_size: int, device_type: str) -> Ranks:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
     return ranks
+
+
+def leave() -> None:
+    """After a finished run under torchrun: wait for every process, then leave the process group (a process that
+    exits while gloo still serves another can abort it)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

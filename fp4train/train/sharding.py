@@ -23,20 +23,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-#: optimizers whose state is elementwise over a parameter (sharding-agnostic); QAdamW's NVFP4 blocks and
-#: Muon's whole-matrix orthogonalization need the whole parameter
-SHARDABLE_OPTIMIZERS = ("adamw",)
-
-
-def check(optimizer: str, recipe) -> None:
-    """Refuse what cannot run sharded yet, naming the fix (before any work)."""
-    if optimizer not in SHARDABLE_OPTIMIZERS:
-        raise ValueError(f"--parallel fsdp shards AdamW's states; the {optimizer} optimizer needs whole parameters "
-                         "(NVFP4 blocks, Newton-Schulz): run it with --parallel ddp, or give --optimizer adamw")
-    if recipe.lora_svd is not None:
-        raise ValueError(f"--parallel fsdp does not shard LoRA-SVD layers (recipe {recipe.name}: their realignment "
-                         "needs the whole weight): run it with --parallel ddp")
-
 
 def shard(model: nn.Module, device_type: str) -> None:
     """``fully_shard`` every transformer block of ``model`` (``model.layers``) and then the rest (embedding, final
@@ -77,10 +63,22 @@ def full_state(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict, dict
 def load_full_state(model: nn.Module, opt: torch.optim.Optimizer, msd: dict, osd: dict) -> None:
     """Load a single-process checkpoint's model and optimizer state into the sharded ``model`` and its ``opt``
     (every rank holds the whole checkpoint and keeps its own shard of it)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=_ids_to_names(opt, model, osd),
-                   options=StateDictOptions(full_state_dict=True))
+    set_model_state_dict(model, msd, options=StateDictOptions(full_state_dict=True))
+    _load_optimizer(model, opt, _ids_to_names(opt, model, osd), full=True)
+
+
+def _load_optimizer(model: nn.Module, opt: torch.optim.Optimizer, by_name: dict, *, full: bool) -> None:
+    """``by_name`` (state and param groups keyed by parameter name; whole tensors if ``full``, else this rank's
+    shards) into ``opt``. Not strict: a parameter without state in it had none (LoRA-SVD's factors right after a
+    realignment) and is left with none."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, opt, by_name, options=StateDictOptions(full_state_dict=full, strict=False))
+    names = {id(p): n for n, p in model.named_parameters()}
+    for p in [p for p in opt.state if names.get(id(p)) not in by_name["state"]]:
+        del opt.state[p]
 
 
 def sharded_state(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict, list]:
@@ -98,16 +96,22 @@ def load_sharded_state(model: nn.Module, opt: torch.optim.Optimizer, path, param
     sharded or not: each process reads the parts of the tensors it holds."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict
 
-    from .checkpoint import single_process_ok
+    from .checkpoint import sharded_entries, single_process_ok
 
     msd, osd = get_state_dict(model, opt)  # the optimizer's state made (a zero step at lr 0) to be read into
-    state = {"model": msd, "optimizer": osd["state"]}
+    saved = sharded_entries(path)
+    ostate = {}
+    for name, st in osd["state"].items():
+        kept = {k: v for k, v in st.items() if f"optimizer.{name}.{k}" in saved}
+        if kept:
+            ostate[name] = kept
+    state = {"model": msd, "optimizer": ostate}
     with single_process_ok():
         dcp.load(state, storage_reader=dcp.FileSystemReader(path), no_dist=not dist.is_initialized())
-    set_state_dict(model, opt, model_state_dict=state["model"],
-                   optim_state_dict={"state": state["optimizer"], "param_groups": param_groups})
+    set_model_state_dict(model, state["model"])
+    _load_optimizer(model, opt, {"state": state["optimizer"], "param_groups": param_groups}, full=False)
 
 
 def state_by_name(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
@@ -117,9 +121,7 @@ def state_by_name(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
 
 def load_state_by_name(model: nn.Module, opt: torch.optim.Optimizer, by_name: dict) -> None:
     """:func:`state_by_name`'s state into ``opt`` over the sharded ``model``: each rank keeps its shard."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    set_optimizer_state_dict(model, opt, by_name, options=StateDictOptions(full_state_dict=True))
+    _load_optimizer(model, opt, by_name, full=True)
 
 
 def average_gradients(model: nn.Module, world: int) -> None:

@@ -226,8 +226,6 @@ class Trainer:
         self.out = Path(cfg.out)
         self.device = resolve_device(cfg.device)
         self.recipe = check_recipe(cfg)
-        if cfg.parallel == "fsdp":
-            sharding.check(cfg.optimizer, self.recipe)  # before joining the other processes
         self.ranks = setup_ranks(cfg.parallel, cfg.batch_size, self.device.type)
         if self.ranks.world > 1 and self.device.type == "cuda":
             self.device = torch.device("cuda", self.ranks.local_rank)
