@@ -3,7 +3,7 @@
 Question: does a run spread over N GPUs (``torchrun``, ``--parallel ddp|fsdp``) learn what the one-GPU run learns,
 and how much faster is it? Each recipe trains twice through ``fp4train train`` with the same model, data order,
 seed, global batch and compile mode (``default``: CUDA graphs do not take the N-GPU run's collectives): once as
-one process on the first GPU, once under ``torchrun --nproc-per-node N`` on the first N. Reported per recipe: both runs' ``tokens_per_s`` (the trainer's own figure, over its steady steps) and
+one process on the first GPU, once under ``torchrun --nproc-per-node N`` on the first N. Reported per recipe (``one``, ``many``): both runs' ``tokens_per_s`` (the trainer's own figure, over its steady steps) and
 their ratio, the largest and the last-ten-steps mean relative difference of the two loss curves, and the two
 final validation losses. With ``--gpus 1`` the second run is one process under ``torchrun`` with
 ``--parallel``: the distributed engine's overhead at world size 1 (FSDP2's all-gather and reduce-scatter still
@@ -81,12 +81,12 @@ def main() -> None:
     results = {}
     for recipe in [r.strip() for r in a.recipes.split(",") if r.strip()]:
         args = common + ["--recipe", recipe]
-        one = _train(runs / f"{recipe}-1gpu", args, 1, None, print)
-        many = _train(runs / f"{recipe}-{a.gpus}gpu", args, a.gpus, a.parallel, print)
-        res = {"tokens_per_s_1gpu": one["tokens_per_s"], f"tokens_per_s_{a.gpus}gpu": many["tokens_per_s"],
-               "scaling": many["tokens_per_s"] / one["tokens_per_s"], "final_val_loss_1gpu": one["final_val_loss"],
-               f"final_val_loss_{a.gpus}gpu": many["final_val_loss"], "peak_mem_gib_1gpu": one["peak_mem_gib"],
-               f"peak_mem_gib_{a.gpus}gpu": many["peak_mem_gib"], **compare_runs(runs / f"{recipe}-1gpu", runs / f"{recipe}-{a.gpus}gpu")}
+        one_dir, many_dir = runs / f"{recipe}-one", runs / f"{recipe}-{a.gpus}x-{a.parallel}"
+        one = _train(one_dir, args, 1, None, print)
+        many = _train(many_dir, args, a.gpus, a.parallel, print)
+        res = {"one": {k: one[k] for k in ("tokens_per_s", "final_val_loss", "peak_mem_gib")},
+               "many": {k: many[k] for k in ("tokens_per_s", "final_val_loss", "peak_mem_gib", "processes")},
+               "scaling": many["tokens_per_s"] / one["tokens_per_s"], **compare_runs(one_dir, many_dir)}
         results[recipe] = res
         print(f"scaling: {recipe}: {res['scaling']:.2f}x on {a.gpus} GPUs ({a.parallel}); loss curves within "
               f"{res['loss_rel_diff_max']:.2%} (last 10 steps {res['loss_rel_diff_last10']:.2%})", flush=True)
