@@ -41,7 +41,7 @@ def _train(run: Path, args: list[str], gpus: int, parallel: str | None, log) -> 
     cmd += ["--parallel", parallel] if parallel else []
     log(f"scaling: {' '.join(cmd[1:])}")
     with open(run.parent / f"{run.name}.log", "w") as f:
-        r = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
+        r = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, check=False)
     if r.returncode != 0:
         raise RuntimeError(f"{run.name} failed (exit {r.returncode}); its output is in {run.parent / (run.name + '.log')}")
     return json.loads((run / "summary.json").read_text())
@@ -66,6 +66,9 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--batch-size", type=int, default=16, help="the global batch (split over the N GPUs)")
     ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (default 3e-4: at the trainer's 3e-3 a 1b "
+                    "model spikes in its first steps, which amplifies any rounding difference between the two runs)")
+    ap.add_argument("--warmup-steps", type=int, default=10)
     ap.add_argument("--runs", default="runs/scaling", help="where the runs go")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -75,9 +78,10 @@ def main() -> None:
     runs.mkdir(parents=True, exist_ok=True)
     path = Path(a.json) if a.json else results_path("scaling", a.model, f"{a.gpus}gpu")
     common = ["--model", a.model, "--seq-len", str(a.seq_len), "--batch-size", str(a.batch_size), "--max-steps", str(a.steps),
-              "--log-every", "1", "--eval-every", "0", "--ckpt-every", "0", "--compile-mode", "default"] + (["--data", a.data] if a.data else [])
-    settings = dict(model=a.model, gpus=a.gpus, parallel=a.parallel, seq_len=a.seq_len, global_batch=a.batch_size,
-                    steps=a.steps, data=data_label(a.data))
+              "--lr", str(a.lr), "--warmup-steps", str(a.warmup_steps), "--log-every", "1", "--eval-every", "0", "--ckpt-every", "0",
+              "--compile-mode", "default"] + (["--data", a.data] if a.data else [])
+    settings = {"model": a.model, "gpus": a.gpus, "parallel": a.parallel, "seq_len": a.seq_len, "global_batch": a.batch_size,
+                "steps": a.steps, "lr": a.lr, "warmup_steps": a.warmup_steps, "data": data_label(a.data)}
     results = {}
     for recipe in [r.strip() for r in a.recipes.split(",") if r.strip()]:
         args = common + ["--recipe", recipe]
