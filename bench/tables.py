@@ -155,6 +155,20 @@ def determinism_table(d: dict) -> str:
     return "\n".join(lines + ["", _source(d, "determinism.py")])
 
 
+def scaling_table(d: dict) -> str:
+    """Each recipe on N GPUs against one GPU at the same global batch: tokens/s, their ratio, the loss curves' gap."""
+    n = d["gpus"]
+    lines = [f"| recipe | 1 GPU: tokens/s | {n} GPU{'s' if n > 1 else ''} ({d['parallel']}): tokens/s | ratio | "
+             "loss curves: largest gap | last 10 steps | final val loss, 1 / N |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for rec, r in d["results"].items():
+        lines.append(f"| {rec} | {r['one']['tokens_per_s'] / 1e3:,.1f}k | {r['many']['tokens_per_s'] / 1e3:,.1f}k | "
+                     f"{r['scaling']:.2f}× | {r['loss_rel_diff_max']:.2%} | {r['loss_rel_diff_last10']:.2%} | "
+                     f"{r['one']['final_val_loss']:.3f} / {r['many']['final_val_loss']:.3f} |")
+    how = (f"`{d['model']}`, global batch {d['global_batch']} × {d['seq_len']}, {d['steps']} steps at lr {d['lr']:g}, "
+           f"{d['data']}, compiled (default mode)")
+    return "\n".join(lines + ["", f"_{how}; {_provenance(d)}; `python bench/scaling.py --gpus {n} --parallel {d['parallel']}`._"])
+
+
 def tables(gpu: str) -> dict[str, str]:
     out = {}
     quick = RESULTS / "quickstart-cpu"
@@ -177,6 +191,10 @@ def tables(gpu: str) -> dict[str, str]:
             out[f"compare_{model}"] = compare_table(json.loads((RESULTS / folder / "report.json").read_text()), folder)
     if d := _load(f"determinism-20m-{gpu}.json"):
         out["determinism"] = determinism_table(d)
+    for n in (8, 4, 2, 1):  # the widest run measured
+        if d := _load(f"scaling-1b-{n}gpu-{gpu}.json"):
+            out["scaling"] = scaling_table(d)
+            break
     return out
 
 

@@ -159,3 +159,16 @@ def test_protocol_components_each_take_one_part_out_of_fullstack(tmp_path):
     assert got["fullstack_adamw"].optimizer is None and got["fullstack_adamw"].attention == full.attention
     assert got["fullstack_no_lora"].lora_svd is None and got["fullstack_no_lora"].optimizer == full.optimizer
     assert all(r.linear == full.linear for r in got.values())
+
+
+def test_scaling_table_reports_both_runs_and_their_gap():
+    one = {"tokens_per_s": 80000.0, "final_val_loss": 7.5, "peak_mem_gib": 20.0}
+    many = {"tokens_per_s": 150000.0, "final_val_loss": 7.51, "peak_mem_gib": 12.0, "processes": 2}
+    d = {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "commit": "abc1234", "date": "2026-12-03", "model": "1b", "gpus": 2,
+         "parallel": "ddp", "seq_len": 1024, "global_batch": 8, "steps": 30, "lr": 3e-4, "warmup_steps": 10, "data": "enwiki",
+         "results": {"bf16": {"one": one, "many": many, "scaling": 1.875, "steps_compared": 30, "loss_rel_diff_max": 0.004,
+                              "loss_rel_diff_last10": 0.001}}}
+    lines = tables.scaling_table(d).splitlines()
+    assert "2 GPUs (ddp): tokens/s" in lines[0]
+    assert lines[2] == "| bf16 | 80.0k | 150.0k | 1.88× | 0.40% | 0.10% | 7.500 / 7.510 |"
+    assert "30 steps at lr 0.0003" in lines[-1] and "`python bench/scaling.py --gpus 2 --parallel ddp`" in lines[-1]
