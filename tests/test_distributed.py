@@ -5,7 +5,6 @@ import json
 import math
 import subprocess
 import sys
-
 from pathlib import Path
 
 import pytest

@@ -25,8 +25,8 @@ import functools
 import torch
 
 from .. import row_shards
-from . import state_codec
 from ..row_shards import local
+from . import state_codec
 
 _M, _V = "exp_avg", "exp_avg_sq"
 

@@ -28,10 +28,10 @@ import math
 import torch
 
 from .. import row_shards
+from ..row_shards import local
 from . import state_codec
 from .newton_schulz import BF16_COEFFICIENTS, NVFP4_COEFFICIENTS, newton_schulz
 from .qadamw import QAdamW, _put, _sub
-from ..row_shards import local
 
 _BUF = "momentum_buffer"
 ADJUST_LR = ("original", "match_rms_adamw")

@@ -1,7 +1,7 @@
 """Fully sharded data parallel (``--parallel fsdp``): PyTorch's FSDP2 (``fully_shard``) per transformer block.
 
-Each block's parameters, gradients and AdamW moments are split over the processes (dim 0, as
-``torch.distributed.DTensor`` shards); before a block runs, FSDP2 all-gathers its weights, so a quantized linear
+Each block's parameters, gradients and optimizer states (AdamW's, or QAdamW's and QMuon's NVFP4 ones:
+:mod:`fp4train.row_shards`) are split over the processes (dim 0, as ``torch.distributed.DTensor`` shards); before a block runs, FSDP2 all-gathers its weights, so a quantized linear
 quantizes the whole gathered weight (its block and tensor scales are the whole weight's, as in one process), and
 after the backward it reduce-scatters the gradients (their mean over the processes). Mixed precision: on a GPU
 the weights are all-gathered in BF16 and gradients reduced in FP32 - the quantizers then read weights rounded to
@@ -14,8 +14,7 @@ A sharded run checkpoints through ``torch.distributed.checkpoint``: :func:`shard
 shards of the model and optimizer state (keyed by parameter name), which every process writes itself; any run -
 sharded or not, on any number of processes - reads them back with :func:`load_sharded_state`, Distributed
 Checkpoint resharding them to its own layout. A single-process checkpoint loads into a sharded run through
-:func:`load_full_state` (every rank keeps its shard of the whole tensors); :func:`full_state` is the reverse
-(gathered on rank 0).
+:func:`load_full_state` (every rank keeps its shard of the whole tensors).
 """
 
 from __future__ import annotations
@@ -41,23 +40,6 @@ def _ids_to_names(opt: torch.optim.Optimizer, model: nn.Module, osd: dict) -> di
     order = [names[id(p)] for g in opt.param_groups for p in g["params"]]
     return {"state": {order[i]: st for i, st in osd["state"].items()},
             "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in osd["param_groups"]]}
-
-
-def _names_to_ids(osd: dict) -> dict:
-    """The reverse: numbered in param-group order, as ``torch.optim.Optimizer.state_dict`` numbers them."""
-    ids, groups = {}, []
-    for g in osd["param_groups"]:
-        groups.append({**g, "params": [ids.setdefault(n, len(ids)) for n in g["params"]]})
-    return {"state": {ids[n]: st for n, st in osd["state"].items()}, "param_groups": groups}
-
-
-def full_state(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict, dict]:
-    """Every rank calls it: the whole model and optimizer state on rank 0 (on the CPU), in the single-process
-    format; other ranks get empty dicts."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-    msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return msd, (_names_to_ids(osd) if osd.get("param_groups") else {})
 
 
 def load_full_state(model: nn.Module, opt: torch.optim.Optimizer, msd: dict, osd: dict) -> None:

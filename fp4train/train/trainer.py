@@ -354,11 +354,9 @@ class Trainer:
 
     # ---- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """The checkpoint, in the single-process format. Sharded (``fsdp``), every rank calls it: the whole model and
-        optimizer state are gathered on rank 0, the only rank that gets them."""
-        model, opt = (sharding.full_state(self.model, self.opt) if self._sharded
-                      else (self.model.state_dict(), self.opt.state_dict()))
-        return {"step": self.step, "model": model, "optimizer": opt, **self._plain_state()}
+        """The checkpoint of an unsharded run, in the single-process format (a sharded run writes its shards:
+        :meth:`_save`)."""
+        return {"step": self.step, "model": self.model.state_dict(), "optimizer": self.opt.state_dict(), **self._plain_state()}
 
     def _plain_state(self) -> dict:
         """What a checkpoint holds besides the model's and the optimizer's tensors."""
