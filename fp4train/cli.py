@@ -53,7 +53,7 @@ HELP = {
     "device": "auto (GPU if there is one), cpu, cuda or cuda:N",
     "parallel": "none; ddp: data-parallel over the processes torchrun starts (torchrun --nproc-per-node N -m fp4train "
     "train --parallel ddp ...; each takes batch-size / N sequences of every batch, so the global batch is the same); "
-    "fsdp: the same, with each transformer block's weights, gradients and AdamW states sharded (FSDP2)",
+    "fsdp: the same, with each transformer block's weights, gradients and optimizer states sharded (FSDP2)",
     "dtype": "autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32",
     "optimizer": "adamw (torch's, FP32 moments), qadamw (AdamW with both moments stored in NVFP4, "
     "fp4train.optim.QAdamW), muon (Muon on the 2D hidden weights, AdamW on the rest: torch's arithmetic) or qmuon "

@@ -103,7 +103,7 @@ def whole(t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
 
 
 def full(p: torch.Tensor) -> torch.Tensor:
-    """``p`` whole (an all-gather if sharded)."""
+    """``p`` whole (gathered if it is a ``DTensor``)."""
     return p.full_tensor() if is_sharded(p) else p
 
 

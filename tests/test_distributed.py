@@ -73,13 +73,13 @@ def test_a_checkpoint_resumes_on_another_number_of_processes(tmp_path, first, th
     assert sorted(again) == [1, 2, 3, 4] and _rel(ref, again) < 1e-5
 
 
-@pytest.mark.parametrize("optimizer", ["qadamw", "muon", "qmuon", "lora_svd"])
-def test_sharded_optimizers_keep_one_process_bits(optimizer):
+@pytest.mark.parametrize("kind", ["qadamw", "muon", "qmuon", "lora_svd"])
+def test_sharded_optimizers_keep_one_process_bits(kind):
     """The same gradients into sharded and whole parameters: equal parameters and states (NVFP4 codes included);
     LoRA-SVD's realignment of sharded layers: the whole layers' factors and residuals."""
     worker = Path(__file__).parent / "workers" / "sharded_optimizers.py"
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(worker),
-                        optimizer], capture_output=True, text=True, timeout=300)
+                        kind], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
 
 

@@ -38,9 +38,7 @@ _FP32_MAX = torch.finfo(torch.float32).max
 
 
 def tensor_scale(x: torch.Tensor, *, four_over_six: bool = False) -> torch.Tensor:
-    """FP32 encode scale ``s_enc`` (0-d tensor) from the finite values of ``x``."""
-    if x.numel() == 0:
-        return torch.ones((), device=x.device)
+    """FP32 encode scale ``s_enc`` (0-d tensor) from the finite values of ``x`` (1 for an empty ``x``)."""
     return scale_from_amax(finite_amax(x), four_over_six=four_over_six)
 
 

@@ -152,7 +152,8 @@ def _adamw_update(p, g, m, v, *, decay, step_size, bias2_sqrt, b1, b2, eps) -> N
 
 def _quantized_update(p, g, moments: tuple[dict, dict] | None, amax_over=None, **scalars):
     """One AdamW step of ``p`` from its stored NVFP4 moments (``None``: the first step, from zero moments): decode,
-    update, encode; returns the new stored moments (``amax_over``: a shard's, :mod:`fp4train.row_shards`)."""
+    update, encode; returns the new stored moments (``amax_over``: a sharded parameter's, see
+    :mod:`fp4train.optim.state_codec`)."""
     if moments is None:
         m, v = _zeros(p)
     else:

@@ -37,8 +37,8 @@ import functools
 import torch
 
 from ..formats import nvfp4
-from ..formats.quantize import quantize, quantize_tensors
 from ..formats.qtensor import QuantizedTensor
+from ..formats.quantize import quantize_tensors
 from ..transforms.hadamard import hadamard
 
 TILE = 16  #: NVFP4's block length; the mean tile is TILE x TILE and the Hadamard block TILE long
@@ -61,12 +61,15 @@ def _as_2d(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
 
 
+#: NVFP4 in 1x16 blocks along the last dim of a ``[rows, cols]`` state, nearest rounding
+_NVFP4_ROWS = dict(fmt="nvfp4", block=(TILE,), axis=1, scale="floor", four_over_six=False)
+
+
 @functools.lru_cache(maxsize=1024)  # one entry per state shape
 def _layout(rows: int, cols: int) -> QuantizedTensor:
-    """The metadata of an NVFP4 ``[rows, cols]`` tensor in 1x16 blocks along the last dim (derived on a meta
-    tensor: nothing is stored besides the tensors)."""
-    return quantize_tensors(torch.empty(rows, cols, device="meta"), None, fmt="nvfp4", block=(TILE,), axis=1, scale="floor",
-                            four_over_six=False)
+    """The metadata of an NVFP4 ``[rows, cols]`` state (derived on a meta tensor: nothing is stored besides the
+    tensors)."""
+    return quantize_tensors(torch.empty(rows, cols, device="meta"), None, **_NVFP4_ROWS)
 
 
 def _store(q: QuantizedTensor) -> dict[str, torch.Tensor]:
@@ -81,16 +84,16 @@ def _load(stored: dict[str, torch.Tensor], rows: int, cols: int) -> torch.Tensor
 
 
 def _nvfp4(x: torch.Tensor, amax_over) -> QuantizedTensor:
-    """NVFP4 of ``x`` ``[rows, cols]`` in 1x16 blocks, nearest rounding; the tensor scale from
-    ``amax_over(x's amax)`` where given (a shard encoded with the whole tensor's scale)."""
-    if amax_over is None:
-        return quantize(x, "nvfp4", axis=-1)
-    ts = nvfp4.scale_from_amax(amax_over(nvfp4.finite_amax(x)))
+    """NVFP4 of the FP32 ``x`` ``[rows, cols]``; the tensor scale from ``amax_over(x's amax)`` where given (a shard
+    encoded with the whole tensor's scale), else from ``x``'s own."""
+    encode = None
+    if amax_over is not None:
+        ts = nvfp4.scale_from_amax(amax_over(nvfp4.finite_amax(x)))
 
-    def encode(xb, keys, fmt, element, scale, four_over_six):
-        return (*nvfp4.encode_blocks(xb, ts, u=None), ts)
+        def encode(xb, keys, fmt, element, scale, four_over_six):
+            return (*nvfp4.encode_blocks(xb, ts, u=None), ts)
 
-    return quantize_tensors(x, None, fmt="nvfp4", block=(TILE,), axis=1, scale="floor", four_over_six=False, encode=encode)
+    return quantize_tensors(x, None, **_NVFP4_ROWS, encode=encode)
 
 
 def encode_signed(m: torch.Tensor, *, amax_over=None) -> dict[str, torch.Tensor]:

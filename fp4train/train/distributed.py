@@ -11,6 +11,7 @@ calibration is rank 0's, sent to every rank, so all ranks run the same strategie
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -74,8 +75,10 @@ def setup(parallel: str, batch_size: int, device_type: str) -> Ranks:
 
 
 def leave() -> None:
-    """After a finished run under torchrun: wait for every process, then leave the process group (a process that
-    exits while gloo still serves another can abort it)."""
+    """After a finished run under torchrun: free what is only garbage now (tensors a collective's work may still
+    hold, which destroyed during the interpreter's shutdown abort the process), wait for every process, then leave
+    the process group."""
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()

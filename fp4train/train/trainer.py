@@ -31,17 +31,19 @@ import torch
 from .. import backends, device_seeds, models
 from .. import recipes as _recipes
 from ..adahop.calibration import Calibration, PatternRecorder
-from ..linear.lora_svd import realign as realign_lora_svd
-from ..timing import code_commit
 from ..convert import convert
-from ..linear import QuantizedLinear
 from ..data import PackedBatches, eval_batches, load_splits, load_tokenizer
+from ..linear import QuantizedLinear
+from ..linear.lora_svd import realign as realign_lora_svd
 from ..optim import QAdamW, QMuon, muon_groups
+from ..row_shards import full
+from ..timing import code_commit
+from . import sharding
 from .checkpoint import MANIFEST, CheckpointError, Checkpoints
 from .config import FIELDS_ADDED, TrainConfig, speed_settings
 from .determinism import deterministic_algorithms
-from . import sharding
-from .distributed import Ranks, setup as setup_ranks
+from .distributed import Ranks
+from .distributed import setup as setup_ranks
 
 
 class TrainingDiverged(RuntimeError):
@@ -439,8 +441,7 @@ class Trainer:
         loss_val = self.ranks.mean(loss_sum / cfg.grad_accum).item()  # the global batch's mean loss
         if not math.isfinite(loss_val):
             raise TrainingDiverged(self._diverged_msg(f"loss is {loss_val}"))
-        gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-        gnorm = (gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm).item()  # sharded: a DTensor
+        gnorm = full(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)).item()  # sharded: a DTensor
         if not math.isfinite(gnorm):
             raise TrainingDiverged(self._diverged_msg(f"gradient norm is {gnorm}"))
         self.opt.step()

@@ -10,6 +10,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from fp4train.optim import QAdamW, QMuon
+from fp4train.train.distributed import leave
 
 
 def _model() -> torch.nn.Module:
@@ -47,8 +48,7 @@ def main(kind: str) -> None:
         _realign(kind)
     else:
         _step(kind)
-    dist.barrier()  # then leave together: a process exiting while gloo still serves the other can abort
-    dist.destroy_process_group()
+    leave()
 
 
 def _step(kind: str) -> None:
