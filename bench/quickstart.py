@@ -74,7 +74,11 @@ def main(argv=None):
         done = subprocess.run([sys.executable, *tests[1:]], cwd=ROOT)
         timing["tests_s"] = time.perf_counter() - t0
         timing["tests_exit_code"] = done.returncode
-    write_results(dest / "timing.json", timing, compare=shlex.join(compare), tests=shlex.join(tests), cores=os.cpu_count())
+    import torch
+
+    # the FP4 rows depend on the CPU kernels' instruction set (a last-bit difference flips an FP4 code)
+    write_results(dest / "timing.json", timing, compare=shlex.join(compare), tests=shlex.join(tests), cores=os.cpu_count(),
+                  cpu=torch.backends.cpu.get_cpu_capability())
     print(", ".join(f"{k} {v:.1f}" for k, v in timing.items()))
 
 

@@ -113,6 +113,8 @@ def quickstart_table(report_md: str, timing: dict) -> str:
     if "tests_s" in t:
         took.append(f"the test suite {_minutes(t['tests_s'])}")
     where = f"{timing['cores']}-core CPU" if timing["gpu"] == "cpu" else timing["gpu"]
+    if timing.get("cpu"):
+        where += f" ({timing['cpu']} kernels)"
     return "\n".join(table + ["", f"_{where}: {'; '.join(took)}; {_provenance(timing, device=False)}; "
                               "`python bench/quickstart.py --tests`._"])
 

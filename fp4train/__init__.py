@@ -11,30 +11,33 @@ The pieces, in the order data flows through them:
 * a GEMM **backend** (:mod:`fp4train.backends`) multiplies.
 """
 
-from . import backends, formats, recipes, transforms
-from .convert import convert, unconvert
-from .formats import FORMATS, QuantizedTensor, dequantize, fake_quantize, quantize
-from .linear import QuantizedLinear
-from .quantizer import Quantizer
-from .recipes import Recipe
-from .transforms import hadamard
-
 __version__ = "0.1.0"
 
-__all__ = [
-    "FORMATS",
-    "QuantizedLinear",
-    "QuantizedTensor",
-    "Quantizer",
-    "Recipe",
-    "backends",
-    "convert",
-    "dequantize",
-    "fake_quantize",
-    "formats",
-    "hadamard",
-    "quantize",
-    "recipes",
-    "transforms",
-    "unconvert",
-]
+#: what ``import fp4train`` offers, and the module each comes from: loaded on first use, so that the command line's
+#: ``--version`` and ``--help`` answer without loading PyTorch
+_EXPORTS = {
+    "FORMATS": "formats", "QuantizedTensor": "formats", "dequantize": "formats", "fake_quantize": "formats",
+    "quantize": "formats", "convert": "conversion", "unconvert": "conversion", "QuantizedLinear": "linear",
+    "Quantizer": "quantizer", "Recipe": "recipes", "hadamard": "transforms",
+}
+_MODULES = ("backends", "formats", "recipes", "transforms")
+
+__all__ = ["FORMATS", "QuantizedLinear", "QuantizedTensor", "Quantizer", "Recipe", "backends", "convert", "dequantize",
+           "fake_quantize", "formats", "hadamard", "quantize", "recipes", "transforms", "unconvert"]
+
+
+def __getattr__(name: str):
+    import importlib
+
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    elif name in _MODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module 'fp4train' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

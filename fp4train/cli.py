@@ -1,7 +1,7 @@
-"""The ``fp4train`` command: ``train``, ``compare``, ``recipes``.
+"""The ``fp4train`` command: ``train``, ``compare``, ``analyze``, ``eval``, ``export``, ``generate``, ``recipes``.
 
 Every training option has a flag; ``--config file.toml`` sets many at once, and flags given on
-the command line override the file.
+the command line override the file. ``fp4train --version`` and ``fp4train --help`` answer without loading PyTorch.
 """
 
 from __future__ import annotations
@@ -9,71 +9,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
+import signal
 import sys
 from pathlib import Path
 
-from . import models
-from . import recipes as _recipes
-from .train.config import COMPILE_MODES, DTYPES, NUMERICS, OPTIMIZERS, PARALLEL, TrainConfig
+from . import __version__
 
-HELP = {
-    "model": "model size preset: tiny, 20m, 60m, 125m, 350m, 1b, 3b",
-    "recipe": "recipe name (see `fp4train recipes`) or a recipe .json/.toml file",
-    "backend": "GEMM backend: auto (the default: triton on a GPU machine, emulated elsewhere), triton (Triton-kernel "
-    "quantization, MXFP4 GEMMs on FP8 tensor cores), fp8_blockwise, or emulated (the reference, runs anywhere)",
-    "calibration": "AdaHOP recipes: reuse this adahop_calibration.json (from an earlier run) instead of calibrating",
-    "data": "training text: a .txt/.jsonl/.jsonl.xz/.parquet file, a glob, a directory (train-*/val-* shards split themselves), "
-    "'shakespeare' or hf:NAME[:SPLIT]; several joined with commas. Default: the packaged tiny-shakespeare",
-    "val_data": "validation text, same forms as --data (default: hold out --val-fraction of the documents)",
-    "val_fraction": "fraction of documents held out for validation when --val-data is not given",
-    "tokenizer": "tokenizer: a tokenizer.json(.xz) path or a Hugging Face name (default: the packaged 32k enwiki BPE)",
-    "text_field": "JSON/parquet field that holds the text",
-    "cache_dir": "where tokenized data is cached (default: $FP4TRAIN_CACHE or ~/.cache/fp4train)",
-    "seq_len": "tokens per sequence",
-    "batch_size": "sequences per micro-batch",
-    "grad_accum": "micro-batches per optimizer step",
-    "max_steps": "optimizer steps to train",
-    "lr": "peak learning rate (AdamW)",
-    "min_lr_ratio": "the cosine schedule decays to lr * this",
-    "warmup_steps": "linear warmup steps",
-    "weight_decay": "AdamW weight decay (matrices only)",
-    "betas": "AdamW betas, e.g. 0.9,0.95",
-    "grad_clip": "clip the global gradient norm to this",
-    "eval_every": "evaluate the validation loss every N steps (and at the end); 0: only at the end",
-    "eval_batches": "validation batches per evaluation (the same ones every time)",
-    "ckpt_every": "write a checkpoint every N steps (and at the end); 0: only at the end",
-    "keep_checkpoints": "how many recent checkpoints to keep",
-    "log_every": "write a metrics record every N steps",
-    "out": "run directory (config, metrics.jsonl, TensorBoard logs, checkpoints, summary); a new run needs an empty or new one",
-    "seed": "seed for init, data order and stochastic rounding",
-    "data_seed": "seed of the training windows' order alone (default: --seed); same init and rounding, another order",
-    "deterministic": "the same loss bits on every repeat of a run on one GPU: torch.use_deterministic_algorithms, a "
-    "fixed cuBLAS workspace, atomic-free attention backward (slower; off by default)",
-    "device": "auto (GPU if there is one), cpu, cuda or cuda:N",
-    "parallel": "none; ddp: data-parallel over the processes torchrun starts (torchrun --nproc-per-node N -m fp4train "
-    "train --parallel ddp ...; each takes batch-size / N sequences of every batch, so the global batch is the same); "
-    "fsdp: the same, with each transformer block's weights, gradients and optimizer states sharded (FSDP2)",
-    "dtype": "autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32",
-    "optimizer": "adamw (torch's, FP32 moments), qadamw (AdamW with both moments stored in NVFP4, "
-    "fp4train.optim.QAdamW), muon (Muon on the 2D hidden weights, AdamW on the rest: torch's arithmetic) or qmuon "
-    "(the same with NVFP4 states, fp4train.optim.QMuon); default: the recipe's (fullstack: qadamw), else adamw",
-    "compile": "torch.compile the model (default: on a GPU, off on a CPU; --no-compile runs eagerly)",
-    "compile_mode": "with compile: default, or reduce-overhead (each step replayed as CUDA graphs: no per-kernel "
-    "launch from the host, which bounds the quantized recipes' speed at small models; stochastic-rounding seeds are "
-    "then drawn on the device, random Hadamard signs too); default: reduce-overhead on a GPU with --grad-accum 1, "
-    "else default",
-    "numerics": "how quantization runs, same bits in each: eager (reference ops), compiled (torch.compile'd "
-    "reference), triton (fp4train's kernels where they exist); default: triton with the triton backend (the default "
-    "on a GPU machine), eager elsewhere",
-    "progress": "show a progress bar",
-    "tensorboard": "write TensorBoard logs",
-}
-_SKIP = {"extra"}
+_SKIP = {"extra"}  #: fields with no flag
 #: Options that only a training run uses (``analyze`` trains BF16 for its own --steps, without checkpoints)
 _TRAIN_ONLY = ("recipe", "max_steps", "calibration", "backend", "numerics", "eval_every", "eval_batches", "ckpt_every",
                "keep_checkpoints", "compile", "compile_mode")
-_CHOICES = {"model": models.names(), "dtype": DTYPES, "numerics": NUMERICS, "compile_mode": COMPILE_MODES, "optimizer": OPTIMIZERS, "parallel": PARALLEL}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -93,7 +40,53 @@ def _betas(s: str) -> tuple[float, float]:
     return b
 
 
-def _add_config_flags(p: argparse.ArgumentParser, *, skip=(), out: str = TrainConfig.out) -> None:
+def _at_least(low: int):
+    """An argparse type: an integer >= ``low``."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {v}")
+        return v
+    return parse
+
+
+def _number(low: float, *, open_low: bool = False):
+    """An argparse type: a finite number >= ``low`` (> where ``open_low``)."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not math.isfinite(v) or v < low or (open_low and v == low):
+            raise argparse.ArgumentTypeError(f"must be a finite number {'>' if open_low else '>='} {low:g}, got {text}")
+        return v
+    return parse
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of the commands that read a finished run: which run, which checkpoint, and whether to trust it."""
+    p.add_argument("--run", required=True, help="the run directory (fp4train train --out; for a comparison, one of its "
+                   "runs/<recipe>-seed<N> folders)")
+    p.add_argument("--checkpoint", help="a checkpoint file of the run (default: its newest)")
+    p.add_argument("--trust-checkpoint", action="store_true", help="load --checkpoint although no checkpoints.json lists "
+                   "it (its checksums cannot be verified)")
+
+
+def __getattr__(name: str):
+    if name == "HELP":  # every training option's help text, from its definition (fp4train.train.config.TrainConfig)
+        from .train.config import TrainConfig
+
+        return {f.name: f.metadata["help"] for f in dataclasses.fields(TrainConfig) if f.name not in _SKIP}
+    raise AttributeError(name)
+
+
+def _add_config_flags(p: argparse.ArgumentParser, *, skip=(), out: str | None = None) -> None:
+    from .train.config import TrainConfig, choices
+
+    out = out or TrainConfig.out
     p.add_argument("--config", metavar="TOML", help="read options from a TOML file (flags override it)")
     for f in dataclasses.fields(TrainConfig):
         if f.name in _SKIP or f.name in skip:
@@ -101,22 +94,26 @@ def _add_config_flags(p: argparse.ArgumentParser, *, skip=(), out: str = TrainCo
         flag = "--" + f.name.replace("_", "-")
         default = out if f.name == "out" else f.default if f.default is not dataclasses.MISSING else None
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        h = HELP[f.name] + (f" (default: {shown})" if default is not None and f.type != "bool" else "")
+        bounds = f.metadata.get("bounds")
+        h = f.metadata["help"] + (f"; {'each ' if f.name == 'betas' else ''}{bounds}" if bounds else "")
+        h += f" (default: {shown})" if default is not None and f.type != "bool" else ""
         if f.type in ("bool", bool, "bool | None"):
             shown = "" if default is None else f" (default: {'on' if default else 'off'})"  # None: the help says
             p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=h + shown)
         elif f.name == "betas":
             p.add_argument(flag, dest=f.name, type=_betas, default=None, metavar="B1,B2", help=h)
-        elif f.name in _CHOICES:
-            p.add_argument(flag, dest=f.name, choices=_CHOICES[f.name], default=None, help=h)
+        elif choices(f):
+            p.add_argument(flag, dest=f.name, choices=choices(f), default=None, help=h)
         else:
             typ = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
             p.add_argument(flag, dest=f.name, type=typ, default=None, metavar=f.name.upper(), help=h)
 
 
-def _config_from_args(args, *, drop=()) -> TrainConfig:
-    """Defaults (the subcommand's --out among them) < the run's own config.json (on --resume) < --config TOML
-    < flags given."""
+def _config_from_args(args, *, drop=()):
+    """The :class:`~fp4train.train.config.TrainConfig` of the flags: defaults (the subcommand's --out among them) < the
+    run's own config.json (on --resume) < --config TOML < flags given."""
+    from .train.config import TrainConfig
+
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
                  if f.name not in _SKIP and f.name not in drop and getattr(args, f.name, None) is not None}
     defaults = {"out": args.default_out}
@@ -141,17 +138,56 @@ def _config_from_args(args, *, drop=()) -> TrainConfig:
     return TrainConfig(**{**defaults, **overrides})
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+#: each command's one-line help and description
+COMMANDS = {
+    "train": ("train a model under one recipe",
+              ("Train a Llama-style model under one recipe. Writes config.json, metrics.jsonl, TensorBoard logs, checkpoints "
+               "and summary.json to --out, which no other process may write meanwhile. Ctrl-C or SIGTERM stops after the "
+               "step in progress, with a checkpoint (exit 130 or 143); --resume continues.")),
+    "compare": ("train several recipes on the same model, data, seed and budget",
+                ("Train every recipe (BF16 is always included as the baseline) for every seed with otherwise identical "
+                 "settings, then write report.md, report.json and loss.png to --out. Run again, the same command reuses "
+                 "finished runs and resumes interrupted ones.")),
+    "analyze": ("outlier-pattern maps and per-GEMM error of every recipe on a real model",
+                ("Train the model in BF16 for --steps steps on real text, classify W, X and dY of every linear on every "
+                 "step, and on capture steps measure each GEMM's error under plain MXFP4, inner Hadamard, outlier "
+                 "extraction and every preset recipe. Writes analysis.json, analysis.md, patterns.png and "
+                 "recipe_errors.png to --out.")),
+    "eval": ("loss and perplexity of a trained checkpoint on any text",
+             ("Evaluate a run's checkpoint on a text source (any --data that train reads): mean next-token loss and "
+              "perplexity over non-overlapping windows, with the recipe's quantized forward (as trained) or as a plain "
+              "BF16 model. Prints one line; --json FILE also writes it.")),
+    "export": ("write a trained run as a Hugging Face LlamaForCausalLM folder",
+               ("Write a run's trained weights (LoRA-SVD merged) as a Hugging Face folder: config.json, model.safetensors "
+                "and the tokenizer; transformers' from_pretrained loads it.")),
+    "generate": ("continue a prompt with a trained run's model (a smoke look)",
+                 ("Sample a continuation of --prompt from a run's checkpoint (plain forward, LoRA-SVD merged; top-k "
+                  "sampling, seeded), printed as it is generated. A quick look at what a model learned, not a serving "
+                  "path.")),
+    "recipes": ("list the recipes", "List the registered recipes, or print one as TOML."),
+}
 
+
+def _top_level_parser() -> tuple[_Parser, argparse._SubParsersAction]:
     ap = _Parser(prog="fp4train", description="Train language models in FP4 (MXFP4, NVFP4) and compare recipes.")
     ap.add_argument("--version", action="version", version=f"fp4train {__version__}")
-    sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    return ap, ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    t = sub.add_parser("train", help="train a model under one recipe",
-                       description="Train a Llama-style model under one recipe. Writes config.json, metrics.jsonl, "
-                       "TensorBoard logs, checkpoints and summary.json to --out. Ctrl-C stops after the step in "
-                       "progress, with a checkpoint; --resume continues.")
+
+def build_parser(*, commands: bool = True) -> argparse.ArgumentParser:
+    """The ``fp4train`` parser; ``commands=False``: the commands' names alone, without their flags (which need the
+    training config, and so PyTorch)."""
+    ap, sub = _top_level_parser()
+    if not commands:
+        for name, (short, desc) in COMMANDS.items():
+            sub.add_parser(name, help=short, description=desc)
+        return ap
+    from .train.config import TrainConfig
+
+    def command(name: str) -> _Parser:
+        return sub.add_parser(name, help=COMMANDS[name][0], description=COMMANDS[name][1])
+
+    t = command("train")
     _add_config_flags(t)
     t.set_defaults(default_out=TrainConfig.out)
     t.add_argument("--resume", nargs="?", const=True, default=False, metavar="CHECKPOINT",
@@ -165,10 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "checkpoints.json lists it (its checksums cannot be verified)")
     t.add_argument("--config-json", help=argparse.SUPPRESS)
 
-    c = sub.add_parser("compare", help="train several recipes on the same model, data, seed and budget",
-                       description="Train every recipe (BF16 is always included as the baseline) for every seed with "
-                       "otherwise identical settings, then write report.md, report.json and loss.png to --out. Run "
-                       "again, the same command reuses finished runs and resumes interrupted ones.")
+    c = command("compare")
     _add_config_flags(c, skip=("recipe",), out="runs/compare")
     c.set_defaults(default_out="runs/compare")
     c.add_argument("--recipes", default="bf16,mxfp4,nvfp4", help="comma-separated recipe names (default: bf16,mxfp4,nvfp4)")
@@ -184,107 +217,137 @@ def build_parser() -> argparse.ArgumentParser:
                    "initialization and the training data in another order (--data-seed = seed + 1000): the report gives "
                    "this same-init spread beside BF16's seed-to-seed spread")
 
-    a = sub.add_parser("analyze", help="outlier-pattern maps and per-GEMM error of every recipe on a real model",
-                       description="Train the model in BF16 for --steps steps on real text, classify W, X and dY of every "
-                       "linear on every step, and on capture steps measure each GEMM's error under plain MXFP4, inner "
-                       "Hadamard, outlier extraction and every preset recipe. Writes analysis.json, analysis.md, "
-                       "patterns.png and recipe_errors.png to --out.")
+    a = command("analyze")
     _add_config_flags(a, skip=_TRAIN_ONLY, out="runs/analysis")
     a.set_defaults(default_out="runs/analysis")
-    a.add_argument("--steps", type=int, default=200, help="BF16 training steps to observe (default: 200)")
-    a.add_argument("--capture-every", type=int, default=50, help="measure GEMM errors every N steps and at the end (default: 50)")
-    a.add_argument("--threshold", type=float, default=4.0, help="outlier-pattern threshold (default: 4.0)")
-    a.add_argument("--k", type=int, default=16, help="outlier rows/channels extracted per operand (default: 16)")
+    a.add_argument("--steps", type=_at_least(1), default=200, help="BF16 training steps to observe (default: 200)")
+    a.add_argument("--capture-every", type=_at_least(1), default=50, help="measure GEMM errors every N steps and at the "
+                   "end (default: 50)")
+    a.add_argument("--threshold", type=_number(0, open_low=True), default=4.0, help="outlier-pattern threshold, > 0 "
+                   "(default: 4.0)")
+    a.add_argument("--k", type=_at_least(1), default=16, help="outlier rows/channels extracted per operand (default: 16)")
 
-    e = sub.add_parser("eval", help="loss and perplexity of a trained checkpoint on any text",
-                       description="Evaluate a run's checkpoint on a text source (any --data that train reads): mean "
-                       "next-token loss and perplexity over non-overlapping windows, with the recipe's quantized forward "
-                       "(as trained) or as a plain BF16 model. Prints one line; --json FILE also writes it.")
-    e.add_argument("--run", required=True, help="the run directory (fp4train train --out)")
-    e.add_argument("--checkpoint", help="a checkpoint file of the run (default: its newest)")
-    e.add_argument("--data", default=None, help="text to evaluate on (default: the packaged tiny-shakespeare)")
+    e = command("eval")
+    _add_run_flags(e)
+    e.add_argument("--data", default=None, help="text to evaluate on (default: the packaged tiny-shakespeare - the "
+                   "default training text: a run trained on it is told so)")
     e.add_argument("--forward", default="recipe", choices=["recipe", "bf16"], help="recipe: the quantized forward the "
-                   "run trained with; bf16: the same weights unquantized (LoRA-SVD merged)")
-    e.add_argument("--seq-len", type=int, default=None, help="window length (default: the run's)")
-    e.add_argument("--batch-size", type=int, default=None, help="windows per forward (default: the run's)")
-    e.add_argument("--max-tokens", type=int, default=None, help="evaluate on the first N tokens only")
-    e.add_argument("--device", default="auto", help="auto (GPU if there is one), cpu, cuda or cuda:N")
+                   "run trained with; bf16: the same weights unquantized (LoRA-SVD merged) (default: recipe)")
+    e.add_argument("--seq-len", type=_at_least(1), default=None, help="window length, >= 1 (default: the run's)")
+    e.add_argument("--batch-size", type=_at_least(1), default=None, help="windows per forward, >= 1 (default: the run's)")
+    e.add_argument("--max-tokens", type=_at_least(2), default=None, help="evaluate on the first N tokens only, at least "
+                   "one window (default: all of the text)")
+    e.add_argument("--device", default="auto", help="auto (GPU if there is one), cpu, cuda or cuda:N (default: auto)")
     e.add_argument("--json", help="also write the result to this JSON file")
+    e.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
-    x = sub.add_parser("export", help="write a trained run as a Hugging Face LlamaForCausalLM folder",
-                       description="Write a run's trained weights (LoRA-SVD merged) as a Hugging Face folder: "
-                       "config.json, model.safetensors and the tokenizer; transformers' from_pretrained loads it.")
-    x.add_argument("--run", required=True, help="the run directory (fp4train train --out)")
+    x = command("export")
+    _add_run_flags(x)
     x.add_argument("--out", required=True, help="a new or empty folder to write")
-    x.add_argument("--checkpoint", help="a checkpoint file of the run (default: its newest)")
     x.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="weight dtype (default: bfloat16)")
 
-    gen = sub.add_parser("generate", help="continue a prompt with a trained run's model (a smoke look)",
-                         description="Sample a continuation of --prompt from a run's checkpoint (plain forward, LoRA-SVD "
-                         "merged; top-k sampling, seeded). A quick look at what a model learned, not a serving path.")
-    gen.add_argument("--run", required=True, help="the run directory (fp4train train --out)")
-    gen.add_argument("--prompt", required=True)
-    gen.add_argument("--checkpoint", help="a checkpoint file of the run (default: its newest)")
-    gen.add_argument("--max-new-tokens", type=int, default=50)
-    gen.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
-    gen.add_argument("--top-k", type=int, default=50)
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--device", default="auto")
+    gen = command("generate")
+    _add_run_flags(gen)
+    gen.add_argument("--prompt", required=True, help="the text to continue")
+    gen.add_argument("--max-new-tokens", type=_at_least(1), default=50, help="tokens to generate, at most the model's "
+                     "context length; printed as they come (default: 50)")
+    gen.add_argument("--temperature", type=_number(0), default=0.8, help="sampling temperature, >= 0; 0: greedy "
+                     "(default: 0.8)")
+    gen.add_argument("--top-k", type=_at_least(1), default=50, help="sample among the k likeliest tokens (default: 50)")
+    gen.add_argument("--seed", type=_at_least(0), default=0, help="sampling seed (default: 0)")
+    gen.add_argument("--device", default="auto", help="auto (GPU if there is one), cpu, cuda or cuda:N (default: auto)")
 
-    r = sub.add_parser("recipes", help="list the recipes", description="List the registered recipes, or print one as TOML.")
+    r = command("recipes")
     r.add_argument("--show", metavar="NAME", help="print this recipe as TOML (a starting point for a custom recipe)")
     return ap
 
 
 def main(argv=None) -> int:
-    """The ``fp4train`` command. A user error (a bad flag, file or setting) is one line on stderr and exit
-    code 2; Ctrl-C exits 130 saying how to continue; anything else is a bug and keeps its traceback."""
-    args = build_parser().parse_args(argv)
+    """The ``fp4train`` command. A user error (a bad flag, file or setting, a full or read-only disk) is one line on
+    stderr and exit code 2; Ctrl-C exits 130 and SIGTERM 143, each saying how to continue; anything else is a bug and
+    keeps its traceback. Under torchrun, rank 0 speaks for every rank."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(commands=bool(argv) and argv[0] in COMMANDS).parse_args(argv)
     from .train import CheckpointError, TrainingDiverged
-    from .train.trainer import TrainingInterrupted
+    from .train.signals import TrainingInterrupted, exit_code, signal_name, terminate_as_interrupt
+
+    quiet = int(os.environ.get("RANK", "0")) > 0
+
+    def say(msg: str) -> None:
+        if not quiet:
+            print(msg, file=sys.stderr, flush=True)
 
     try:
-        return _run(args)
+        with terminate_as_interrupt():
+            return _run(args)
     except (TrainingDiverged, CheckpointError, ValueError, FileNotFoundError) as e:
-        print(f"fp4train: error: {e}", file=sys.stderr)
+        say(f"fp4train: error: {e}")
+        return 2
+    except OSError as e:  # the disk (full, read-only) or a path (a folder where a file goes): the reason and the path
+        say(f"fp4train: error: {e.strerror or e}{f': {e.filename}' if e.filename else ''}{_last_checkpoint(args)}"
+            + (f"; continue with: {_resume_hint(args)}" if _last_checkpoint(args) or args.command == "compare" else ""))
         return 2
     except TrainingInterrupted as e:
-        print(f"fp4train: stopped at step {e.step}, checkpoint {e.checkpoint}; continue with: {_resume_hint(args)}", file=sys.stderr)
-        return 130
-    except KeyboardInterrupt:
-        last = _last_checkpoint(args)
-        hint = _resume_hint(args) if last or args.command != "train" else "the same command with --overwrite (no step was saved)"
-        print(f"\nfp4train: interrupted{last}; continue with: {hint}", file=sys.stderr)
-        return 130
+        by = "" if e.signum == signal.SIGINT else f" by {signal_name(e.signum)}"
+        say(f"fp4train: stopped at step {e.step}{by}, checkpoint {e.checkpoint}; continue with: {_resume_hint(args)}")
+        return exit_code(e.signum)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (signals.Terminated), outside a run's steps
+        signum = getattr(e, "signum", signal.SIGINT)
+        what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal_name(signum)}"
+        if args.command in ("train", "compare"):
+            last = _last_checkpoint(args)
+            hint = _resume_hint(args) if last or args.command != "train" else "the same command with --overwrite (no step was saved)"
+            say(f"\nfp4train: {what}{last}; continue with: {hint}")
+        else:
+            say(f"\nfp4train: {what}")
+        return exit_code(signum)
 
 
 def _run(args) -> int:
     if args.command == "recipes":
+        from . import recipes as _recipes
+
         print(_recipes.get(args.show).to_toml() if args.show else _recipes.describe())
         return 0
 
     if args.command == "eval":
         from .evaluate import evaluate
+        from .train.run_dir import write_text
 
-        res = evaluate(args.run, args.data, checkpoint=args.checkpoint, forward=args.forward, seq_len=args.seq_len,
-                       batch_size=args.batch_size, max_tokens=args.max_tokens, device=args.device)
         if args.json:
-            Path(args.json).write_text(json.dumps(res, indent=1) + "\n")
+            _check_output_file(args.json, "--json")
+        res = evaluate(args.run, args.data, checkpoint=args.checkpoint, trust=args.trust_checkpoint, forward=args.forward,
+                       seq_len=args.seq_len, batch_size=args.batch_size, max_tokens=args.max_tokens, device=args.device,
+                       progress=args.progress)
+        if args.json:
+            write_text(Path(args.json), json.dumps(res, indent=1) + "\n")
         return 0
     if args.command == "generate":
-        from .evaluate import generate
+        from .evaluate import generate_pieces
 
-        print(args.prompt + generate(args.run, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                     top_k=args.top_k, seed=args.seed, checkpoint=args.checkpoint, device=args.device))
+        pieces = generate_pieces(args.run, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                          top_k=args.top_k, seed=args.seed, checkpoint=args.checkpoint, trust=args.trust_checkpoint,
+                          device=args.device)
+        first = next(pieces, None)  # the checks and the model's loading happen before anything is printed
+        if first is not None:
+            sys.stdout.write(args.prompt + first)
+            sys.stdout.flush()
+            for piece in pieces:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+        else:
+            sys.stdout.write(args.prompt)
+        print()
         return 0
     if args.command == "export":
         from .export import export_hf
 
-        out = export_hf(args.run, args.out, checkpoint=args.checkpoint, dtype=args.dtype)
+        out = export_hf(args.run, args.out, checkpoint=args.checkpoint, trust=args.trust_checkpoint, dtype=args.dtype)
         print(f"fp4train: wrote {out} (transformers.AutoModelForCausalLM.from_pretrained({str(out)!r}))")
         return 0
 
     from .train.compare import compare
+    from .train.config import TrainConfig
     from .train.trainer import train
 
     if args.command == "analyze":
@@ -307,16 +370,47 @@ def _run(args) -> int:
     else:
         base = _config_from_args(args)
         seeds = _ints("--seeds", args.seeds) if args.seeds else [base.seed]
+        bad = [s for s in seeds if s < 0]
+        if bad:
+            raise ValueError(f"--seeds takes seeds >= 0, got {', '.join(map(str, bad))}")
         recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+        if not recipes:
+            raise ValueError(f"--recipes {args.recipes!r} names no recipe: give comma-separated names, e.g. mxfp4,nvfp4 "
+                             "(see fp4train recipes)")
         eval_data = [t.strip() for t in args.eval_data.split(",") if t.strip()] if args.eval_data else None
+        if args.eval_data is not None and not eval_data:
+            raise ValueError(f"--eval-data {args.eval_data!r} names no text: give comma-separated sources, or leave it out")
         compare(base, recipes, seeds, base.out, gpus=_gpus(args.gpus), overwrite=args.overwrite, eval_data=eval_data,
                 recipe_optimizers=getattr(args, "optimizer", None) is None, noise_floor=args.noise_floor)
     return 0
 
 
+def _check_output_file(path: str, flag: str) -> None:
+    """Refuse, before any work, a file that cannot be written: a folder, a missing folder, a read-only place."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{flag} {path} is a folder; give a file name, e.g. {p / 'result.json'}")
+    if not p.parent.is_dir():
+        raise ValueError(f"{flag} {path}: the folder {p.parent} does not exist; create it first")
+    existed = p.exists()
+    try:
+        with open(p, "a"):
+            pass
+    except OSError as e:
+        raise ValueError(f"{flag} {path} cannot be written: {e.strerror or e}") from None
+    if not existed:
+        p.unlink()
+
+
+def _out(args) -> str:
+    return getattr(args, "out", None) or args.default_out
+
+
 def _resume_hint(args) -> str:
     if args.command == "train":
-        return f"fp4train train --out {args.out or args.default_out} --resume"
+        from .train.run_dir import resume_command
+
+        return resume_command(_out(args))
     if args.command == "compare":
         return "the same fp4train compare command (finished runs are reused, the stopped one resumes)"
     return "the same command"
@@ -327,12 +421,12 @@ def _last_checkpoint(args) -> str:
         return ""
     from .train import CheckpointError, Checkpoints
 
-    out = args.out or args.default_out
+    out = _out(args)
     try:
         last = Checkpoints(out).entries()
     except CheckpointError:
         return ""
-    return f"; the last checkpoint is {out}/{last[-1]['file']} (step {last[-1]['step']})" if last else ""
+    return f"; the last checkpoint is {Path(out) / last[-1]['file']} (step {last[-1]['step']})" if last else ""
 
 
 def _ints(flag: str, spec: str) -> list[int]:
@@ -354,7 +448,12 @@ def _gpus(spec: str) -> list[int] | None:
     import torch
 
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    bad = [g for g in gpus if g >= n] if n else []
+    if not gpus:
+        raise ValueError(f"--gpus {spec!r} names no GPU: give ids such as 0,1, or none (runs in this process) or auto")
+    if not n:
+        raise ValueError(f"--gpus {spec}: PyTorch sees no CUDA GPU on this machine; use --gpus none (runs in this process, "
+                         "on the CPU) or auto")
+    bad = [g for g in gpus if g < 0 or g >= n]
     if bad:
         raise ValueError(f"--gpus {spec}: GPU(s) {bad} do not exist; this machine has {n} (0..{n - 1})")
     return gpus

@@ -13,6 +13,7 @@ next-token cross-entropy over every predicted token. Two forwards:
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -61,8 +62,8 @@ def build_model(ck: dict, forward: str, device: torch.device) -> Llama:
     if forward == "bf16":
         return plain_model(ck).to(device)
     model = Llama(LlamaConfig(**ck["model_config"]))
-    from . import convert
     from .adahop.calibration import Calibration
+    from .conversion import convert
     from .recipes import Recipe
 
     recipe = Recipe.from_dict(ck["recipe"])
@@ -78,26 +79,40 @@ def build_model(ck: dict, forward: str, device: torch.device) -> Llama:
 
 
 @torch.no_grad()
-def evaluate(run: str | Path, data: str | None, *, checkpoint: str | Path | None = None, forward: str = "recipe",
-             seq_len: int | None = None, batch_size: int | None = None, max_tokens: int | None = None,
-             device: str = "auto", log=print) -> dict:
-    """``{"loss", "ppl", "tokens", ...}`` of ``run``'s checkpoint on ``data`` (see the module docstring)."""
+def evaluate(run: str | Path, data: str | None, *, checkpoint: str | Path | None = None, trust: bool = False,
+             forward: str = "recipe", seq_len: int | None = None, batch_size: int | None = None,
+             max_tokens: int | None = None, device: str = "auto", log=print, progress: bool = False) -> dict:
+    """``{"loss", "ppl", "tokens", ...}`` of ``run``'s checkpoint on ``data`` (see the module docstring); ``trust``: load
+    ``checkpoint`` although no manifest lists it. Text the run trained on is evaluated too, with a warning that the
+    loss is then not a held-out one."""
     from .data import load_tokenizer
     from .train.trainer import resolve_device
 
-    ck = load_checkpoint(run, checkpoint)
+    for name, v, low in (("--seq-len", seq_len, 1), ("--batch-size", batch_size, 1), ("--max-tokens", max_tokens, 2)):
+        if v is not None and v < low:
+            raise ValueError(f"{name} must be >= {low}, got {v}")
+    ck = load_checkpoint(run, checkpoint, trust=trust)
     cfg = ck["config"]
     dev = resolve_device(device)
     seq_len = seq_len or cfg["seq_len"]
     batch_size = batch_size or cfg["batch_size"]
     if seq_len > ck["model_config"]["max_seq_len"]:
         raise ValueError(f"--seq-len {seq_len} exceeds the model's max_seq_len {ck['model_config']['max_seq_len']}")
+    seen = trained_on(cfg, data)
+    if seen:
+        print(f"fp4train: warning: the run trained on {', '.join(seen)}: a loss on it is not a held-out loss (--data names "
+              "other text)", file=sys.stderr, flush=True)
     tokenizer = load_tokenizer(cfg.get("tokenizer"))
     windows = text_windows(data, tokenizer, seq_len, text_field=cfg.get("text_field", "text"), max_tokens=max_tokens)
     model = build_model(ck, forward, dev)
     amp = torch.bfloat16 if dev.type == "cuda" else None
     total, n = 0.0, 0
-    for i in range(0, len(windows), batch_size):
+    starts = range(0, len(windows), batch_size)
+    if progress:
+        from tqdm.auto import tqdm
+
+        starts = tqdm(starts, desc="eval", unit="batch", dynamic_ncols=True, mininterval=0.5, leave=False)
+    for i in starts:
         w = windows[i:i + batch_size].to(dev)
         with torch.autocast(dev.type, dtype=amp, enabled=amp is not None):
             loss = model(w[:, :-1], w[:, 1:])
@@ -113,24 +128,49 @@ def evaluate(run: str | Path, data: str | None, *, checkpoint: str | Path | None
     return res
 
 
+def trained_on(cfg: dict, data: str | None) -> list[str]:
+    """The files of ``data`` that the run of config ``cfg`` trained on (its training split's files; with no
+    validation data of its own, a run trains on all but a fraction of each file's documents)."""
+    from .data.sources import expand, identity, split_sources
+
+    try:
+        train, _ = split_sources(cfg.get("data"), cfg.get("val_data"))
+        mine = {identity(f) for f in train}
+        return [Path(f).name if f != "shakespeare" else "the packaged tiny-shakespeare" for f in expand(data)
+                if identity(f) in mine]
+    except (ValueError, OSError):  # the run's data is no longer where it was: nothing to compare with
+        return []
+
+
+def generate(run: str | Path, prompt: str, **kw) -> str:
+    """``prompt`` continued by the run's model: :func:`generate_pieces` joined."""
+    return "".join(generate_pieces(run, prompt, **kw))
+
+
 @torch.no_grad()
-def generate(run: str | Path, prompt: str, *, max_new_tokens: int = 50, temperature: float = 0.8, top_k: int = 50,
-             seed: int = 0, checkpoint: str | Path | None = None, device: str = "auto") -> str:
-    """``prompt`` continued by the run's model (plain forward, LoRA-SVD merged): top-k sampling at ``temperature``
-    (0: greedy), seeded. A smoke look at what a model learned, not a serving path (no KV cache)."""
+def generate_pieces(run: str | Path, prompt: str, *, max_new_tokens: int = 50, temperature: float = 0.8, top_k: int = 50,
+                    seed: int = 0, checkpoint: str | Path | None = None, trust: bool = False, device: str = "auto"):
+    """``prompt`` continued by the run's model (plain forward, LoRA-SVD merged), yielded as the text of each new token
+    as it comes: top-k sampling at ``temperature`` (0: greedy), seeded. At most the model's context length of new
+    tokens. A smoke look at what a model learned, not a serving path (no KV cache). Everything is checked and the
+    model loaded before the first piece."""
     from .data import load_tokenizer
     from .train.trainer import resolve_device
 
-    if max_new_tokens < 1 or temperature < 0 or top_k < 1:
-        raise ValueError("--max-new-tokens and --top-k must be >= 1 and --temperature >= 0")
-    ck = load_checkpoint(run, checkpoint)
+    if max_new_tokens < 1 or temperature < 0 or not math.isfinite(temperature) or top_k < 1:
+        raise ValueError("--max-new-tokens and --top-k must be >= 1 and --temperature a finite number >= 0")
+    ck = load_checkpoint(run, checkpoint, trust=trust)
+    limit = ck["model_config"]["max_seq_len"]
+    if max_new_tokens > limit:
+        raise ValueError(f"--max-new-tokens {max_new_tokens} is more than the model's context of {limit} tokens; give at "
+                         f"most {limit}")
     dev = resolve_device(device)
     model = build_model(ck, "bf16", dev)
     tokenizer = load_tokenizer(ck["config"].get("tokenizer"))
     ids = tokenizer.encode_batch([prompt])[0] or [tokenizer.eot_id]
     g = torch.Generator(device=dev).manual_seed(seed)
     idx = torch.tensor([ids], device=dev)
-    limit = model.config.max_seq_len
+    shown = ""
     for _ in range(max_new_tokens):
         logits = model(idx[:, -limit:])[0, -1].float()
         if temperature == 0:
@@ -141,4 +181,10 @@ def generate(run: str | Path, prompt: str, *, max_new_tokens: int = 50, temperat
         if nxt.item() == tokenizer.eot_id:
             break
         idx = torch.cat([idx, nxt.view(1, 1)], dim=1)
-    return tokenizer.decode(idx[0, len(ids):].tolist())
+        text = tokenizer.decode(idx[0, len(ids):].tolist())  # whole: a token may end inside a character
+        if text.startswith(shown) and not text.endswith("\ufffd"):
+            yield text[len(shown):]
+            shown = text
+    text = tokenizer.decode(idx[0, len(ids):].tolist())
+    if text != shown and text.startswith(shown):
+        yield text[len(shown):]

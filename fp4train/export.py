@@ -9,6 +9,8 @@ module names and the rotate-half RoPE are Hugging Face Llama's).
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -16,15 +18,22 @@ import torch
 from .models.llama import Llama, LlamaConfig
 
 
-def load_checkpoint(run: str | Path, checkpoint: str | Path | None = None) -> dict:
-    """The newest verified checkpoint of ``run`` (or ``checkpoint``), on the CPU; a sharded one with its model's
-    whole tensors read from the shards (the optimizer's are not needed here)."""
-    from .train.checkpoint import Checkpoints, read_tensors
+def load_checkpoint(run: str | Path, checkpoint: str | Path | None = None, *, trust: bool = False) -> dict:
+    """The newest verified checkpoint of ``run`` (or ``checkpoint``; ``trust``: although no manifest lists it), on the
+    CPU; a sharded one with its model's whole tensors read from the shards (the optimizer's are not needed here)."""
+    from .train.checkpoint import MANIFEST, Checkpoints, read_tensors
 
     run = Path(run)
     if not run.is_dir():
         raise FileNotFoundError(f"--run {run} is not a run directory (fp4train train --out DIR writes one)")
-    ck = Checkpoints(run).load(checkpoint)
+    if checkpoint is None and not (run / MANIFEST).exists():
+        runs = sorted(p.name for p in (run / "runs").iterdir() if p.is_dir()) if (run / "runs").is_dir() else []
+        if runs:
+            raise ValueError(f"--run {run} is a comparison's folder: give one of its runs, e.g. --run {run / 'runs' / runs[0]} "
+                             f"({', '.join(runs[:6])}{', ...' if len(runs) > 6 else ''})")
+        raise ValueError(f"--run {run} holds no checkpoint (no {MANIFEST}): give the --out of an fp4train train run that "
+                         "wrote one, or --checkpoint FILE")
+    ck = Checkpoints(run, choose_with="--checkpoint").load(checkpoint, trust=trust)
     if "sharded" in ck:
         ck["model"] = read_tensors(ck["sharded"], "model")
     return ck
@@ -49,9 +58,9 @@ def plain_model(ck: dict) -> Llama:
     return model.eval()
 
 
-def load_model(run: str | Path, checkpoint: str | Path | None = None) -> tuple[Llama, dict]:
+def load_model(run: str | Path, checkpoint: str | Path | None = None, *, trust: bool = False) -> tuple[Llama, dict]:
     """(the run's :func:`plain_model`; the checkpoint)."""
-    ck = load_checkpoint(run, checkpoint)
+    ck = load_checkpoint(run, checkpoint, trust=trust)
     return plain_model(ck), ck
 
 
@@ -66,8 +75,11 @@ def hf_config(cfg: LlamaConfig, eot_id: int):
                          mlp_bias=False, hidden_act="silu", bos_token_id=eot_id, eos_token_id=eot_id)
 
 
-def export_hf(run: str | Path, out: str | Path, *, checkpoint: str | Path | None = None, dtype: str = "bfloat16") -> Path:
-    """Write ``run``'s trained model as a Hugging Face ``LlamaForCausalLM`` folder ``out`` (new or empty)."""
+def export_hf(run: str | Path, out: str | Path, *, checkpoint: str | Path | None = None, trust: bool = False,
+              dtype: str = "bfloat16") -> Path:
+    """Write ``run``'s trained model as a Hugging Face ``LlamaForCausalLM`` folder ``out`` (new or empty). It is
+    written beside ``out`` under a temporary name and renamed when complete: ``out`` holds a whole export or none.
+    The files take the permissions the process's umask gives."""
     try:
         from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
     except ImportError as e:
@@ -75,23 +87,49 @@ def export_hf(run: str | Path, out: str | Path, *, checkpoint: str | Path | None
     if dtype not in ("bfloat16", "float32"):
         raise ValueError(f"--dtype must be bfloat16 or float32, got {dtype!r}")
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a new or empty folder")
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"--out {out} is not empty; export into a new or empty folder")
-    model, ck = load_model(run, checkpoint)
-    from .data import load_tokenizer
+    if not out.parent.is_dir():
+        raise ValueError(f"--out {out}: the folder {out.parent} does not exist; create it first")
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        tmp.mkdir()
+    except OSError as e:
+        raise ValueError(f"--out {out} cannot be written: {e.strerror or e}") from None
+    try:
+        model, ck = load_model(run, checkpoint, trust=trust)
+        from .data import load_tokenizer
 
-    tok = load_tokenizer(ck["config"].get("tokenizer"))
-    if tok.vocab_size > model.config.vocab_size:
-        raise ValueError(f"the run's tokenizer has {tok.vocab_size} tokens but the model {model.config.vocab_size}")
-    hf = LlamaForCausalLM(hf_config(model.config, tok.eot_id))
-    sd = {k if k.startswith("lm_head") else f"model.{k}": v for k, v in model.state_dict().items()}
-    missing, unexpected = hf.load_state_dict(sd, strict=False)
-    missing = [k for k in missing if not (model.config.tie_embeddings and k == "lm_head.weight")]
-    if missing or unexpected:
-        raise RuntimeError(f"export: the Hugging Face model does not match fp4train's (missing {missing}, unexpected {unexpected})")
-    hf.to(getattr(torch, dtype))
-    out.mkdir(parents=True, exist_ok=True)
-    hf.save_pretrained(out, safe_serialization=True)
-    eot = tok.tok.id_to_token(tok.eot_id)
-    PreTrainedTokenizerFast(tokenizer_object=tok.tok, eos_token=eot, bos_token=eot).save_pretrained(out)
+        tok = load_tokenizer(ck["config"].get("tokenizer"))
+        if tok.vocab_size > model.config.vocab_size:
+            raise ValueError(f"the run's tokenizer has {tok.vocab_size} tokens but the model {model.config.vocab_size}")
+        hf = LlamaForCausalLM(hf_config(model.config, tok.eot_id))
+        sd = {k if k.startswith("lm_head") else f"model.{k}": v for k, v in model.state_dict().items()}
+        missing, unexpected = hf.load_state_dict(sd, strict=False)
+        missing = [k for k in missing if not (model.config.tie_embeddings and k == "lm_head.weight")]
+        if missing or unexpected:
+            raise RuntimeError(f"export: the Hugging Face model does not match fp4train's (missing {missing}, unexpected {unexpected})")
+        hf.to(getattr(torch, dtype))
+        hf.save_pretrained(tmp, safe_serialization=True)
+        eot = tok.tok.id_to_token(tok.eot_id)
+        PreTrainedTokenizerFast(tokenizer_object=tok.tok, eos_token=eot, bos_token=eot).save_pretrained(tmp)
+        _umask_permissions(tmp)
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return out
+
+
+def _umask_permissions(folder: Path) -> None:
+    """Give every file in ``folder`` the mode a new file gets under this process's umask (some writers create
+    theirs owner-only, through a temporary file)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for f in folder.iterdir():
+        if f.is_file():
+            f.chmod(0o666 & ~umask)

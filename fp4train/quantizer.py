@@ -14,7 +14,9 @@ here is a process-wide switch, and :func:`fp4train.quantize` is the reference wh
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -28,9 +30,19 @@ NUMERICS = ("eager", "compiled", "triton")
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+#: Triton is an optional dependency: PyTorch's CUDA builds for Linux bring it, and a CPU needs it only for the tests
+TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+
+
 def kernels_usable_on(t: torch.Tensor) -> bool:
-    """Can fp4train's Triton kernels take ``t``? CUDA tensors always; CPU tensors only under
-    Triton's interpreter (``TRITON_INTERPRET=1``: tests)."""
+    """Can fp4train's Triton kernels take ``t``? CUDA tensors where Triton is installed; CPU tensors only under
+    Triton's interpreter (``TRITON_INTERPRET=1``: tests). Without Triton the reference runs (the same bits), and a
+    GPU run says so."""
+    if not TRITON_INSTALLED:
+        if t.is_cuda:
+            warnings.warn("fp4train: Triton is not installed, so the quantizers run as PyTorch reference ops (the same "
+                          "bits, slower): pip install 'fp4train[triton]'", stacklevel=2)
+        return False
     return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 

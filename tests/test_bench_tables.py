@@ -75,6 +75,8 @@ def test_quickstart_times_the_readmes_own_commands_and_tables_them():
                                 "the test suite 9 min 01 s; torch 2.13.0, commit abc1234")
     timing["results"]["tests_s"] = 119.6  # rounds up into the next minute, not to "1 min 60 s"
     assert "the test suite 2 min 00 s" in tables.quickstart_table(report, timing)
+    timing["cpu"] = "AVX512"  # the FP4 rows depend on the CPU kernels' instruction set: the caption names it
+    assert tables.quickstart_table(report, timing).splitlines()[-1].startswith("_2-core CPU (AVX512 kernels): ")
 
 
 def test_train_speed_reports_the_trainers_own_figure(tmp_path):

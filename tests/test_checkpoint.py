@@ -49,8 +49,16 @@ def test_missing_and_unlisted(tmp_path):
     with pytest.raises(CheckpointError, match="no checkpoint to resume from"):
         c.load()
     c.save(1, _state(1))
+    with pytest.raises(CheckpointError, match="other.pt does not exist"):
+        c.load(tmp_path / "other.pt")
+    torch.save(_state(2), tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="is not listed"):
         c.load(tmp_path / "other.pt")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    torch.save(_state(1), elsewhere / "step_000001.pt")  # the name of a listed checkpoint, in another folder
+    with pytest.raises(CheckpointError, match="is not in the run directory"):
+        c.load(elsewhere / "step_000001.pt")
     (tmp_path / "step_000001.pt").unlink()
     with pytest.raises(CheckpointError, match="is missing"):
         c.load()

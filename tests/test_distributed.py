@@ -147,13 +147,18 @@ def test_parallel_launches_that_cannot_work_are_refused(tmp_path, monkeypatch):
         TrainConfig(parallel="zero3")
 
 
-def test_compare_runs_each_recipe_over_all_listed_devices(tmp_path, capsys):
+def test_compare_runs_each_recipe_over_all_listed_devices(tmp_path, capsys, monkeypatch):
+    import torch
+
     from fp4train.cli import main
 
     args = ["compare", *BASE, "--recipes", "mxfp4", "--max-steps", "2", "--parallel", "ddp"]
-    assert main(args + ["--gpus", "0,0", "--out", str(tmp_path / "cmp")]) == 0  # two processes per run (CPU here)
+    if not torch.cuda.is_available():  # the command line refuses --gpus without a GPU: two CPU processes per run here
+        monkeypatch.setattr("fp4train.cli._gpus", lambda spec: [0, 0] if spec == "0,0" else None)
+    assert main(args + ["--gpus", "0,0", "--out", str(tmp_path / "cmp")]) == 0
     for run in ("bf16-seed0", "mxfp4-seed0"):
         assert json.loads((tmp_path / "cmp" / "runs" / run / "summary.json").read_text())["processes"] == 2
-    assert "started mxfp4-seed0 on GPUs 0,0" in capsys.readouterr().err
+    where = "GPUs 0,0" if torch.cuda.is_available() else "the CPU, 2 processes (torchrun)"
+    assert f"started mxfp4-seed0 on {where}" in capsys.readouterr().err
     assert main(args + ["--gpus", "none", "--out", str(tmp_path / "x")]) == 2
     assert "compare --parallel ddp spreads each run over the GPUs that --gpus lists" in capsys.readouterr().err

@@ -209,7 +209,7 @@ def calibrate_in_place(model: nn.Module, recipe, train_step, steps: int, *, back
     then convert ``model`` to the calibrated recipe - what the trainer does over its first steps,
     for scripts that drive the steps themselves (benchmarks); ``backend``, ``numerics`` and
     ``device_seeds`` as :func:`fp4train.convert` takes them. Returns the calibration."""
-    from ..convert import convert
+    from ..conversion import convert
 
     rec = PatternRecorder.for_recipe(model, recipe).attach()
     try:

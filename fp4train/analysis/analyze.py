@@ -28,11 +28,11 @@ import torch.nn.functional as F
 
 from .. import recipes as _recipes
 from ..adahop.calibration import Calibration
+from ..adahop.outlier_linear import gemm_with_outliers
 from ..adahop.patterns import Pattern, classify, gemm_operands, outlier_ratios
 from ..adahop.strategy import DEFAULT_K, Strategy, derive_rules, relative_error
 from ..backends import get as get_backend
-from ..convert import block_index
-from ..adahop.outlier_linear import gemm_with_outliers
+from ..conversion import block_index
 from ..linear.operands import OP_A, OP_B, prepare
 from ..quantizer import Quantizer
 from ..train.config import TrainConfig

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ..quantizer import kernels_usable_on
 from . import reference
 from .reference import TILE, default_scale, quantize_ds, quantize_heads
 
@@ -25,7 +26,7 @@ HEAD_DIMS = (32, 64, 128)
 def _use_triton(impl: str, q: torch.Tensor) -> bool:
     if impl == "triton":
         return True
-    return impl == "auto" and q.is_cuda
+    return impl == "auto" and q.is_cuda and kernels_usable_on(q)
 
 
 class _NVFP4Attention(torch.autograd.Function):

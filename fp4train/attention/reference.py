@@ -30,6 +30,7 @@ import torch
 from ..formats import e2m1, nvfp4
 from ..formats.ieee import true_div
 from ..formats.quantize import quantize
+from ..quantizer import kernels_usable_on
 
 #: dS's second-level scale covers one TILE x TILE tile (the kernel's block of queries x keys)
 TILE = 64
@@ -40,7 +41,7 @@ def quantize_heads(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """NVFP4 (1x16 along the last dim, one scale for the tensor) of ``x [..., D]``: (exact BF16 values ``q * sb``,
     FP32 divisor ``s_enc``); the dequantized tensor is ``values / s_enc``."""
     d = x.shape[-1]
-    if x.is_cuda:  # the Triton kernel with the reference's bits (fp4train.kernels.nvfp4_values)
+    if x.is_cuda and kernels_usable_on(x):  # the Triton kernel with the reference's bits (fp4train.kernels.nvfp4_values)
         from ..kernels.nvfp4_values import nvfp4_values
 
         sb = nvfp4_values(x.reshape(-1, d), axis=1)

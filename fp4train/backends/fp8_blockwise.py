@@ -17,6 +17,7 @@ import torch
 
 from ..formats.fold import FoldedFP8
 from ..formats.qtensor import QuantizedTensor
+from ..quantizer import kernels_usable_on
 from .emulated import EmulatedBackend
 from .fp8_operands import FoldedOperand, Fp8Operands
 
@@ -164,7 +165,7 @@ class Fp8BlockwiseBackend:
         :meth:`~fp4train.formats.QuantizedTensor.scaled_bf16` bit for bit); anything else as it is."""
         if isinstance(op, FoldedOperand):
             return op.scaled_bf16()
-        if self.splits_with_kernel and isinstance(op, QuantizedTensor) and op.ndim == 2 and op.codes.is_cuda:
+        if self.splits_with_kernel and isinstance(op, QuantizedTensor) and op.ndim == 2 and op.codes.is_cuda and kernels_usable_on(op.codes):
             from ..kernels.scaled_decode import decode_scaled_bf16
 
             if (split := decode_scaled_bf16(op)) is not None:

@@ -27,7 +27,7 @@ class PackedBatches:
         self.n_windows = max(0, (len(split) - 1) // seq_len)
         if self.n_windows < batch_size:
             raise ValueError(
-                f"the {split.name} split has {len(split):,} tokens: {self.n_windows} windows of {seq_len + 1}, "
+                f"the {split.name} split has {_tokens(len(split))}: {self.n_windows} windows of {seq_len + 1}, "
                 f"fewer than one batch of {batch_size}; use more data, a shorter --seq-len or a smaller --batch-size"
             )
         self.epoch, self.cursor = 0, 0
@@ -79,7 +79,7 @@ def eval_batches(split: TokenSplit, seq_len: int, batch_size: int, n_batches: in
     n = min(n_batches * batch_size, n_windows)
     if n == 0:
         raise ValueError(
-            f"the validation split has {len(split):,} tokens, too few for one window of {seq_len + 1}: give validation "
+            f"the validation split has {_tokens(len(split))}, too few for one window of {seq_len + 1}: give validation "
             "text with --val-data, hold out more documents with a larger --val-fraction, or use a shorter --seq-len"
         )
     loader = PackedBatches.__new__(PackedBatches)
@@ -88,3 +88,7 @@ def eval_batches(split: TokenSplit, seq_len: int, batch_size: int, n_batches: in
     for i in range(0, n, batch_size):
         out.append(loader.gather(torch.arange(i, min(i + batch_size, n))))
     return out
+
+
+def _tokens(n: int) -> str:
+    return f"{n:,} token{'' if n == 1 else 's'}"

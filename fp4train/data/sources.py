@@ -86,7 +86,7 @@ def split_sources(data: str | None, val_data: str | None) -> tuple[list[str], li
         )
     val = expand(val_data) if val_data else None
     if val:
-        same = sorted(set(map(_identity, train)) & set(map(_identity, val)))
+        same = sorted(set(map(identity, train)) & set(map(identity, val)))
         if same:
             raise ValueError(
                 f"{', '.join(same)} is both training and validation data (--data and --val-data); validation text must "
@@ -95,7 +95,7 @@ def split_sources(data: str | None, val_data: str | None) -> tuple[list[str], li
     return train, val
 
 
-def _identity(source: str) -> str:
+def identity(source: str) -> str:
     """What makes two sources the same: the resolved path of a file, the spec of anything else."""
     return str(Path(source).resolve()) if os.path.isfile(source) else source
 
@@ -137,6 +137,8 @@ def _documents(source: str, text_field: str) -> Iterator[tuple[str, str]]:
         text = Path(source).read_text(encoding="utf-8")
         if "\x00" in text:
             raise ValueError(f"{source} holds NUL bytes: a binary file, not text; leave it out of the data")
+        if not text.strip():
+            raise ValueError(f"{source} is empty (no text in it); leave it out of the data")
         yield from _txt_docs(Path(source).name, text)
     elif source.endswith(".parquet"):
         yield from _parquet_docs(source, text_field)
@@ -150,8 +152,13 @@ def _documents(source: str, text_field: str) -> Iterator[tuple[str, str]]:
                 try:
                     rec = json.loads(line)
                     text = rec[text_field]
-                except (json.JSONDecodeError, KeyError, TypeError) as e:
-                    raise ValueError(f"{source}:{i + 1}: expected a JSON object with a {text_field!r} field ({e})") from e
+                except KeyError:
+                    keys = ", ".join(map(repr, list(rec)[:6])) if isinstance(rec, dict) else ""
+                    raise ValueError(f"{source}:{i + 1}: expected a JSON object with a {text_field!r} field, and this one "
+                                     f"has {keys or 'none'}; --text-field names the field that holds the text") from None
+                except (json.JSONDecodeError, TypeError) as e:
+                    raise ValueError(f"{source}:{i + 1}: expected a JSON object with a {text_field!r} field ({e}); "
+                                     "--text-field names the field that holds the text") from None
                 yield f"{name}:{rec.get('id', i)}", text
 
 

@@ -7,7 +7,7 @@ Quantization works on a *canonical* arrangement of the tensor:
 * 2D tile ``(b, b)``: the last two dims are zero-padded to multiples of ``b``; canonical
   shape ``(*lead, Rp, Cp)``. One scale per ``b x b`` tile. Transposing the tensor maps every
   tile onto a tile, so the transpose of the quantized tensor *is* the quantization of the
-  transpose (paper 004) - the property 1D blocks lack.
+  transpose (arXiv 2607.24953) - the property 1D blocks lack.
 
 Zero padding never changes a block's maximum, so padded and unpadded blocks get the same
 scale; the padding is cropped on dequantize.

@@ -6,7 +6,7 @@ whose largest value is ``emax_value = m * 2**emax`` (E2M1: 6 = 1.5 * 2**2; E4M3:
 
 * ``floor`` (OCP MX v1.0): ``e = floor(log2(amax)) - emax``. Then ``amax / 2**e`` lies in
   ``[2**emax, 2**(emax+1))``, so values above ``emax_value * 2**e`` are clipped.
-* ``ceil`` (truncation-free, paper 004): the smallest ``e`` with ``amax <= emax_value * 2**e``,
+* ``ceil`` (truncation-free, arXiv 2607.24953): the smallest ``e`` with ``amax <= emax_value * 2**e``,
   i.e. ``2**ceil(log2(amax / emax_value))``. Nothing clips.
 
 Both are computed exactly from ``frexp`` (no ``log2``, whose rounding could be off by one

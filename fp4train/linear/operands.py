@@ -124,7 +124,7 @@ def shares_quantization(p: QuantSpec, tp: TransformSpec | None, q: QuantSpec, tq
     """Can one quantization of a tensor serve two GEMMs that block it along different axes?
 
     Only with identical 2D tiles and no transform: a tile maps onto a tile under transposition
-    (paper 004), while a 1D block or a one-axis transform does not.
+    (arXiv 2607.24953), while a 1D block or a one-axis transform does not.
     """
     return p.quantized and p.is_2d and p == q and tp is None and tq is None
 

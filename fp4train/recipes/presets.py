@@ -82,7 +82,7 @@ TIB2D = Recipe(
         Override("*k_proj", _tib2d_linear("mxfp8")),
     ),
     description=(
-        "Transposition-invariant 2D blocks (paper 004): W and dY in 32x32 tiles, X in 1x32, "
+        "Transposition-invariant 2D blocks (arXiv 2607.24953): W and dY in 32x32 tiles, X in 1x32, "
         "ceil scales, SR on gradients, q_proj/k_proj in MXFP8."
     ),
 )
@@ -90,7 +90,7 @@ TIB2D = Recipe(
 ADAHOP = Recipe(
     name="adahop",
     description=(
-        "AdaHOP (papers 000/001): 20 BF16 calibration steps record W/X/dY outlier patterns, then per layer "
+        "AdaHOP (arXiv 2604.02525): 20 BF16 calibration steps record W/X/dY outlier patterns, then per layer "
         "and GEMM plain MXFP4, inner Hadamard, or outlier extraction, by the measured rule table."
     ),
     calibrate="rules",
@@ -111,7 +111,7 @@ FULLSTACK = Recipe(
     attention="nvfp4",
     optimizer="qadamw",
     description=(
-        "Full-Stack FP4 (paper 003): NVFP4 LoRA-SVD linears (rank 32, realigned every 4k steps), NVFP4 attention "
+        "Full-Stack FP4 (arXiv 2607.04422): NVFP4 LoRA-SVD linears (rank 32, realigned every 4k steps), NVFP4 attention "
         "(Q/K/V and dS), AdamW with NVFP4 moments; every block quantized."
     ),
 )

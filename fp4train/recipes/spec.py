@@ -323,17 +323,26 @@ class Recipe:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Recipe:
-        d = dict(d)
+        """A recipe from plain data (JSON, TOML). A misspelt or misplaced key is refused with its place in the
+        recipe and the keys that place takes, e.g. ``linear.fprop.a: unknown key 'blok' (known: block, ...)``."""
+        d = dict(_table(d, "recipe"))
         unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ValueError(f"unknown recipe field(s) {sorted(unknown)}")
         if "linear" in d:
-            d["linear"] = _linear_from_dict(d["linear"])
+            d["linear"] = _linear_from_dict(d["linear"], "linear")
         if "overrides" in d:
-            d["overrides"] = tuple(
-                Override(o["pattern"], _linear_from_dict(o["linear"]) if o.get("linear") is not None else None)
-                for o in d["overrides"]
-            )
+            overrides = []
+            for i, o in enumerate(d["overrides"] if isinstance(d["overrides"], (list, tuple)) else [d["overrides"]]):
+                o = _checked(Override, o, f"overrides[{i}]", nested=("linear",))
+                if "pattern" not in o:
+                    raise ValueError(f"overrides[{i}]: a pattern is missing (e.g. pattern = \"*.down_proj\")")
+                linear = o.get("linear")
+                overrides.append(Override(o["pattern"], _linear_from_dict(linear, f"overrides[{i}].linear")
+                                          if linear is not None else None))
+            d["overrides"] = tuple(overrides)
+        if d.get("lora_svd") is not None:
+            d["lora_svd"] = LoRASVDSpec(**_checked(LoRASVDSpec, d["lora_svd"], "lora_svd"))
         return cls(**d)
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -396,18 +405,34 @@ def _to_plain(obj) -> Any:
     return obj
 
 
-def _gemm_from_dict(d) -> GemmSpec:
-    d = dict(d)
-    t = d.pop("transform", None)
-    o = d.pop("outliers", None)
+def _table(d, where: str) -> dict:
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: expected a table of keys, got {type(d).__name__} {d!r}")
+    return d
+
+
+def _checked(cls, d, where: str, nested: tuple[str, ...] = ()) -> dict:
+    """``d`` (a table of plain data at ``where`` in a recipe) after refusing keys that ``cls`` does not have."""
+    d = dict(_table(d, where))
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in d if k not in known]
+    if unknown:
+        raise ValueError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} (known: "
+                         f"{', '.join(known)})")
+    return d
+
+
+def _gemm_from_dict(d, where: str) -> GemmSpec:
+    d = _checked(GemmSpec, d, where)
+    t, o = d.pop("transform", None), d.pop("outliers", None)
     return GemmSpec(
-        a=QuantSpec(**d.pop("a", {})),
-        b=QuantSpec(**d.pop("b", {})),
-        transform=TransformSpec(**t) if t is not None else None,
-        outliers=OutlierSpec(**o) if o is not None else None,
-        **d,  # anything left is an unknown field: GemmSpec raises a TypeError naming it
+        a=QuantSpec(**_checked(QuantSpec, d.pop("a", {}), f"{where}.a")),
+        b=QuantSpec(**_checked(QuantSpec, d.pop("b", {}), f"{where}.b")),
+        transform=TransformSpec(**_checked(TransformSpec, t, f"{where}.transform")) if t is not None else None,
+        outliers=OutlierSpec(**_checked(OutlierSpec, o, f"{where}.outliers")) if o is not None else None,
+        **d,
     )
 
 
-def _linear_from_dict(d) -> LinearSpec:
-    return LinearSpec(**{k: _gemm_from_dict(v) for k, v in d.items()})
+def _linear_from_dict(d, where: str = "linear") -> LinearSpec:
+    return LinearSpec(**{k: _gemm_from_dict(v, f"{where}.{k}") for k, v in _checked(LinearSpec, d, where).items()})

@@ -24,6 +24,7 @@ import io
 import json
 import os
 import pickle
+import shlex
 import shutil
 import warnings
 from contextlib import contextmanager
@@ -40,28 +41,82 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, truncated or corrupted."""
 
 
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (a full or read-only disk, an I/O error): its temporary file is gone, and
+    the checkpoints and the manifest there were are as they were."""
+
+
 class _HashingWriter(io.RawIOBase):
     def __init__(self, f):
         self.f, self.sha, self.n = f, hashlib.sha256(), 0
+        self.error: OSError | None = None  # what the file refused (torch.save reports it as a RuntimeError of its own)
 
     def writable(self):
         return True
 
     def write(self, b):
-        self.f.write(b)
+        try:
+            self.f.write(b)
+        except OSError as e:
+            self.error = e
+            raise
         self.sha.update(b)
         self.n += len(b)
         return len(b)
 
 
 def _write(path: Path, state) -> tuple[str, int]:
-    """``torch.save(state)`` to ``path``, flushed to disk; (SHA-256, bytes)."""
-    with open(path, "wb") as f:
-        w = _HashingWriter(f)
-        torch.save(state, w)
-        f.flush()
-        os.fsync(f.fileno())
+    """``torch.save(state)`` to ``path``, flushed to disk; (SHA-256, bytes). A failed write raises
+    :class:`CheckpointWriteError` naming the file and the system's reason."""
+    w = None
+    try:
+        with open(path, "wb") as f:
+            w = _HashingWriter(f)
+            torch.save(state, w)
+            f.flush()
+            os.fsync(f.fileno())
+    except (OSError, RuntimeError) as e:
+        cause = (w.error if w is not None else None) or _os_error(e)
+        if cause is None:
+            raise
+        raise CheckpointWriteError(f"could not write the checkpoint {path.name.removesuffix('.tmp')} in {path.parent}: "
+                                   f"{cause.strerror or cause}") from cause
     return w.sha.hexdigest(), w.n
+
+
+def _os_error(e: BaseException | None) -> OSError | None:
+    """The ``OSError`` that ``e`` is or was raised from, if any (a Distributed Checkpoint failure: any process's)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError):
+            return e
+        seen.add(id(e))
+        for failure in getattr(e, "failures", {}).values():  # torch.distributed.checkpoint's CheckpointException
+            found = _os_error(failure[0] if isinstance(failure, tuple) else failure)
+            if found is not None:
+                return found
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def expected_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """About what a checkpoint of ``model`` and ``optimizer`` takes, before the optimizer has any state: the model's
+    tensors, and per parameter its optimizer's moments - two (AdamW's), or one (Muon's momentum, ``muon`` groups)
+    - in FP32, or in NVFP4 where an optimizer with ``quantize_states`` keeps them so (codes, block scales, tile
+    means: about 0.58 bytes an element)."""
+    from ..optim import state_codec
+    from ..row_shards import local
+
+    storages = {}
+    for t in model.state_dict().values():  # a sharded (DTensor) weight: its numel is the whole tensor's
+        storages[(local(t).device, local(t).data_ptr())] = t.numel() * t.element_size()  # tied weights are saved once
+    total = sum(storages.values())
+    for group in optimizer.param_groups:
+        moments = 1 if group.get("muon") else 2
+        for p in group["params"]:
+            quantized = group.get("quantize_states") and state_codec.fits(p.shape)
+            total += int(moments * p.numel() * ((0.5 + 1 / 16 + 1 / 64) if quantized else 4))
+    return total
 
 
 @contextmanager
@@ -85,11 +140,15 @@ def _sha256(path: Path) -> str:
 
 
 class Checkpoints:
-    """The checkpoints of one run directory."""
+    """The checkpoints of one run directory. ``choose_with``: the flag that picks one checkpoint in the command at hand
+    (``--resume`` for ``train``, ``--checkpoint`` for ``eval``/``export``/``generate``), which errors suggest."""
 
-    def __init__(self, directory: str | Path, keep: int = 2):
+    def __init__(self, directory: str | Path, keep: int = 2, *, choose_with: str = "--resume"):
         self.dir = Path(directory)
         self.keep = max(1, keep)
+        self.choose_with = choose_with
+        self._use_it = "resume from it with" if choose_with == "--resume" else "load it with"
+        self._use_one = "resume from one with" if choose_with == "--resume" else "load one with"
 
     # ---- manifest ---------------------------------------------------------------------------
     def entries(self) -> list[dict]:
@@ -103,12 +162,17 @@ class Checkpoints:
             return entries
         except (ValueError, KeyError, TypeError) as e:  # json.JSONDecodeError is a ValueError
             raise CheckpointError(f"{m} is damaged ({type(e).__name__}: {e}); the checkpoint files may still be intact: "
-                                  f"resume from one with --resume {self.dir}/step_NNNNNN.pt --trust-checkpoint") from None
+                                  f"{self._use_one} {self.choose_with} {self.dir}/step_NNNNNN.pt "
+                                  "--trust-checkpoint") from None
 
     def _write_manifest(self, entries: list[dict]) -> None:
         tmp = self.dir / f"{MANIFEST}.tmp"
-        tmp.write_text(json.dumps({"checkpoints": entries}, indent=1))
-        os.replace(tmp, self.dir / MANIFEST)
+        try:
+            tmp.write_text(json.dumps({"checkpoints": entries}, indent=1))
+            os.replace(tmp, self.dir / MANIFEST)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise CheckpointWriteError(f"could not write {self.dir / MANIFEST}: {e.strerror or e}") from e
 
     # ---- save / load ------------------------------------------------------------------------
     def save(self, step: int, state: dict) -> Path:
@@ -136,7 +200,10 @@ class Checkpoints:
         tmp = final.with_name(final.name + ".tmp")
         if main:
             _remove(tmp)  # a save that died before its rename
-            tmp.mkdir(parents=True)
+            try:
+                tmp.mkdir(parents=True)
+            except OSError as e:
+                raise CheckpointWriteError(f"could not write the checkpoint {final.name} in {self.dir}: {e.strerror or e}") from e
         barrier()
         try:
             with single_process_ok():
@@ -152,9 +219,13 @@ class Checkpoints:
                 final.rename(old)
             tmp.rename(final)
             _remove(old)
-        except BaseException:
+        except BaseException as e:
             if main:
                 _remove(tmp)
+            cause = _os_error(e)
+            if cause is not None and not isinstance(e, CheckpointWriteError):
+                raise CheckpointWriteError(f"could not write the checkpoint {final.name} in {self.dir}: "
+                                           f"{cause.strerror or cause}") from e
             raise
         self._record({"step": step, "file": final.name, "sha256": _digest(files), "bytes": sum(f["bytes"] for f in files.values()),
                       "files": files})
@@ -188,19 +259,22 @@ class Checkpoints:
     def load(self, path: str | Path | None = None, map_location="cpu", *, trust: bool = False) -> dict:
         """Load the newest checkpoint (or ``path``) after verifying it. ``trust``: load ``path`` even
         when no manifest lists it (its integrity then cannot be checked)."""
+        if path is not None and not Path(path).exists():
+            raise CheckpointError(f"checkpoint {path} does not exist")
+        if path is not None and Path(path).resolve().parent != self.dir.resolve():
+            raise CheckpointError(f"checkpoint {path} is not in the run directory {self.dir}; give the checkpoint's own run")
         if path is not None and trust:
             try:
                 listed = any(e["file"] == Path(path).name for e in self.entries())
             except CheckpointError:
                 listed = False
             if not listed:
-                if not Path(path).exists():
-                    raise CheckpointError(f"checkpoint {path} does not exist")
                 return _read(Path(path), map_location)
         entries = self.entries()
         if path is None:
             if not entries:
-                raise CheckpointError(f"no checkpoint to resume from in {self.dir} (no {MANIFEST})")
+                raise CheckpointError(f"no checkpoint {'to resume from ' if self.choose_with == '--resume' else ''}in {self.dir} "
+                                  f"(no {MANIFEST})")
             entry = entries[-1]
         else:
             name = Path(path).name
@@ -214,7 +288,7 @@ class Checkpoints:
             good = [e for e in entries if e is not entry and e["step"] < entry["step"] and self.verify(e) is None]
             hint = (
                 f"; the previous good checkpoint is {self.dir / good[-1]['file']} (step {good[-1]['step']}): "
-                f"resume from it with --resume {self.dir / good[-1]['file']}"
+                f"{self._use_it} {self.choose_with} {shlex.quote(str(self.dir / good[-1]['file']))}"
                 if good
                 else "; no earlier good checkpoint exists"
             )

@@ -30,6 +30,8 @@ import torch
 
 from .checkpoint import MANIFEST, Checkpoints
 from .config import FIELDS_ADDED, TrainConfig, speed_settings
+from .run_dir import RunDirBusy, RunLock, busy, write_text
+from .signals import terminate_as_interrupt
 from .trainer import check_recipe, load_data, resolve_device, train
 
 BASELINE = "bf16"
@@ -83,7 +85,11 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
                                         data_seed=s + REORDER_OFFSET if r == REORDERED else base.data_seed,
                                         out=str(out / "runs" / run_name(r, s)), **per_recipe)
             for r in labels for s in seeds}
-    # checks before any work: recipes, device, data, the runs already there
+    # checks before any work: no other process writing here, recipes, device, data, the runs already there
+    for d in [out, *(Path(c.out) for c in cfgs.values())]:
+        holder = busy(d)
+        if holder:
+            raise RunDirBusy(holder)
     for cfg in cfgs.values():
         check_recipe(cfg)
     if not gpus:
@@ -94,6 +100,22 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
 
         for f in expand(text):
             check_readable(f)
+    if base.parallel != "none" and not gpus:
+        raise ValueError(f"compare --parallel {base.parallel} spreads each run over the GPUs that --gpus lists (e.g. "
+                         "--gpus 0,1); it cannot run in this process (--gpus none)")
+    lock = RunLock(out, "compare").acquire()  # one comparison writes a folder at a time
+    if lock.stale_note():
+        print(lock.stale_note(), file=sys.stderr, flush=True)
+    try:
+        return _compare(base, recipes, seeds, out, cfgs, gpus=gpus, overwrite=overwrite, eval_data=eval_data,
+                        eval_tokens=eval_tokens, noise_floor=noise_floor)
+    finally:
+        lock.release(remove_created=True)
+
+
+def _compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: Path, cfgs: dict, *, gpus, overwrite: bool,
+             eval_data, eval_tokens: int, noise_floor: bool) -> dict:
+    """:func:`compare`'s runs and report, once its checks have passed and its folder is locked."""
     stale = {key: diff for key, cfg in cfgs.items() if (diff := settings_changed(cfg))}
     if stale and not overwrite:
         lines = "; ".join(f"{run_name(*k)} ({d})" for k, d in stale.items())
@@ -101,8 +123,8 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
     for key in stale:
         shutil.rmtree(cfgs[key].out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.json").write_text(json.dumps({"base": base.to_dict(), "recipes": recipes, "seeds": seeds,
-                                                  "noise_floor": noise_floor}, indent=1))
+    write_text(out / "compare.json", json.dumps({"base": base.to_dict(), "recipes": recipes, "seeds": seeds,
+                                                 "noise_floor": noise_floor}, indent=1))
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     log(f"fp4train compare: {len(cfgs)} runs ({', '.join(recipes)} x seeds {', '.join(map(str, seeds))}) into {out}")
     per_gpu = max(gpus.count(g) for g in gpus) if gpus and base.parallel == "none" else 1
@@ -117,9 +139,6 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
                 write_report(out, recipes, seeds, runs_per_gpu=per_gpu, eval_data=eval_data)
 
     if base.parallel != "none":  # each run over all the listed GPUs (torchrun), one run at a time
-        if not gpus:
-            raise ValueError(f"compare --parallel {base.parallel} spreads each run over the GPUs that --gpus lists (e.g. "
-                             "--gpus 0,1); it cannot run in this process (--gpus none)")
         run_parallel(cfgs, [gpus], on_finish=on_finish)
     elif gpus:
         run_parallel(cfgs, [[g] for g in gpus], on_finish=on_finish)
@@ -187,40 +206,42 @@ def run_parallel(cfgs: dict, slots: list[list[int]], on_finish=None) -> None:
     running: dict[int, tuple] = {}
     failed = []
     try:
-        while pending or running:
-            for slot, g in enumerate(slots):
-                if slot not in running and pending:
-                    key, cfg = pending.pop(0)
-                    Path(cfg.out).mkdir(parents=True, exist_ok=True)
-                    cfg_path = Path(cfg.out) / "train_config.json"
-                    dev = "cuda:0" if torch.cuda.is_available() else cfg.device  # the first GPU the subprocess sees
-                    cfg_path.write_text(json.dumps(dataclasses.replace(cfg, device=dev, progress=False).to_dict()))
-                    env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, g)))
-                    launch = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(len(g))]
-                                                 if cfg.parallel != "none" else [])
-                    resume = interrupted(cfg)
-                    log = open(Path(cfg.out) / "train.log", "a" if resume else "w")
-                    p = subprocess.Popen(launch + ["-m", "fp4train", "train", "--config-json", str(cfg_path)]
-                                         + (["--resume"] if resume else ["--overwrite"]),
-                                         env=env, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)  # Ctrl-C reaches this process, which passes it on once
-                    running[slot] = (p, key, log, cfg.out)
-                    how = "resumed" if resume else "started"
-                    print(f"fp4train: {how} {Path(cfg.out).name} on GPU{'s' if len(g) > 1 else ''} {','.join(map(str, g))}",
-                          file=sys.stderr, flush=True)
-            time.sleep(1)
-            for slot, (p, key, log, run_out) in list(running.items()):
-                if p.poll() is not None:
-                    log.close()
-                    del running[slot]
-                    if p.returncode != 0:
-                        failed.append(f"{Path(run_out).name} (exit {p.returncode}, see {run_out}/train.log)")
-                    else:
-                        Checkpoints(run_out).prune(1)
-                        print(f"fp4train: finished {Path(run_out).name}", file=sys.stderr, flush=True)
-                        if on_finish is not None:
-                            on_finish(cfgs[key])
-    finally:  # interrupted (Ctrl-C, a time limit): stop the runs, each after its step and a checkpoint
+        with terminate_as_interrupt():  # SIGTERM, like Ctrl-C, stops the runs below (not this process alone)
+            while pending or running:
+                for slot, g in enumerate(slots):
+                    if slot not in running and pending:
+                        key, cfg = pending.pop(0)
+                        Path(cfg.out).mkdir(parents=True, exist_ok=True)
+                        cfg_path = Path(cfg.out) / "train_config.json"
+                        dev = "cuda:0" if torch.cuda.is_available() else cfg.device  # the first GPU the subprocess sees
+                        cfg_path.write_text(json.dumps(dataclasses.replace(cfg, device=dev, progress=False).to_dict()))
+                        env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(map(str, g)))
+                        launch = [sys.executable] + (["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(len(g))]
+                                                     if cfg.parallel != "none" else [])
+                        resume = interrupted(cfg)
+                        log = open(Path(cfg.out) / "train.log", "a" if resume else "w")
+                        p = subprocess.Popen(launch + ["-m", "fp4train", "train", "--config-json", str(cfg_path)]
+                                             + (["--resume"] if resume else ["--overwrite"]),
+                                             env=env, stdout=log, stderr=subprocess.STDOUT,
+                                             start_new_session=True)  # Ctrl-C reaches this process, which passes it on once
+                        running[slot] = (p, key, log, cfg.out)
+                        how = "resumed" if resume else "started"
+                        where = (f"GPU{'s' if len(g) > 1 else ''} {','.join(map(str, g))}" if torch.cuda.is_available()
+                                 else f"the CPU, {f'{len(g)} processes (torchrun)' if len(g) > 1 else 'in a subprocess'}")
+                        print(f"fp4train: {how} {Path(cfg.out).name} on {where}", file=sys.stderr, flush=True)
+                time.sleep(1)
+                for slot, (p, key, log, run_out) in list(running.items()):
+                    if p.poll() is not None:
+                        log.close()
+                        del running[slot]
+                        if p.returncode != 0:
+                            failed.append(f"{Path(run_out).name} (exit {p.returncode}, see {run_out}/train.log)")
+                        else:
+                            Checkpoints(run_out).prune(1)
+                            print(f"fp4train: finished {Path(run_out).name}", file=sys.stderr, flush=True)
+                            if on_finish is not None:
+                                on_finish(cfgs[key])
+    finally:  # interrupted (Ctrl-C, SIGTERM, a time limit): stop the runs, each after its step and a checkpoint
         for p, _key, _log, _out in running.values():
             p.send_signal(signal.SIGINT)
         for p, _key, log, _out in running.values():
@@ -260,7 +281,7 @@ def eval_run(run: Path, text: str, tokens: int, *, device: str = "auto", log=pri
             return kept
     res = evaluate(run, text, max_tokens=tokens, device=device, log=log)
     res["max_tokens"] = tokens
-    path.write_text(json.dumps(res, indent=1))
+    write_text(path, json.dumps(res, indent=1))
     return res
 
 
@@ -380,8 +401,8 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
         "backends": sorted({x.get("backend") or "emulated" for x in runs}), "runs_per_gpu": runs_per_gpu,
         "runs": [{k: v for k, v in x.items() if k != "curve"} for x in runs],
     }
-    (out / "report.json").write_text(json.dumps(report, indent=1))
-    (out / "report.md").write_text(_markdown(report))
+    write_text(out / "report.json", json.dumps(report, indent=1))
+    write_text(out / "report.md", _markdown(report))
     _plot(out / "loss.png", runs, recipes, seeds)
     print((out / "report.md").read_text())
     return report

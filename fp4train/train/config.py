@@ -7,6 +7,7 @@ a TOML file is refused with its name before any work starts.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,53 +33,149 @@ RESULT_FIELDS = ("model", "recipe", "backend", "calibration", "data", "val_data"
 FIELDS_ADDED = {"optimizer": "adamw", "data_seed": None, "deterministic": False}
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """The values a numeric option takes: ``low``..``high`` (``None``: unbounded), each end excluded where
+    ``*_open``; finite, unless ``inf`` admits +inf."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    inf: bool = False
+
+    def __contains__(self, v) -> bool:
+        if isinstance(v, float) and (math.isnan(v) or (math.isinf(v) and not (self.inf and v > 0))):
+            return False
+        if self.low is not None and (v <= self.low if self.low_open else v < self.low):
+            return False
+        return self.high is None or (v < self.high if self.high_open else v <= self.high)
+
+    def __str__(self) -> str:
+        lo, hi = _num(self.low), _num(self.high)
+        if self.low is not None and self.high is not None:
+            text = f"in {'(' if self.low_open else '['}{lo}, {hi}{')' if self.high_open else ']'}"
+        elif self.low is not None:
+            text = f"{'>' if self.low_open else '>='} {lo}"
+        else:
+            text = f"{'<' if self.high_open else '<='} {hi}"
+        return text + (" (or inf)" if self.inf else "")
+
+
+def _num(v) -> str:
+    if v is None:
+        return ""
+    if float(v).is_integer():
+        v = int(v)
+        return f"2**{(v + 1).bit_length() - 1} - 1" if v > 2**20 and (v + 1) & v == 0 else str(v)
+    return str(v)
+
+
+POSITIVE = Bounds(0, low_open=True)
+AT_LEAST_0 = Bounds(0)
+AT_LEAST_1 = Bounds(1)
+FRACTION = Bounds(0, 1)
+SEED = Bounds(0, 2**63 - 1)
+
+
+def option(default=dataclasses.MISSING, *, help: str, bounds: Bounds | None = None, choices=None, **kw):
+    """A :class:`TrainConfig` field with what the CLI and the checks read from it: its ``help`` text, the
+    ``bounds`` of a number (each element's, for a tuple), the ``choices`` of a string (a callable: computed when
+    asked)."""
+    return field(default=default, metadata={"help": help, "bounds": bounds, "choices": choices}, **kw)
+
+
+def _model_names():
+    from .. import models
+
+    return tuple(models.names())
+
+
 @dataclass
 class TrainConfig:
+    """Everything a training run is made of. Every field is checked when a config is made - its type, its range
+    (:class:`Bounds`: finite numbers in the field's interval), its choices - whether it comes from a flag, a
+    TOML file or Python, and the error names the field with its flag and what it takes."""
+
     # what
-    model: str = "tiny"
-    recipe: str = "bf16"
-    backend: str | None = None  # GEMM backend; default: the recipe's
-    calibration: str | None = None  # AdaHOP: use this calibration JSON instead of calibrating
+    model: str = option("tiny", help="model size preset", choices=_model_names)
+    recipe: str = option("bf16", help="recipe name (see `fp4train recipes`) or a recipe .json/.toml file")
+    backend: str | None = option(None, help="GEMM backend: auto (the default: triton on a GPU machine, emulated "
+                                 "elsewhere), triton (Triton-kernel quantization, MXFP4 GEMMs on FP8 tensor cores), "
+                                 "fp8_blockwise, or emulated (the reference, runs anywhere)")
+    calibration: str | None = option(None, help="AdaHOP recipes: reuse this adahop_calibration.json (from an earlier "
+                                     "run) instead of calibrating")
     # data
-    data: str | None = None  # file/glob/dir/hf:NAME; None: the packaged tiny-shakespeare
-    val_data: str | None = None
-    val_fraction: float = 0.05  # held-out documents when no val_data
-    tokenizer: str | None = None  # None: the packaged enwiki BPE-32k
-    text_field: str = "text"
-    cache_dir: str | None = None
+    data: str | None = option(None, help="training text: a .txt/.jsonl/.jsonl.xz/.parquet file, a glob, a directory "
+                              "(train-*/val-* shards split themselves), 'shakespeare' or hf:NAME[:SPLIT]; several joined "
+                              "with commas. Default: the packaged tiny-shakespeare")
+    val_data: str | None = option(None, help="validation text, same forms as --data (default: hold out --val-fraction of "
+                                  "the documents)")
+    val_fraction: float = option(0.05, help="fraction of documents held out for validation when --val-data is not given",
+                                 bounds=Bounds(0, 1, low_open=True, high_open=True))
+    tokenizer: str | None = option(None, help="tokenizer: a tokenizer.json(.xz) path or a Hugging Face name (default: the "
+                                   "packaged 32k enwiki BPE)")
+    text_field: str = option("text", help="JSON/parquet field that holds the text")
+    cache_dir: str | None = option(None, help="where tokenized data is cached (default: $FP4TRAIN_CACHE or "
+                                   "~/.cache/fp4train)")
     # shape of a step
-    seq_len: int = 256
-    batch_size: int = 16  # sequences per micro-batch
-    grad_accum: int = 1
-    max_steps: int = 200
+    seq_len: int = option(256, help="tokens per sequence", bounds=AT_LEAST_1)
+    batch_size: int = option(16, help="sequences per micro-batch", bounds=AT_LEAST_1)
+    grad_accum: int = option(1, help="micro-batches per optimizer step", bounds=AT_LEAST_1)
+    max_steps: int = option(200, help="optimizer steps to train (AdaHOP's BF16 calibration steps are among them)",
+                            bounds=AT_LEAST_1)
     # optimizer and schedule
-    optimizer: str | None = None  # adamw | qadamw | muon | qmuon (fp4train.optim); None: the recipe's, else adamw
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
-    warmup_steps: int = 20
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    grad_clip: float = 1.0
+    optimizer: str | None = option(None, help="adamw (torch's, FP32 moments), qadamw (AdamW with both moments stored in "
+                                   "NVFP4, fp4train.optim.QAdamW), muon (Muon on the 2D hidden weights, AdamW on the rest: "
+                                   "torch's arithmetic) or qmuon (the same with NVFP4 states, fp4train.optim.QMuon); "
+                                   "default: the recipe's (fullstack: qadamw), else adamw", choices=OPTIMIZERS)
+    lr: float = option(3e-3, help="peak learning rate (of every optimizer)", bounds=POSITIVE)
+    min_lr_ratio: float = option(0.1, help="the cosine schedule decays to lr * this", bounds=FRACTION)
+    warmup_steps: int = option(20, help="linear warmup steps", bounds=AT_LEAST_0)
+    weight_decay: float = option(0.1, help="decoupled weight decay of the matrices (each step multiplies them by "
+                                 "1 - lr * weight_decay)", bounds=AT_LEAST_0)
+    betas: tuple[float, float] = option((0.9, 0.95), help="the moments' decay rates, e.g. 0.9,0.95",
+                                        bounds=Bounds(0, 1, high_open=True))
+    grad_clip: float = option(1.0, help="clip the global gradient norm to this; inf: no clipping",
+                              bounds=Bounds(0, low_open=True, inf=True))
     # evaluation, checkpoints, logging
-    eval_every: int = 50
-    eval_batches: int = 8
-    ckpt_every: int = 100  # 0: only the final checkpoint
-    keep_checkpoints: int = 2
-    log_every: int = 10
-    out: str = "runs/train"
+    eval_every: int = option(50, help="evaluate the validation loss every N steps (and at the end); 0: only at the end",
+                             bounds=AT_LEAST_0)
+    eval_batches: int = option(8, help="validation batches per evaluation (the same ones every time)", bounds=AT_LEAST_1)
+    ckpt_every: int = option(100, help="write a checkpoint every N steps (and at the end); 0: only at the end",
+                             bounds=AT_LEAST_0)
+    keep_checkpoints: int = option(2, help="how many recent checkpoints to keep", bounds=AT_LEAST_1)
+    log_every: int = option(10, help="write a metrics record every N steps", bounds=AT_LEAST_1)
+    out: str = option("runs/train", help="run directory (config, metrics.jsonl, TensorBoard logs, checkpoints, summary); "
+                      "a new run needs an empty or new one")
     # run
-    seed: int = 0  # initialization, stochastic rounding, and the data order unless data_seed is given
-    data_seed: int | None = None  # the order of the training windows; None: seed (a noise-floor probe changes only this)
-    deterministic: bool = False  # the same loss bits on every repeat on one GPU (torch.use_deterministic_algorithms)
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    parallel: str = "none"  # one of PARALLEL
-    dtype: str = "auto"  # autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
-    compile: bool | None = None  # torch.compile the model; None: on a GPU yes, on a CPU no (speed_settings)
-    compile_mode: str | None = None  # default | reduce-overhead (steps replayed as CUDA graphs); None: see speed_settings
-    numerics: str | None = None  # eager | compiled | triton (same bits in each); None: the backend's (triton on a GPU)
-    progress: bool = True
-    tensorboard: bool = True
-    extra: dict = field(default_factory=dict)  # free-form notes carried into the run's config.json
+    seed: int = option(0, help="seed for init, data order and stochastic rounding", bounds=SEED)
+    data_seed: int | None = option(None, help="seed of the training windows' order alone (default: --seed); same init "
+                                   "and rounding, another order", bounds=SEED)
+    deterministic: bool = option(False, help="the same loss bits on every repeat of a run on one GPU: "
+                                 "torch.use_deterministic_algorithms, a fixed cuBLAS workspace, atomic-free attention "
+                                 "backward (slower; off by default)")
+    device: str = option("auto", help="auto (GPU if there is one), cpu, cuda or cuda:N")
+    parallel: str = option("none", help="none; ddp: data-parallel over the processes torchrun starts (torchrun "
+                           "--nproc-per-node N -m fp4train train --parallel ddp ...; each takes batch-size / N sequences of "
+                           "every batch, so the global batch is the same); fsdp: the same, with each transformer block's "
+                           "weights, gradients and every optimizer's states sharded (FSDP2)", choices=PARALLEL)
+    dtype: str = option("auto", help="autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32",
+                        choices=DTYPES)
+    compile: bool | None = option(None, help="torch.compile the model (default: on a GPU, off on a CPU; --no-compile "
+                                  "runs eagerly)")
+    compile_mode: str | None = option(None, help="with compile: default, or reduce-overhead (each step replayed as CUDA "
+                                      "graphs: no per-kernel launch from the host, which bounds the quantized recipes' "
+                                      "speed at small models; stochastic-rounding seeds are then drawn on the device, "
+                                      "random Hadamard signs too); default: reduce-overhead on a GPU with --grad-accum 1, "
+                                      "else default", choices=COMPILE_MODES)
+    numerics: str | None = option(None, help="how quantization runs, same bits in each: eager (reference ops), compiled "
+                                  "(torch.compile'd reference), triton (fp4train's kernels where they exist); default: "
+                                  "triton with the triton backend (the default on a GPU machine), eager elsewhere",
+                                  choices=NUMERICS)
+    progress: bool = option(True, help="show a progress bar")
+    tensorboard: bool = option(True, help="write TensorBoard logs")
+    extra: dict = option(help="free-form notes carried into the run's config.json", default_factory=dict)
 
     def __post_init__(self):
         problems = _type_problems(self)
@@ -89,26 +186,12 @@ class TrainConfig:
         for f in dataclasses.fields(self):  # a TOML integer for a float field, e.g. lr = 1
             if f.type == "float" and isinstance(getattr(self, f.name), int):
                 setattr(self, f.name, float(getattr(self, f.name)))
-        from .. import models
-
-        if self.model not in models.names():
-            problems.append(f"model must be one of {', '.join(models.names())}, got {self.model!r}")
+        problems += _value_problems(self)
         if not _DEVICE.fullmatch(self.device):
-            problems.append(f"device must be {DEVICE_FORMS}, got {self.device!r}")
-        if self.val_data is None and not 0.0 < self.val_fraction < 1.0:
-            problems.append(f"val_fraction must be in (0, 1) when no val_data is given, got {self.val_fraction}")
-        for k in ("seq_len", "batch_size", "grad_accum", "max_steps", "eval_batches", "keep_checkpoints", "log_every"):
-            if getattr(self, k) < 1:
-                problems.append(f"{k} must be >= 1, got {getattr(self, k)}")
-        for k in ("warmup_steps", "eval_every", "ckpt_every"):
-            if getattr(self, k) < 0:
-                problems.append(f"{k} must be >= 0, got {getattr(self, k)}")
-        if self.lr <= 0:
-            problems.append(f"lr must be > 0, got {self.lr}")
-        if self.numerics not in (None, *NUMERICS):
-            problems.append(f"numerics must be eager, compiled or triton, got {self.numerics!r}")
-        if self.compile_mode not in (None, *COMPILE_MODES):
-            problems.append(f"compile_mode must be default or reduce-overhead, got {self.compile_mode!r}")
+            problems.append(f"device must be {DEVICE_FORMS}, got {self.device!r} (--device)")
+        if not problems and self.lr * self.weight_decay >= 1:
+            problems.append(f"lr * weight_decay must be < 1 (each step multiplies the weights by 1 - lr * weight_decay), "
+                            f"got {self.lr} * {self.weight_decay}: lower --weight-decay or --lr")
         if self.compile_mode == "reduce-overhead" and self.grad_accum > 1:
             # each compiled call starts a CUDA-graph step, whose replay may overwrite the gradients that earlier
             # micro-batches left in the graphs' memory
@@ -121,12 +204,6 @@ class TrainConfig:
                 self.optimizer = recipes.get(self.recipe).optimizer or "adamw"
             except (ValueError, FileNotFoundError, TypeError):
                 self.optimizer = "adamw"  # the bad recipe is reported when the run loads it
-        if self.optimizer not in OPTIMIZERS:
-            problems.append(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
-        if self.parallel not in PARALLEL:
-            problems.append(f"parallel must be one of {', '.join(PARALLEL)}, got {self.parallel!r}")
-        if self.dtype not in DTYPES:
-            problems.append(f"dtype must be auto, bf16 or fp32, got {self.dtype!r}")
         if problems:
             raise ValueError("bad training config: " + "; ".join(problems))
 
@@ -212,6 +289,35 @@ def speed_settings(cfg: TrainConfig, device) -> tuple[bool, str, str]:
         if cfg.compile_mode is None and gpu and cfg.parallel != "none":
             why += f" (no CUDA graphs under --parallel {cfg.parallel})"
     return compile_, mode, why
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a config field."""
+    return "--" + name.replace("_", "-")
+
+
+def choices(f: dataclasses.Field) -> tuple | None:
+    c = f.metadata.get("choices")
+    return tuple(c()) if callable(c) else c
+
+
+def _value_problems(cfg: TrainConfig) -> list[str]:
+    """What is out of range in ``cfg`` (its types are right): each field's :class:`Bounds` and choices."""
+    out = []
+    for f in dataclasses.fields(cfg):
+        v, b, c = getattr(cfg, f.name), f.metadata.get("bounds"), choices(f)
+        if v is None or (f.name == "val_fraction" and cfg.val_data is not None):  # None: the default; unused fraction
+            continue
+        if b is not None and not all(x in b for x in (v if isinstance(v, tuple) else (v,))):
+            finite = " and finite" if f.type.startswith("float") and not b.inf and (b.low is None or b.high is None) else ""
+            out.append(f"{'each of ' if isinstance(v, tuple) else ''}{f.name} must be {b}{finite}, got {_show(v)} ({flag(f.name)})")
+        if c is not None and v not in c:
+            out.append(f"{f.name} must be one of {', '.join(c)}, got {v!r} ({flag(f.name)})")
+    return out
+
+
+def _show(v) -> str:
+    return ",".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
 def _type_problems(cfg: TrainConfig) -> list[str]:

@@ -37,6 +37,14 @@ class Ranks:
         dist.all_reduce(t)  # a sum: gloo has no average
         return t / self.world
 
+    def max(self, value: int) -> int:
+        """The largest of the processes' ``value`` s."""
+        if self.world == 1:
+            return value
+        t = torch.tensor([value], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
     def broadcast(self, obj):
         """Rank 0's ``obj`` on every process."""
         if self.world == 1:

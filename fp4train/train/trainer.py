@@ -22,7 +22,6 @@ import shutil
 import signal
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -31,7 +30,7 @@ import torch
 from .. import backends, device_seeds, models
 from .. import recipes as _recipes
 from ..adahop.calibration import Calibration, PatternRecorder
-from ..convert import convert
+from ..conversion import convert
 from ..data import PackedBatches, eval_batches, load_splits, load_tokenizer
 from ..linear import QuantizedLinear
 from ..linear.lora_svd import realign as realign_lora_svd
@@ -39,81 +38,17 @@ from ..optim import QAdamW, QMuon, muon_groups
 from ..row_shards import full
 from ..timing import code_commit
 from . import sharding
-from .checkpoint import MANIFEST, CheckpointError, Checkpoints
+from .checkpoint import Checkpoints, CheckpointWriteError, expected_bytes
 from .config import FIELDS_ADDED, TrainConfig, speed_settings
 from .determinism import deterministic_algorithms
 from .distributed import Ranks
 from .distributed import setup as setup_ranks
+from .run_dir import RunLock, check_free_space, check_run_dir, resume_command, run_files, write_text
+from .signals import StopRequests, Terminated, TrainingInterrupted
 
 
 class TrainingDiverged(RuntimeError):
     """The loss or the gradient norm became NaN/Inf."""
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped the run after a whole step, whose checkpoint was written first."""
-
-    def __init__(self, out: Path, step: int, checkpoint: Path):
-        super().__init__(f"stopped at step {step}; checkpoint {checkpoint}")
-        self.out, self.step, self.checkpoint = out, step, checkpoint
-
-
-#: What a run writes into its directory (``train.log`` and ``train_config.json`` are ``compare``'s
-#: launcher files, written before the run starts).
-RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoints.json", "checkpoints.json.tmp",
-             "adahop_calibration.json", "tb")
-LAUNCHER_FILES = ("train.log", "train_config.json")
-
-
-def run_files(out: Path) -> list[Path]:
-    """The files of a run in ``out`` (what ``--overwrite`` removes)."""
-    if not out.is_dir():
-        return []
-    return [out / n for n in RUN_FILES if (out / n).exists()] + sorted(out.glob("step_*"))  # files, or sharded: directories
-
-
-def describe_run(out: Path) -> str:
-    """'finished at step N', 'stopped at step N' or 'with no checkpoint yet': what a run directory holds."""
-    try:
-        entries = Checkpoints(out).entries()
-    except CheckpointError:
-        return "with a damaged checkpoint manifest"
-    summary = out / "summary.json"
-    if summary.exists():
-        try:
-            return f"finished at step {json.loads(summary.read_text())['steps']}"
-        except (ValueError, KeyError):
-            pass
-    return f"stopped at step {entries[-1]['step']}" if entries else "with no checkpoint yet"
-
-
-def check_run_dir(out: Path, *, resume: bool | str, overwrite: bool) -> None:
-    """Refuse, before any work, a command that would damage what ``out`` holds: a new run into a
-    directory that is not empty (unless ``overwrite``), a resume of a directory with nothing to resume.
-    Removes nothing."""
-    if resume and overwrite:
-        raise ValueError("--resume continues the run in --out and --overwrite replaces it: give one of them")
-    if resume:
-        if not out.is_dir():
-            raise ValueError(f"cannot resume: {out} does not exist; start the run without --resume")
-        if resume is True and not Checkpoints(out).entries():
-            raise ValueError(f"cannot resume: {out} holds no checkpoint (no {MANIFEST}); start the run without --resume "
-                             "(with --overwrite if the directory should be reused)")
-        return
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise ValueError(f"--out {out} is a file, not a directory; give a directory for the run")
-    if overwrite:
-        return  # Trainer.run removes the old run's files, once every other check has passed
-    others = sorted(p.name for p in out.iterdir() if p.name not in LAUNCHER_FILES)
-    if not others:
-        return
-    if run_files(out):
-        raise ValueError(f"{out} already holds a run ({describe_run(out)}): continue it with `fp4train train --out {out} --resume` "
-                         "(a larger --max-steps extends a finished run), replace it with --overwrite, or choose another --out")
-    raise ValueError(f"{out} is not empty (it holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''}): "
-                     "choose an empty or new --out, or add --overwrite to write the run there anyway")
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -233,10 +168,42 @@ class Trainer:
             self.device = torch.device("cuda", self.ranks.local_rank)
         self.main = self.ranks.main  # rank 0 writes the run's files and logs; every rank trains
         self.log = (log or (lambda msg: print(msg, file=sys.stderr, flush=True))) if self.main else (lambda msg: None)
-        check_run_dir(self.out, resume=resume, overwrite=overwrite)
+        # under torchrun rank 0 holds the lock for every rank (the others learn of a busy directory from it)
+        check_run_dir(self.out, resume=resume, overwrite=overwrite, lock_held=not self.main)
         self.amp_dtype = {"auto": torch.bfloat16 if self.device.type == "cuda" else None, "bf16": torch.bfloat16, "fp32": None}[cfg.dtype]
         self.resume, self.trust, self.overwrite = resume, trust, overwrite
+        self._lock = self._take_lock()
+        try:
+            check_run_dir(self.out, resume=resume, overwrite=overwrite, lock_held=True)  # again, as the directory's one writer
+            self._build(model_hook)
+        except BaseException:
+            self.close(remove_created=True)
+            raise
 
+    def _take_lock(self) -> RunLock | None:
+        """Make this process the one writer of the run directory (rank 0 for every rank; all fail alike)."""
+        lock, problem = None, None
+        if self.main:
+            try:
+                lock = RunLock(self.out, "train").acquire()
+            except ValueError as e:
+                problem = str(e)
+        problem = self.ranks.broadcast(problem)
+        if problem:
+            raise ValueError(problem)
+        if lock is not None and lock.stale_note():
+            self.log(lock.stale_note())
+        return lock
+
+    def close(self, *, remove_created: bool = False) -> None:
+        """Release the run directory (:meth:`run` does when it ends); ``remove_created``: remove it too if this run
+        created it and wrote nothing into it."""
+        if self._lock is not None:
+            self._lock.release(remove_created=remove_created)
+
+    def _build(self, model_hook) -> None:
+        """The data, the model, the optimizer and the schedule (see :meth:`__init__`)."""
+        cfg = self.cfg
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         # CUDA graphs (compile_mode reduce-overhead): compiled layers draw stochastic-rounding seeds on the device,
@@ -269,6 +236,9 @@ class Trainer:
         self.bf16_steps = 0  # steps this run spent in BF16 calibration (AdaHOP)
         self.calibration_peak_gib: float | None = None  # peak memory of those steps, on a GPU
         self.ckpts = Checkpoints(self.out, keep=cfg.keep_checkpoints)
+        self._disk = None  # the checkpoints' size and the room for them, for the run's header
+        if self.writes_checkpoints and self.main:
+            self._disk = check_free_space(self.out, expected_bytes(self.model, self.opt), cfg.keep_checkpoints)
         self.step = 0
         self._ddp = None
         self.forward = self._parallel(self.model)
@@ -470,14 +440,32 @@ class Trainer:
 
     def _save(self) -> None:
         """A checkpoint of this step. Sharded, every process writes its shards (``torch.distributed.checkpoint``);
-        otherwise rank 0 writes one file, the single-process format (under ddp the ranks hold the same state)."""
-        if self._sharded:
-            tensors, groups = sharding.sharded_state(self.model, self.opt)
-            self.ckpts.save_sharded(self.step, tensors, {"step": self.step, "optimizer_groups": groups, **self._plain_state()},
-                                    main=self.main, barrier=self.ranks.barrier)
-        elif self.main:
-            self.ckpts.save(self.step, self.state_dict())
-        self.ranks.barrier()
+        otherwise rank 0 writes one file, the single-process format (under ddp the ranks hold the same state).
+        A write that fails (a full or read-only disk) leaves the checkpoints there were, and stops every rank with
+        one error that names the last of them and how to continue."""
+        problem = None
+        try:
+            if self._sharded:
+                tensors, groups = sharding.sharded_state(self.model, self.opt)
+                self.ckpts.save_sharded(self.step, tensors, {"step": self.step, "optimizer_groups": groups, **self._plain_state()},
+                                        main=self.main, barrier=self.ranks.barrier)
+            elif self.main:
+                self.ckpts.save(self.step, self.state_dict())
+        except CheckpointWriteError as e:
+            problem = str(e)
+        problem = self.ranks.broadcast(problem)  # every rank waits for the write, and stops if it failed
+        if problem:
+            last = self.ckpts.entries()
+            kept = (f"the last checkpoint, step {last[-1]['step']} ({self.out / last[-1]['file']}), is intact: once the disk can "
+                    f"take it, continue with: {resume_command(self.out)}" if last else
+                    "no checkpoint was written before: once the disk can take one, start the run again with --overwrite")
+            raise CheckpointWriteError(f"{problem}; {kept}")
+
+    def _stop_requested(self, stop: StopRequests) -> int:
+        """The signal that asks the run to stop after this step (0: none). Under torchrun every rank stops at the same
+        step: the ranks agree on it (a signal reaches them at slightly different times)."""
+        signum = self.ranks.max(stop.signum or 0) if self.ranks.world > 1 else (stop.signum or 0)
+        return int(signum)
 
     def _diverged_msg(self, what: str) -> str:
         last = self.ckpts.entries()
@@ -490,8 +478,11 @@ class Trainer:
         finished returns its summary and writes nothing; one whose last step was checkpointed but not
         yet evaluated (stopped during the final evaluation) is evaluated and finished. With
         ``deterministic`` PyTorch's deterministic algorithms are on for the run (:mod:`.determinism`)."""
-        with deterministic_algorithms(self.cfg.deterministic):
-            return self._run()
+        try:
+            with deterministic_algorithms(self.cfg.deterministic):
+                return self._run()
+        finally:
+            self.close()
 
     def _run(self) -> dict:
         cfg = self.cfg
@@ -514,8 +505,8 @@ class Trainer:
         metrics_path = self.out / "metrics.jsonl"
         if self.main:  # the run's files are rank 0's
             self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / "config.json").write_text(json.dumps({"train": cfg.to_dict(), "recipe": self.recipe.to_dict(),
-                                                              "model": self.model.config.to_dict()}, indent=1))
+            write_text(self.out / "config.json", json.dumps({"train": cfg.to_dict(), "recipe": self.recipe.to_dict(),
+                                                             "model": self.model.config.to_dict()}, indent=1))
             _truncate_metrics(metrics_path, self.step)
         self.ranks.barrier()
         tb = _tensorboard(self.out / "tb") if cfg.tensorboard and self.main else None
@@ -526,15 +517,18 @@ class Trainer:
             f"fp4train: model {cfg.model} ({n_params / 1e6:.1f}M params), recipe {self.recipe.name}, "
             f"{cfg.max_steps} steps x {cfg.tokens_per_step:,} tokens, device {self.device}, out {self.out}"
         )
+        where = "GPU" if self.device.type == "cuda" else "machine"
         self.log(f"fp4train: speed settings: {self._speed}"
-                 + ("; deterministic algorithms (repeats give the same bits on this GPU)" if cfg.deterministic else ""))
+                 + (f"; deterministic algorithms (repeats give the same bits on this {where})" if cfg.deterministic else ""))
+        if self._disk:
+            self.log(f"fp4train: {self._disk}")
         graphs_before = _compiled_graphs()
         bar = _progress(cfg, self.step) if self.main else None  # after the header, so that the bar keeps a line of its own
         t_last, tok_last = time.perf_counter(), 0
         steady = SteadySteps()
         val_loss = None
         try:
-            with open(metrics_path if self.main else os.devnull, "a") as mf, _StopOnInterrupt(self.log) as stop:
+            with open(metrics_path if self.main else os.devnull, "a") as mf, StopRequests(self.log) as stop:
                 def write(rec):
                     mf.write(json.dumps(rec) + "\n")
                     mf.flush()
@@ -583,12 +577,13 @@ class Trainer:
                     if not saved and self.writes_checkpoints and cfg.ckpt_every and self.step % cfg.ckpt_every == 0:
                         self._save()
                         saved = True
-                    if stop.requested and not final and not self.writes_checkpoints:
-                        raise KeyboardInterrupt  # nothing to resume from: stop at once
-                    if stop.requested and not final:
+                    signum = self._stop_requested(stop)
+                    if signum and not final and not self.writes_checkpoints:  # nothing to resume from: stop at once
+                        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+                    if signum and not final:
                         if not saved:
                             self._save()
-                        raise TrainingInterrupted(self.out, self.step, self.out / self.ckpts.entries()[-1]["file"])
+                        raise TrainingInterrupted(self.out, self.step, self.out / self.ckpts.entries()[-1]["file"], signum)
         finally:
             if bar is not None:
                 bar.close()
@@ -613,7 +608,7 @@ class Trainer:
             "compiled_graphs": _compiled_graphs() - graphs_before if self.compile else None,
         }
         if self.main:
-            (self.out / "summary.json").write_text(json.dumps(summary, indent=1))
+            write_text(self.out / "summary.json", json.dumps(summary, indent=1))
         self.ranks.barrier()
         calib = f" ({self.bf16_steps} of them BF16 calibration)" if self.bf16_steps else ""
         if self.compile:  # a bounded number: a recompilation storm would show here
@@ -634,30 +629,6 @@ class Trainer:
         return done if done and done.get("steps") == self.step else None
 
 
-class _StopOnInterrupt:
-    """Ctrl-C during the loop: the first finishes the step in progress, checkpoints and stops; a second
-    stops at once (the last checkpoint stays). Only the main thread can take signals."""
-
-    def __init__(self, log):
-        self.log, self.requested, self._old = log, False, None
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGINT, self._handler)
-        return self
-
-    def _handler(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        self.log("\nfp4train: stopping after this step, with a checkpoint (Ctrl-C again to stop at once)")
-
-    def __exit__(self, *exc):
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
-        return False
-
-
 def _fmt(v) -> str:
     return "n/a" if v is None else f"{v:.4f}"
 
@@ -673,7 +644,7 @@ def _truncate_metrics(path: Path, step: int) -> None:
     if not path.exists():
         return
     keep = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-    path.write_text("".join(ln + "\n" for ln in keep))
+    write_text(path, "".join(ln + "\n" for ln in keep))
 
 
 def _tensorboard(path: Path):
