@@ -29,7 +29,7 @@ from common import data_label, results_path, write_results
 from fp4train.formats import fake_quantize
 from fp4train.linear.lora_svd import svd_factors
 from fp4train.train import TrainConfig, Trainer
-from fp4train.train.checkpoint import Checkpoints
+from fp4train.checkpoint import Checkpoints
 
 
 def q(x: torch.Tensor, axis: int = 1, block=None) -> torch.Tensor:

@@ -23,7 +23,7 @@ import torch
 from common import data_label, results_path, write_results
 from fp4train.formats import fake_quantize
 from fp4train.optim import state_codec
-from fp4train.train.checkpoint import Checkpoints
+from fp4train.checkpoint import Checkpoints
 
 
 def errors(states: list[dict], eps: float = 1e-8) -> dict:

@@ -24,9 +24,10 @@ import tempfile
 from pathlib import Path
 
 import torch
+from common import data_label, results_path, write_results
 
 import fp4train
-from common import data_label, results_path, write_results
+from fp4train.adahop.training import AdaHOPCalibration
 from fp4train.train import TrainConfig, Trainer
 
 TORCHAO = "torchao_fp8_rowwise"
@@ -60,8 +61,9 @@ def measure(recipe: str, *, model: str, data: str | None, batch: int, seq: int, 
            "peak_mem_gib": s["peak_mem_gib"],
            "calibration_peak_mem_gib": s["calibration_peak_mem_gib"], "compiled_graphs": s["compiled_graphs"], "bf16_steps": s["bf16_steps"],
            "compile": s["compile"], "compile_mode": s["compile_mode"], "numerics": s["numerics"], "backend": s["backend"]}
-    if trainer.calibration is not None:
-        row["adahop_strategies"] = trainer.calibration.strategy_counts()
+    adahop = trainer.feature(AdaHOPCalibration)
+    if adahop is not None and adahop.calibration is not None:
+        row["adahop_strategies"] = adahop.calibration.strategy_counts()
     return row
 
 

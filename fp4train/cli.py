@@ -17,11 +17,6 @@ from pathlib import Path
 
 from . import __version__
 
-_SKIP = {"extra"}  #: fields with no flag
-#: Options that only a training run uses (``analyze`` trains BF16 for its own --steps, without checkpoints)
-_TRAIN_ONLY = ("recipe", "max_steps", "calibration", "backend", "numerics", "eval_every", "eval_batches", "ckpt_every",
-               "keep_checkpoints", "compile", "compile_mode")
-
 
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors: the culprit and where to look, no usage block."""
@@ -79,17 +74,19 @@ def __getattr__(name: str):
     if name == "HELP":  # every training option's help text, from its definition (fp4train.train.config.TrainConfig)
         from .train.config import TrainConfig
 
-        return {f.name: f.metadata["help"] for f in dataclasses.fields(TrainConfig) if f.name not in _SKIP}
+        return {f.name: f.metadata["help"] for f in dataclasses.fields(TrainConfig) if f.metadata["cli"]}
     raise AttributeError(name)
 
 
-def _add_config_flags(p: argparse.ArgumentParser, *, skip=(), out: str | None = None) -> None:
+def _add_config_flags(p: argparse.ArgumentParser, *, train: bool = True, skip=(), out: str | None = None) -> None:
+    """A flag per :class:`~fp4train.train.config.TrainConfig` option (its help, range, choices and default from the
+    field); ``train=False``: not the options only a training run uses; ``skip``: nor these (the command's own)."""
     from .train.config import TrainConfig, choices
 
     out = out or TrainConfig.out
     p.add_argument("--config", metavar="TOML", help="read options from a TOML file (flags override it)")
     for f in dataclasses.fields(TrainConfig):
-        if f.name in _SKIP or f.name in skip:
+        if not f.metadata["cli"] or (f.metadata["train_only"] and not train) or f.name in skip:
             continue
         flag = "--" + f.name.replace("_", "-")
         default = out if f.name == "out" else f.default if f.default is not dataclasses.MISSING else None
@@ -115,7 +112,7 @@ def _config_from_args(args, *, drop=()):
     from .train.config import TrainConfig
 
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
-                 if f.name not in _SKIP and f.name not in drop and getattr(args, f.name, None) is not None}
+                 if f.metadata["cli"] and f.name not in drop and getattr(args, f.name, None) is not None}
     defaults = {"out": args.default_out}
     if getattr(args, "config", None):
         return TrainConfig.from_toml(args.config, defaults=defaults, **overrides)
@@ -182,10 +179,18 @@ def build_parser(*, commands: bool = True) -> argparse.ArgumentParser:
         for name, (short, desc) in COMMANDS.items():
             sub.add_parser(name, help=short, description=desc)
         return ap
-    from .train.config import TrainConfig
 
     def command(name: str) -> _Parser:
         return sub.add_parser(name, help=COMMANDS[name][0], description=COMMANDS[name][1])
+
+    _add_training_commands(command)
+    _add_run_commands(command)
+    return ap
+
+
+def _add_training_commands(command) -> None:
+    """``train``, ``compare`` and ``analyze``: each takes the training options (:func:`_add_config_flags`)."""
+    from .train.config import TrainConfig
 
     t = command("train")
     _add_config_flags(t)
@@ -218,7 +223,7 @@ def build_parser(*, commands: bool = True) -> argparse.ArgumentParser:
                    "this same-init spread beside BF16's seed-to-seed spread")
 
     a = command("analyze")
-    _add_config_flags(a, skip=_TRAIN_ONLY, out="runs/analysis")
+    _add_config_flags(a, train=False, out="runs/analysis")
     a.set_defaults(default_out="runs/analysis")
     a.add_argument("--steps", type=_at_least(1), default=200, help="BF16 training steps to observe (default: 200)")
     a.add_argument("--capture-every", type=_at_least(1), default=50, help="measure GEMM errors every N steps and at the "
@@ -227,6 +232,9 @@ def build_parser(*, commands: bool = True) -> argparse.ArgumentParser:
                    "(default: 4.0)")
     a.add_argument("--k", type=_at_least(1), default=16, help="outlier rows/channels extracted per operand (default: 16)")
 
+
+def _add_run_commands(command) -> None:
+    """``eval``, ``export``, ``generate`` (each reads a finished run) and ``recipes``."""
     e = command("eval")
     _add_run_flags(e)
     e.add_argument("--data", default=None, help="text to evaluate on (default: the packaged tiny-shakespeare - the "
@@ -259,7 +267,6 @@ def build_parser(*, commands: bool = True) -> argparse.ArgumentParser:
 
     r = command("recipes")
     r.add_argument("--show", metavar="NAME", help="print this recipe as TOML (a starting point for a custom recipe)")
-    return ap
 
 
 def main(argv=None) -> int:
@@ -347,13 +354,13 @@ def _run(args) -> int:
         return 0
 
     from .train.compare import compare
-    from .train.config import TrainConfig
+    from .train.config import TRAIN_ONLY, TrainConfig
     from .train.trainer import train
 
     if args.command == "analyze":
         from .analysis import analyze
 
-        cfg = _config_from_args(args, drop=_TRAIN_ONLY)
+        cfg = _config_from_args(args, drop=TRAIN_ONLY)
         analyze(cfg, steps=args.steps, capture_every=args.capture_every, out=cfg.out, threshold=args.threshold, k=args.k)
     elif args.command == "train":
         if args.config_json:

@@ -86,7 +86,7 @@ def evaluate(run: str | Path, data: str | None, *, checkpoint: str | Path | None
     ``checkpoint`` although no manifest lists it. Text the run trained on is evaluated too, with a warning that the
     loss is then not a held-out one."""
     from .data import load_tokenizer
-    from .train.trainer import resolve_device
+    from .devices import resolve_device
 
     for name, v, low in (("--seq-len", seq_len, 1), ("--batch-size", batch_size, 1), ("--max-tokens", max_tokens, 2)):
         if v is not None and v < low:
@@ -155,7 +155,7 @@ def generate_pieces(run: str | Path, prompt: str, *, max_new_tokens: int = 50, t
     tokens. A smoke look at what a model learned, not a serving path (no KV cache). Everything is checked and the
     model loaded before the first piece."""
     from .data import load_tokenizer
-    from .train.trainer import resolve_device
+    from .devices import resolve_device
 
     if max_new_tokens < 1 or temperature < 0 or not math.isfinite(temperature) or top_k < 1:
         raise ValueError("--max-new-tokens and --top-k must be >= 1 and --temperature a finite number >= 0")

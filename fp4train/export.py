@@ -21,7 +21,7 @@ from .models.llama import Llama, LlamaConfig
 def load_checkpoint(run: str | Path, checkpoint: str | Path | None = None, *, trust: bool = False) -> dict:
     """The newest verified checkpoint of ``run`` (or ``checkpoint``; ``trust``: although no manifest lists it), on the
     CPU; a sharded one with its model's whole tensors read from the shards (the optimizer's are not needed here)."""
-    from .train.checkpoint import MANIFEST, Checkpoints, read_tensors
+    from .checkpoint import MANIFEST, Checkpoints, read_tensors
 
     run = Path(run)
     if not run.is_dir():

@@ -10,8 +10,9 @@ import fp4train
 from fp4train import QuantizedLinear, quantize
 from fp4train.adahop import Pattern, Relative, Strategy
 from fp4train.adahop.calibration import Calibration, PatternRecorder, gemm_spec, layer_spec
-from fp4train.adahop.outlier_gemm import oe_gemm
 from fp4train.adahop.strategy import extraction_for
+from fp4train.adahop.training import AdaHOPCalibration
+from fp4train.linear.outlier_gemm import oe_gemm
 from fp4train.recipes import LinearSpec
 from fp4train.train import Checkpoints, TrainConfig, Trainer
 from fp4train.transforms import hadamard
@@ -148,7 +149,7 @@ def test_trainer_calibrates_saves_and_resumes_exactly(tmp_path, monkeypatch):
 
     # another run reuses the saved table from step 0
     t2 = Trainer(_cfg(tmp_path / "reuse", calibration=str(tmp_path / "ref" / "adahop_calibration.json")))
-    assert t2.recorder is None
+    assert t2.feature(AdaHOPCalibration).recorder is None
     layer = t2.model.get_submodule("layers.0.mlp.up_proj")
     assert layer.spec.quantized and layer.spec == Calibration.from_dict(cal_ref).recipe("adahop").spec_for("layers.0.mlp.up_proj")
 

@@ -86,7 +86,7 @@ def _sharded(c, step, v):
 
 
 def test_a_sharded_checkpoint_is_a_checksummed_directory(tmp_path):
-    from fp4train.train.checkpoint import read_tensors
+    from fp4train.checkpoint import read_tensors
 
     c = Checkpoints(tmp_path, keep=2)
     for s in (1, 2, 3):

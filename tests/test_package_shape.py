@@ -80,6 +80,31 @@ def test_the_package_has_no_import_cycle():
     assert cycles(import_graph()) == []
 
 
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``graph`` with each subpackage collapsed to one node (``fp4train.linear.op`` -> ``fp4train.linear``; a top-level
+    module such as ``fp4train.cli`` is its own node)."""
+    def node(m: str) -> str:
+        return ".".join(m.split(".")[:2])
+
+    out: dict[str, set[str]] = {}
+    for m, edges in graph.items():
+        out.setdefault(node(m), set()).update(node(e) for e in edges if node(e) != node(m))
+    return out
+
+
+def test_the_package_graph_collapses_subpackages():
+    graph = {"fp4train.a.x": {"fp4train.b.y"}, "fp4train.b.y": {"fp4train.a.z"}, "fp4train.a.z": set(), "fp4train.c": {"fp4train.a.x"}}
+    assert cycles(graph) == []  # no loop between modules ...
+    assert cycles(package_graph(graph)) == [["fp4train.a", "fp4train.b"]]  # ... but one between their packages
+
+
+def test_no_subpackage_imports_itself_back():
+    """Layers, not a web: no two subpackages (or top-level modules) that import each other, directly or around a
+    loop, at the top or inside a function (``linear`` runs AdaHOP's outlier GEMM without importing ``adahop``;
+    ``evaluate`` reads checkpoints without importing the trainer)."""
+    assert cycles(package_graph(import_graph())) == []
+
+
 def test_the_reference_imports_no_kernel():
     graph = import_graph()
     pure = [m for m in graph if m.startswith(("fp4train.formats", "fp4train.transforms")) or m == "fp4train.counter_rng"]

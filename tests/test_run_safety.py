@@ -404,7 +404,7 @@ def test_the_run_header_is_printed_before_the_progress_bar(tmp_path, monkeypatch
     from fp4train.train import trainer
 
     events = []
-    monkeypatch.setattr(trainer, "_progress", lambda cfg, start: events.append("bar"))
+    monkeypatch.setattr(trainer, "progress_bar", lambda cfg, start: events.append("bar"))
     cfg = TrainConfig(model="tiny", seq_len=32, batch_size=2, max_steps=1, eval_batches=1, out=str(tmp_path / "r"),
                       tensorboard=False, device="cpu")
     Trainer(cfg, log=lambda m: events.append("header" if "fp4train: model tiny" in m else "log")).run()
@@ -614,7 +614,7 @@ def test_a_checkpoint_write_that_fills_the_disk_keeps_the_last_one_and_the_run_r
                                                                                                       monkeypatch):
     import builtins
 
-    from fp4train.train import checkpoint
+    from fp4train import checkpoint
 
     args = [*SMALL, "--max-steps", "6", "--ckpt-every", "2", "--eval-every", "3", "--log-every", "1"]
     rc, err = _run(["train", *args, "--out", str(tmp_path / "ref")], capsys)
@@ -645,7 +645,7 @@ def _records(run):
 
 
 def test_the_first_checkpoint_failing_says_so_and_nothing_is_left_half_written(tmp_path, capsys, monkeypatch):
-    from fp4train.train import checkpoint
+    from fp4train import checkpoint
 
     def full_open(path, mode="r", *a, **k):
         if str(path).endswith(".pt.tmp"):

@@ -162,6 +162,29 @@ def test_every_option_has_help():
     assert "--resume" in sub["train"].format_help() and "--seeds" in sub["compare"].format_help()
 
 
+def test_every_option_is_defined_once_on_its_field():
+    """What the CLI and the checks know of an option comes from its TrainConfig field: its flag in every command
+    that trains, none in `analyze` for what only a training run uses, whether it decides a run's result (compare) or
+    is fixed on resume, and the value runs saved before it existed ran with."""
+    from fp4train.train import config
+
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    sub = build_parser()._subparsers._group_actions[0].choices
+    flags = {n: {o for a in p._actions for o in a.option_strings} for n, p in sub.items()}
+    for name, f in fields.items():
+        assert f.metadata["help"], name
+        assert (config.flag(name) in flags["train"]) == f.metadata["cli"], name
+        assert (config.flag(name) in flags["analyze"]) == (f.metadata["cli"] and not f.metadata["train_only"]), name
+    assert config.RESULT_FIELDS == tuple(n for n, f in fields.items() if f.metadata["result"])
+    assert set(config.RESUME_FIXED) <= set(config.RESULT_FIELDS) and {"model", "recipe", "seed", "optimizer"} <= set(config.RESUME_FIXED)
+    assert {"max_steps", "lr"} <= set(config.RESULT_FIELDS) - set(config.RESUME_FIXED)  # a resumed run may train longer
+    assert not {"out", "device", "log_every", "progress"} & set(config.RESULT_FIELDS)
+    assert config.FIELDS_ADDED == {"optimizer": "adamw", "data_seed": None, "deterministic": False}
+    assert config.saved_settings({"seed": 3}) == {"seed": 3, **config.FIELDS_ADDED}
+    with pytest.raises(TypeError, match="added= and before= go together"):
+        config.option(1, help="x", added="0.2.0")
+
+
 def test_toml_config_with_flag_overrides(tmp_path):
     (tmp_path / "c.toml").write_text('max_steps = 7\nlr = 0.01\nmodel = "tiny"\n')
     from fp4train.cli import _config_from_args
@@ -266,13 +289,13 @@ def test_speed_settings_are_the_fastest_correct_ones_by_default_and_said_once(tm
 
 
 def test_steady_steps_leave_out_warm_up_compilation_graph_recording_and_calibration():
-    from fp4train.train.trainer import SteadySteps
+    from fp4train.train.records import SteadySteps
 
     s = SteadySteps()
     for t, compiled, calibrating in [(9.0, False, True), (8.0, False, True),  # BF16 calibration
                                      (7.0, True, False), (6.0, False, False),  # compiles; records CUDA graphs
                                      (1.0, False, False), (1.2, False, False), (0.9, False, False)]:
-        s.add(t, compiled=compiled, calibrating=calibrating)
+        s.add(t, compiled=compiled, held=calibrating)
     assert s.times == [1.0, 1.2, 0.9] and s.median() == 1.0
     first = SteadySteps()
     for t in (5.0, 2.0, 2.0):

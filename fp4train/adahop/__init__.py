@@ -1,8 +1,18 @@
 """AdaHOP: outlier-pattern-aware choice between inner Hadamard and outlier extraction per GEMM."""
 
-from .foid import foid
-from .outlier_gemm import Extraction, oe_gemm, split
-from .patterns import DEFAULT_DOMINANCE, DEFAULT_THRESHOLD, GEMM_OPERANDS, Pattern, Relative, classify, gemm_pair, outlier_ratios, relative
+from ..linear.foid import foid
+from ..linear.outlier_gemm import Extraction, oe_gemm, split
+from .patterns import (
+    DEFAULT_DOMINANCE,
+    DEFAULT_THRESHOLD,
+    GEMM_OPERANDS,
+    Pattern,
+    Relative,
+    classify,
+    gemm_pair,
+    outlier_ratios,
+    relative,
+)
 from .strategy import DEFAULT_K, DEFAULT_RULES, Strategy, choose, derive_rules, relative_error, strategy_gemm
 
 __all__ = [

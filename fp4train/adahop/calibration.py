@@ -188,6 +188,19 @@ class PatternRecorder:
                 self.err_sum[name][gemm][s.value] += relative_error(a, b, s, ra, rb, self.k)
             self.err_n[name][gemm] += 1
 
+    def state_dict(self) -> dict:
+        """What the recorder has seen so far (a checkpoint taken during the calibration steps)."""
+        return {"patterns": self.patterns, "steps": self.steps, "err_sum": json.loads(json.dumps(self.err_sum)),
+                "err_n": json.loads(json.dumps(self.err_n))}
+
+    def load_state_dict(self, st: dict) -> None:
+        self.patterns, self.steps = st["patterns"], st["steps"]
+        for layer, gemms in st["err_sum"].items():
+            for gemm, errs in gemms.items():
+                self.err_sum[layer][gemm].update(errs)
+        for layer, gemms in st["err_n"].items():
+            self.err_n[layer].update(gemms)
+
     def result(self) -> Calibration:
         cal = Calibration(self.steps, self.mode, self.k, self.threshold, self.patterns)
         for name in self.modules:

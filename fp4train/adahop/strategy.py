@@ -3,7 +3,7 @@
 * ``plain``: MXFP4 (1x32 along the inner dim, floor scales, RTNE) on both operands.
 * ``iht``: block-32 Walsh-Hadamard along the inner dim of both operands, then MXFP4.
 * ``oe``: outlier extraction (FOID picks the top-k outlier rows / inner channels, they run in
-  high precision, see :mod:`.outlier_gemm`), the residual goes through ``iht``.
+  high precision, see :mod:`fp4train.linear.outlier_gemm`), the residual goes through ``iht``.
 
 The rule table maps the pair of operand patterns *relative to the GEMM* (inner / outer /
 none, see :mod:`.patterns`) to a strategy. The paper's table is not in our copy, so the
@@ -19,9 +19,8 @@ import enum
 import torch
 
 from ..formats.quantize import quantize
+from ..linear.outlier_gemm import extraction_for, oe_gemm
 from ..transforms.hadamard import hadamard
-from .foid import foid
-from .outlier_gemm import Extraction, oe_gemm
 from .patterns import Relative
 
 DEFAULT_K = 16  # outlier rows/channels taken out per operand
@@ -46,28 +45,6 @@ def iht_gemm(a: torch.Tensor, b: torch.Tensor, block: int = HADAMARD_BLOCK) -> t
     return _q(hadamard(a.float(), block)) @ _q(hadamard(b.float(), block)).T
 
 
-def extraction_for(a: torch.Tensor, b: torch.Tensor, rel_a: Relative, rel_b: Relative, k: int = DEFAULT_K) -> Extraction:
-    """FOID on whichever operand has a pattern: outer -> its rows, inner -> inner channels."""
-    inner = []
-    if Relative(rel_a) is Relative.INNER:
-        inner.append(foid(a, k, axis=1))
-    if Relative(rel_b) is Relative.INNER:
-        inner.append(foid(b, k, axis=1))
-    repeat = None
-    if len(inner) == 2:  # both operands' channels: their sorted union, without torch.unique (a host sync,
-        # which a CUDA-graph capture refuses): an index found by both is kept twice and marked as a repeat
-        joined = torch.cat(inner).sort().values
-        repeat = torch.zeros_like(joined, dtype=torch.bool)
-        repeat[1:] = joined[1:] == joined[:-1]
-        inner = [joined]
-    return Extraction(
-        a_rows=foid(a, k, axis=0) if Relative(rel_a) is Relative.OUTER else None,
-        b_rows=foid(b, k, axis=0) if Relative(rel_b) is Relative.OUTER else None,
-        inner=inner[0] if inner else None,  # one operand's channels: foid's indices are sorted and distinct
-        inner_repeat=repeat,
-    )
-
-
 def strategy_gemm(a, b, strategy: Strategy, rel_a: Relative = Relative.NONE, rel_b: Relative = Relative.NONE, k: int = DEFAULT_K):
     """``A B^T`` (FP32) computed with ``strategy`` (the emulated reference of each path)."""
     s = Strategy(strategy)
@@ -75,7 +52,7 @@ def strategy_gemm(a, b, strategy: Strategy, rel_a: Relative = Relative.NONE, rel
         return plain_gemm(a, b)
     if s is Strategy.IHT:
         return iht_gemm(a, b)
-    return oe_gemm(a, b, extraction_for(a, b, rel_a, rel_b, k), iht_gemm)
+    return oe_gemm(a, b, extraction_for(a, b, Relative(rel_a).value, Relative(rel_b).value, k), iht_gemm)
 
 
 def relative_error(a, b, strategy: Strategy, rel_a=Relative.NONE, rel_b=Relative.NONE, k: int = DEFAULT_K) -> float:

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from .. import recipes as _recipes
 from ..adahop.calibration import Calibration
-from ..adahop.outlier_linear import gemm_with_outliers
+from ..linear.outlier_linear import gemm_with_outliers
 from ..adahop.patterns import Pattern, classify, gemm_operands, outlier_ratios
 from ..adahop.strategy import DEFAULT_K, Strategy, derive_rules, relative_error
 from ..backends import get as get_backend

@@ -23,7 +23,7 @@ What forward keeps for backward:
 * dY is quantized once for both backward GEMMs when they share a 2D-tiled spec.
 
 A GEMM with ``outliers`` (AdaHOP's outlier extraction) runs
-:func:`~fp4train.adahop.outlier_linear.gemm_with_outliers` on the high-precision operands instead:
+:func:`~fp4train.linear.outlier_linear.gemm_with_outliers` on the high-precision operands instead:
 FOID-picked rows/inner channels in high precision, the residual prepared as above. Its X
 for wgrad is kept unpacked (the extraction picks rows of X and dY together in backward).
 
@@ -40,18 +40,13 @@ from ..backends import multiply
 from ..quantizer import Quantizer
 from ..recipes.spec import LinearSpec
 from .operands import DGRAD, FPROP, OP_A, OP_B, WGRAD, pad_rows, prepare, prepare_now, shares_quantization, sr_seed
+from .outlier_linear import gemm_with_outliers
 
 
 def deterministic(q, transform) -> bool:
     """Does preparing an operand with ``q`` and ``transform`` depend on its values alone (no
     stochastic rounding, no random signs)? Then layers reading the same X may share it (``prepare_x``)."""
     return not (q.quantized and q.stochastic) and (transform is None or not transform.random_signs)
-
-
-def _outliers(a, b, g, **kw):
-    from ..adahop.outlier_linear import gemm_with_outliers  # AdaHOP's: imported where a recipe asks for it
-
-    return gemm_with_outliers(a, b, g, **kw)
 
 
 def fprop(x2, weight, bias, spec: LinearSpec, backend, quantizer: Quantizer, seed: int, out_dtype: torch.dtype, *,
@@ -66,7 +61,7 @@ def fprop(x2, weight, bias, spec: LinearSpec, backend, quantizer: Quantizer, see
     """
     g = spec.fprop
     if g.outliers is not None:  # AdaHOP outlier extraction: nothing prepared to reuse
-        y = _outliers(x2, weight, g, seed=seed, gemm=FPROP, compute_dtype=out_dtype, backend=backend, quantizer=quantizer,
+        y = gemm_with_outliers(x2, weight, g, seed=seed, gemm=FPROP, compute_dtype=out_dtype, backend=backend, quantizer=quantizer,
                       out_dtype=out_dtype)
         return (y + bias.to(out_dtype) if bias is not None else y), None, None, None
     # an operand that backward reuses (one 2D tiling shared with another GEMM) is kept packed
@@ -168,7 +163,7 @@ def backward(dy2, weight, x_op, w_q, spec: LinearSpec, backend, quantizer: Quant
     if dy_dgrad is None and ((needs[0] and g2.outliers is None) or share_dy):
         dy_dgrad = prepare_now(dy2, g2.a, axis=1, transform=g2.transform, gemm=DGRAD, operand=OP_A, **common)
     if needs[0] and g2.outliers is not None:
-        dx = _outliers(dy2, weight.t(), g2, gemm=DGRAD, out_dtype=x_dtype, **common)
+        dx = gemm_with_outliers(dy2, weight.t(), g2, gemm=DGRAD, out_dtype=x_dtype, **common)
     elif needs[0]:
         # GEMM 2, dgrad: dX[M,K] = dY[M,N] @ (W^T)[K,N]^T, both along N
         if w_q is None:
@@ -176,7 +171,7 @@ def backward(dy2, weight, x_op, w_q, spec: LinearSpec, backend, quantizer: Quant
         dx = multiply(backend, dy_dgrad, w_q.t(), x_dtype)
     if needs[1] and g3.outliers is not None:
         mult = g3.transform.block if g3.transform is not None else 1
-        dw = _outliers(pad_rows(dy2, mult).t(), pad_rows(x_op, mult).t(), g3, gemm=WGRAD, out_dtype=weight.dtype, **common)
+        dw = gemm_with_outliers(pad_rows(dy2, mult).t(), pad_rows(x_op, mult).t(), g3, gemm=WGRAD, out_dtype=weight.dtype, **common)
     elif needs[1]:
         # GEMM 3, wgrad: dW[N,K] = dY^T[N,M] @ (X^T)[K,M]^T, both along M
         if share_dy:

@@ -15,9 +15,10 @@ projections onto the subspace, ``dB = beta * G A^T`` and ``dA = beta * B^T G`` -
 ``W = W_res + beta * B A`` - so no GEMM over the tokens is repeated for the factors; ``W_res`` gets ``G``.
 
 Realignment (:func:`realign`) recomputes the split from the effective weight ``W_res + beta * B A``, which
-it leaves unchanged up to one FP32 rounding per element; the trainer realigns every
-``LoRASVDSpec.realign_every`` steps and resets the factors' optimizer state (their basis changed). Sharded
-(FSDP2), every process gathers the three tensors, computes the same (seeded) split and keeps its own rows.
+it leaves unchanged up to one FP32 rounding per element; a training run realigns every
+``LoRASVDSpec.realign_every`` steps (:mod:`fp4train.linear.lora_svd_realignment`) and resets the factors'
+optimizer state (their basis changed). Sharded (FSDP2), every process gathers the three tensors, computes the
+same (seeded) split and keeps its own rows.
 """
 
 from __future__ import annotations

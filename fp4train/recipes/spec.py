@@ -119,7 +119,7 @@ class OutlierSpec:
     ``a``/``b``: ``"outer"`` extracts the operand's ``k`` outlier rows (as the GEMM sees it),
     ``"inner"`` its ``k`` outlier inner channels (shared with the other operand, a rank-k
     update), ``"none"`` nothing. The extracted parts run in high precision; the residual is
-    prepared as the GemmSpec says (see :mod:`fp4train.adahop.outlier_gemm`).
+    prepared as the GemmSpec says (see :mod:`fp4train.linear.outlier_gemm`).
     """
 
     a: str = "none"

@@ -1,6 +1,6 @@
 """Training: config, checkpoints, the loop, and recipe comparison."""
 
-from .checkpoint import CheckpointError, Checkpoints
+from ..checkpoint import CheckpointError, Checkpoints
 from .config import TrainConfig
 from .trainer import Trainer, TrainingDiverged, train
 

@@ -28,11 +28,13 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import MANIFEST, Checkpoints
-from .config import FIELDS_ADDED, TrainConfig, speed_settings
+from ..checkpoint import MANIFEST, Checkpoints
+from ..devices import resolve_device
+from .config import TrainConfig, saved_settings, speed_settings
+from .features import recipe_and_features
 from .run_dir import RunDirBusy, RunLock, busy, write_text
 from .signals import terminate_as_interrupt
-from .trainer import check_recipe, load_data, resolve_device, train
+from .trainer import load_data, train
 
 BASELINE = "bf16"
 #: the noise-floor runs: BF16 with each seed's initialization and rounding, the training windows in another order
@@ -91,7 +93,7 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
         if holder:
             raise RunDirBusy(holder)
     for cfg in cfgs.values():
-        check_recipe(cfg)
+        recipe_and_features(cfg)  # the recipe loads, and its features can run this config
     if not gpus:
         resolve_device(base.device)
     load_data(base)
@@ -172,7 +174,7 @@ def settings_changed(cfg: TrainConfig) -> str:
     except (ValueError, KeyError):
         return "its config.json is damaged"
     now = cfg.result_settings()
-    then = {**FIELDS_ADDED, **then}  # a run from before a field existed ran with what the field now calls it
+    then = saved_settings(then)  # a run from before an option existed ran with what the option now calls it
     try:  # compile and its mode as the run resolves them on this machine (None: the device's default)
         dev = resolve_device(cfg.device)
         then_cfg = TrainConfig.from_dict({k: v for k, v in then.items() if k in now})

@@ -22,17 +22,6 @@ PARALLEL = ("none", "ddp", "fsdp")
 DEVICE_FORMS = "auto, cpu, cuda or cuda:N"
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
-#: The fields that decide a run's result. Two runs that agree on these train the same model on the
-#: same tokens (the rest - where it is written, how often it logs or checkpoints, the device - does not
-#: change what a finished run reports, or changes it only within the numerics' own run-to-run noise).
-RESULT_FIELDS = ("model", "recipe", "backend", "calibration", "data", "val_data", "val_fraction", "tokenizer", "text_field",
-                 "seq_len", "batch_size", "grad_accum", "max_steps", "lr", "min_lr_ratio", "warmup_steps", "weight_decay",
-                 "betas", "grad_clip", "eval_batches", "seed", "data_seed", "dtype", "numerics", "compile", "compile_mode",
-                 "optimizer")
-#: fields added after runs were first saved, with the value a saved run without them had
-FIELDS_ADDED = {"optimizer": "adamw", "data_seed": None, "deterministic": False}
-
-
 @dataclass(frozen=True)
 class Bounds:
     """The values a numeric option takes: ``low``..``high`` (``None``: unbounded), each end excluded where
@@ -78,11 +67,28 @@ FRACTION = Bounds(0, 1)
 SEED = Bounds(0, 2**63 - 1)
 
 
-def option(default=dataclasses.MISSING, *, help: str, bounds: Bounds | None = None, choices=None, **kw):
-    """A :class:`TrainConfig` field with what the CLI and the checks read from it: its ``help`` text, the
-    ``bounds`` of a number (each element's, for a tuple), the ``choices`` of a string (a callable: computed when
-    asked)."""
-    return field(default=default, metadata={"help": help, "bounds": bounds, "choices": choices}, **kw)
+_NOT_ADDED = object()
+
+
+def option(default=dataclasses.MISSING, *, help: str, bounds: Bounds | None = None, choices=None, result: bool = False,
+           fixed: bool = False, train_only: bool = False, added: str | None = None, before=_NOT_ADDED, cli: bool = True, **kw):
+    """A :class:`TrainConfig` field with everything the CLI and the checks read from it, so that an option is
+    defined in this one place:
+
+    * ``help``: the flag's help text; ``bounds``: the range of a number (each element's, for a tuple);
+      ``choices``: the values of a string (a callable: computed when asked);
+    * ``result``: the option decides what a finished run reports (``compare`` reruns a run made with another value;
+      :data:`RESULT_FIELDS`); ``fixed``: a checkpoint's state belongs to its value, so ``--resume`` refuses a change
+      (:data:`RESUME_FIXED`; a fixed option decides the result too);
+    * ``train_only``: only a training run uses it (``analyze``, which trains BF16 briefly for itself, has no flag);
+    * ``added``: the fp4train version that added the option, and ``before``: the value runs saved before then ran
+      with (:data:`FIELDS_ADDED`); ``cli=False``: no flag (set from TOML or Python only).
+    """
+    if (added is None) != (before is _NOT_ADDED):
+        raise TypeError("option(): added= and before= go together (the version, and what runs saved before it ran with)")
+    meta = {"help": help, "bounds": bounds, "choices": choices, "result": result or fixed, "fixed": fixed,
+            "train_only": train_only, "added": added, "before": None if before is _NOT_ADDED else before, "cli": cli}
+    return field(default=default, metadata=meta, **kw)
 
 
 def _model_names():
@@ -98,61 +104,61 @@ class TrainConfig:
     TOML file or Python, and the error names the field with its flag and what it takes."""
 
     # what
-    model: str = option("tiny", help="model size preset", choices=_model_names)
-    recipe: str = option("bf16", help="recipe name (see `fp4train recipes`) or a recipe .json/.toml file")
-    backend: str | None = option(None, help="GEMM backend: auto (the default: triton on a GPU machine, emulated "
+    model: str = option("tiny", fixed=True, help="model size preset", choices=_model_names)
+    recipe: str = option("bf16", fixed=True, train_only=True, help="recipe name (see `fp4train recipes`) or a recipe .json/.toml file")
+    backend: str | None = option(None, result=True, train_only=True, help="GEMM backend: auto (the default: triton on a GPU machine, emulated "
                                  "elsewhere), triton (Triton-kernel quantization, MXFP4 GEMMs on FP8 tensor cores), "
                                  "fp8_blockwise, or emulated (the reference, runs anywhere)")
-    calibration: str | None = option(None, help="AdaHOP recipes: reuse this adahop_calibration.json (from an earlier "
+    calibration: str | None = option(None, result=True, train_only=True, help="AdaHOP recipes: reuse this adahop_calibration.json (from an earlier "
                                      "run) instead of calibrating")
     # data
-    data: str | None = option(None, help="training text: a .txt/.jsonl/.jsonl.xz/.parquet file, a glob, a directory "
+    data: str | None = option(None, fixed=True, help="training text: a .txt/.jsonl/.jsonl.xz/.parquet file, a glob, a directory "
                               "(train-*/val-* shards split themselves), 'shakespeare' or hf:NAME[:SPLIT]; several joined "
                               "with commas. Default: the packaged tiny-shakespeare")
-    val_data: str | None = option(None, help="validation text, same forms as --data (default: hold out --val-fraction of "
+    val_data: str | None = option(None, fixed=True, help="validation text, same forms as --data (default: hold out --val-fraction of "
                                   "the documents)")
-    val_fraction: float = option(0.05, help="fraction of documents held out for validation when --val-data is not given",
+    val_fraction: float = option(0.05, result=True, help="fraction of documents held out for validation when --val-data is not given",
                                  bounds=Bounds(0, 1, low_open=True, high_open=True))
-    tokenizer: str | None = option(None, help="tokenizer: a tokenizer.json(.xz) path or a Hugging Face name (default: the "
+    tokenizer: str | None = option(None, fixed=True, help="tokenizer: a tokenizer.json(.xz) path or a Hugging Face name (default: the "
                                    "packaged 32k enwiki BPE)")
-    text_field: str = option("text", help="JSON/parquet field that holds the text")
+    text_field: str = option("text", result=True, help="JSON/parquet field that holds the text")
     cache_dir: str | None = option(None, help="where tokenized data is cached (default: $FP4TRAIN_CACHE or "
                                    "~/.cache/fp4train)")
     # shape of a step
-    seq_len: int = option(256, help="tokens per sequence", bounds=AT_LEAST_1)
-    batch_size: int = option(16, help="sequences per micro-batch", bounds=AT_LEAST_1)
-    grad_accum: int = option(1, help="micro-batches per optimizer step", bounds=AT_LEAST_1)
-    max_steps: int = option(200, help="optimizer steps to train (AdaHOP's BF16 calibration steps are among them)",
+    seq_len: int = option(256, fixed=True, help="tokens per sequence", bounds=AT_LEAST_1)
+    batch_size: int = option(16, fixed=True, help="sequences per micro-batch", bounds=AT_LEAST_1)
+    grad_accum: int = option(1, result=True, help="micro-batches per optimizer step", bounds=AT_LEAST_1)
+    max_steps: int = option(200, result=True, train_only=True, help="optimizer steps to train (AdaHOP's BF16 calibration steps are among them)",
                             bounds=AT_LEAST_1)
     # optimizer and schedule
-    optimizer: str | None = option(None, help="adamw (torch's, FP32 moments), qadamw (AdamW with both moments stored in "
+    optimizer: str | None = option(None, fixed=True, added="0.1.0", before="adamw", help="adamw (torch's, FP32 moments), qadamw (AdamW with both moments stored in "
                                    "NVFP4, fp4train.optim.QAdamW), muon (Muon on the 2D hidden weights, AdamW on the rest: "
                                    "torch's arithmetic) or qmuon (the same with NVFP4 states, fp4train.optim.QMuon); "
                                    "default: the recipe's (fullstack: qadamw), else adamw", choices=OPTIMIZERS)
-    lr: float = option(3e-3, help="peak learning rate (of every optimizer)", bounds=POSITIVE)
-    min_lr_ratio: float = option(0.1, help="the cosine schedule decays to lr * this", bounds=FRACTION)
-    warmup_steps: int = option(20, help="linear warmup steps", bounds=AT_LEAST_0)
-    weight_decay: float = option(0.1, help="decoupled weight decay of the matrices (each step multiplies them by "
+    lr: float = option(3e-3, result=True, help="peak learning rate (of every optimizer)", bounds=POSITIVE)
+    min_lr_ratio: float = option(0.1, result=True, help="the cosine schedule decays to lr * this", bounds=FRACTION)
+    warmup_steps: int = option(20, result=True, help="linear warmup steps", bounds=AT_LEAST_0)
+    weight_decay: float = option(0.1, result=True, help="decoupled weight decay of the matrices (each step multiplies them by "
                                  "1 - lr * weight_decay)", bounds=AT_LEAST_0)
-    betas: tuple[float, float] = option((0.9, 0.95), help="the moments' decay rates, e.g. 0.9,0.95",
+    betas: tuple[float, float] = option((0.9, 0.95), result=True, help="the moments' decay rates, e.g. 0.9,0.95",
                                         bounds=Bounds(0, 1, high_open=True))
-    grad_clip: float = option(1.0, help="clip the global gradient norm to this; inf: no clipping",
+    grad_clip: float = option(1.0, result=True, help="clip the global gradient norm to this; inf: no clipping",
                               bounds=Bounds(0, low_open=True, inf=True))
     # evaluation, checkpoints, logging
-    eval_every: int = option(50, help="evaluate the validation loss every N steps (and at the end); 0: only at the end",
+    eval_every: int = option(50, train_only=True, help="evaluate the validation loss every N steps (and at the end); 0: only at the end",
                              bounds=AT_LEAST_0)
-    eval_batches: int = option(8, help="validation batches per evaluation (the same ones every time)", bounds=AT_LEAST_1)
-    ckpt_every: int = option(100, help="write a checkpoint every N steps (and at the end); 0: only at the end",
+    eval_batches: int = option(8, result=True, train_only=True, help="validation batches per evaluation (the same ones every time)", bounds=AT_LEAST_1)
+    ckpt_every: int = option(100, train_only=True, help="write a checkpoint every N steps (and at the end); 0: only at the end",
                              bounds=AT_LEAST_0)
-    keep_checkpoints: int = option(2, help="how many recent checkpoints to keep", bounds=AT_LEAST_1)
+    keep_checkpoints: int = option(2, train_only=True, help="how many recent checkpoints to keep", bounds=AT_LEAST_1)
     log_every: int = option(10, help="write a metrics record every N steps", bounds=AT_LEAST_1)
     out: str = option("runs/train", help="run directory (config, metrics.jsonl, TensorBoard logs, checkpoints, summary); "
                       "a new run needs an empty or new one")
     # run
-    seed: int = option(0, help="seed for init, data order and stochastic rounding", bounds=SEED)
-    data_seed: int | None = option(None, help="seed of the training windows' order alone (default: --seed); same init "
+    seed: int = option(0, fixed=True, help="seed for init, data order and stochastic rounding", bounds=SEED)
+    data_seed: int | None = option(None, fixed=True, added="0.1.0", before=None, help="seed of the training windows' order alone (default: --seed); same init "
                                    "and rounding, another order", bounds=SEED)
-    deterministic: bool = option(False, help="the same loss bits on every repeat of a run on one GPU: "
+    deterministic: bool = option(False, added="0.1.0", before=False, help="the same loss bits on every repeat of a run on one GPU: "
                                  "torch.use_deterministic_algorithms, a fixed cuBLAS workspace, atomic-free attention "
                                  "backward (slower; off by default)")
     device: str = option("auto", help="auto (GPU if there is one), cpu, cuda or cuda:N")
@@ -160,22 +166,22 @@ class TrainConfig:
                            "--nproc-per-node N -m fp4train train --parallel ddp ...; each takes batch-size / N sequences of "
                            "every batch, so the global batch is the same); fsdp: the same, with each transformer block's "
                            "weights, gradients and every optimizer's states sharded (FSDP2)", choices=PARALLEL)
-    dtype: str = option("auto", help="autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32",
+    dtype: str = option("auto", result=True, help="autocast dtype for non-quantized ops: auto (bf16 on GPU, fp32 on CPU), bf16 or fp32",
                         choices=DTYPES)
-    compile: bool | None = option(None, help="torch.compile the model (default: on a GPU, off on a CPU; --no-compile "
+    compile: bool | None = option(None, result=True, train_only=True, help="torch.compile the model (default: on a GPU, off on a CPU; --no-compile "
                                   "runs eagerly)")
-    compile_mode: str | None = option(None, help="with compile: default, or reduce-overhead (each step replayed as CUDA "
+    compile_mode: str | None = option(None, result=True, train_only=True, help="with compile: default, or reduce-overhead (each step replayed as CUDA "
                                       "graphs: no per-kernel launch from the host, which bounds the quantized recipes' "
                                       "speed at small models; stochastic-rounding seeds are then drawn on the device, "
                                       "random Hadamard signs too); default: reduce-overhead on a GPU with --grad-accum 1, "
                                       "else default", choices=COMPILE_MODES)
-    numerics: str | None = option(None, help="how quantization runs, same bits in each: eager (reference ops), compiled "
+    numerics: str | None = option(None, result=True, train_only=True, help="how quantization runs, same bits in each: eager (reference ops), compiled "
                                   "(torch.compile'd reference), triton (fp4train's kernels where they exist); default: "
                                   "triton with the triton backend (the default on a GPU machine), eager elsewhere",
                                   choices=NUMERICS)
     progress: bool = option(True, help="show a progress bar")
     tensorboard: bool = option(True, help="write TensorBoard logs")
-    extra: dict = option(help="free-form notes carried into the run's config.json", default_factory=dict)
+    extra: dict = option(cli=False, help="free-form notes carried into the run's config.json", default_factory=dict)
 
     def __post_init__(self):
         problems = _type_problems(self)
@@ -261,6 +267,28 @@ class TrainConfig:
             return cls.from_dict(d)
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from None
+
+
+def _fields_where(key: str) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(TrainConfig) if f.metadata[key])
+
+
+#: The options that decide a run's result. Two runs that agree on these train the same model on the same tokens (the
+#: rest - where it is written, how often it logs or checkpoints, the device - does not change what a finished run
+#: reports, or changes it only within the numerics' own run-to-run noise). ``compare`` reruns a run that differs.
+RESULT_FIELDS = _fields_where("result")
+#: The options a checkpoint's state belongs to (the model, its data and their order, the optimizer): ``--resume``
+#: refuses a change of any of them. The rest of :data:`RESULT_FIELDS` may change on resume (a larger --max-steps).
+RESUME_FIXED = _fields_where("fixed")
+#: Options that only a training run uses (``analyze`` trains BF16 for its own --steps, without checkpoints).
+TRAIN_ONLY = _fields_where("train_only")
+#: Options added after runs were first saved, with the value a saved run without them ran with.
+FIELDS_ADDED = {f.name: f.metadata["before"] for f in dataclasses.fields(TrainConfig) if f.metadata["added"]}
+
+
+def saved_settings(saved: dict) -> dict:
+    """A run's saved ``train`` config with the options added since it was saved set to what it ran with."""
+    return {**FIELDS_ADDED, **saved}
 
 
 _TYPES = {"str": (str,), "str | None": (str, type(None)), "int": (int,), "int | None": (int, type(None)), "float": (int, float), "bool": (bool,),

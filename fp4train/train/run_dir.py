@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import socket
 import time
 import warnings
 import weakref
 from pathlib import Path
 
-from .checkpoint import MANIFEST, CheckpointError, Checkpoints
+from ..checkpoint import MANIFEST, CheckpointError, Checkpoints
 
 #: What a run writes into its directory (``train.log`` and ``train_config.json`` are ``compare``'s launcher
 #: files, written before the run starts).
@@ -36,6 +37,12 @@ def run_files(out: Path) -> list[Path]:
     if not out.is_dir():
         return []
     return [out / n for n in RUN_FILES if (out / n).exists()] + sorted(out.glob("step_*"))  # files, or sharded: directories
+
+
+def clear_run_files(out: Path) -> None:
+    """Remove the files of the run in ``out`` (``--overwrite``; the lock file stays: its holder is this process)."""
+    for p in run_files(out):
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
 
 
 def resume_command(out: str | Path) -> str:

@@ -80,7 +80,7 @@ def load_sharded_state(model: nn.Module, opt: torch.optim.Optimizer, path, param
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict
 
-    from .checkpoint import sharded_entries, single_process_ok
+    from ..checkpoint import sharded_entries, single_process_ok
 
     msd, osd = get_state_dict(model, opt)  # the optimizer's state made (a zero step at lr 0) to be read into
     saved = sharded_entries(path)

@@ -1,16 +1,15 @@
 """AdaHOP's Outlier Extraction inside the quantized linear: one GEMM of the layer run as
-:func:`~fp4train.adahop.outlier_gemm.oe_gemm`, its residual prepared as the layer's other operands are."""
+:func:`~fp4train.linear.outlier_gemm.oe_gemm`, its residual prepared as the layer's other operands are."""
 
 from __future__ import annotations
 
 import torch
 
 from ..backends import multiply
-from ..linear.operands import OP_A, OP_B, prepare_now
 from ..quantizer import Quantizer
 from ..recipes.spec import GemmSpec
-from .outlier_gemm import oe_gemm
-from .strategy import extraction_for
+from .operands import OP_A, OP_B, prepare_now
+from .outlier_gemm import extraction_for, oe_gemm
 
 
 def gemm_with_outliers(a, b, g: GemmSpec, *, seed: int, gemm: int, compute_dtype, backend, quantizer: Quantizer,

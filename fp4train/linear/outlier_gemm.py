@@ -21,10 +21,12 @@ zero on S (cross terms vanish).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
+
+from .foid import foid
 
 
 @dataclass
@@ -73,3 +75,26 @@ def oe_gemm(
     if ext.b_rows is not None:
         c.index_copy_(1, ext.b_rows, a.float() @ b_row.float().T)
     return c
+
+
+def extraction_for(a: torch.Tensor, b: torch.Tensor, rel_a: str, rel_b: str, k: int) -> Extraction:
+    """FOID on whichever operand has a pattern relative to the GEMM (``"outer"``, ``"inner"`` or ``"none"``, as
+    :class:`~fp4train.recipes.spec.OutlierSpec` names them): outer -> its ``k`` rows, inner -> ``k`` inner channels."""
+    inner = []
+    if rel_a == "inner":
+        inner.append(foid(a, k, axis=1))
+    if rel_b == "inner":
+        inner.append(foid(b, k, axis=1))
+    repeat = None
+    if len(inner) == 2:  # both operands' channels: their sorted union, without torch.unique (a host sync,
+        # which a CUDA-graph capture refuses): an index found by both is kept twice and marked as a repeat
+        joined = torch.cat(inner).sort().values
+        repeat = torch.zeros_like(joined, dtype=torch.bool)
+        repeat[1:] = joined[1:] == joined[:-1]
+        inner = [joined]
+    return Extraction(
+        a_rows=foid(a, k, axis=0) if rel_a == "outer" else None,
+        b_rows=foid(b, k, axis=0) if rel_b == "outer" else None,
+        inner=inner[0] if inner else None,  # one operand's channels: foid's indices are sorted and distinct
+        inner_repeat=repeat,
+    )

@@ -104,8 +104,8 @@ def expected_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
     tensors, and per parameter its optimizer's moments - two (AdamW's), or one (Muon's momentum, ``muon`` groups)
     - in FP32, or in NVFP4 where an optimizer with ``quantize_states`` keeps them so (codes, block scales, tile
     means: about 0.58 bytes an element)."""
-    from ..optim import state_codec
-    from ..row_shards import local
+    from .optim import state_codec
+    from .row_shards import local
 
     storages = {}
     for t in model.state_dict().values():  # a sharded (DTensor) weight: its numel is the whole tensor's

@@ -1,0 +1,42 @@
+"""A run's optimizer and learning-rate schedule, from its config.
+
+AdamW (fused on CUDA) with decoupled weight decay on the matrices only; QAdamW (both moments in NVFP4);
+Muon or QMuon on the 2D hidden weights with AdamW on the rest. The schedule: linear warmup, then cosine
+decay to ``min_lr_ratio`` of the peak.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..optim import QAdamW, QMuon, muon_groups
+from .config import TrainConfig
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device, *, compiled: bool) -> torch.optim.Optimizer:
+    """``cfg.optimizer`` over ``model``'s parameters; ``compiled``: the quantized optimizers' steps run compiled."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if cfg.optimizer == "qadamw":  # both moments in NVFP4 where a parameter's shape tiles (fp4train.optim)
+        return QAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, compiled=compiled)
+    if cfg.optimizer in ("muon", "qmuon"):  # Muon on the 2D hidden weights at AdamW's lr (match_rms_adamw)
+        return QMuon(muon_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=1e-8,
+                     quantize_states=cfg.optimizer == "qmuon", compiled=compiled)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, fused=device.type == "cuda")
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Multiplier of ``cfg.lr`` after ``step`` optimizer steps: linear warmup, cosine decay."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    span = max(1, cfg.max_steps - cfg.warmup_steps)
+    t = min(1.0, (step - cfg.warmup_steps) / span)
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+
+
+def make_scheduler(opt: torch.optim.Optimizer, cfg: TrainConfig) -> torch.optim.lr_scheduler.LRScheduler:
+    """The schedule of :func:`lr_factor` on ``opt``."""
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg))
