@@ -171,6 +171,22 @@ def scaling_table(d: dict) -> str:
     return "\n".join(lines + ["", f"_{how}; {_provenance(d)}; `python bench/scaling.py --gpus {n} --parallel {d['parallel']}`._"])
 
 
+def profile_table(d: dict) -> str:
+    """Milliseconds of GPU kernels per training step by class, and each recipe's three costliest "other" kernels (operand preparation among them)."""
+    lines = ["| recipe | kernels ms/step | GEMM | attention | optimizer | other | largest other kernels (ms/step × calls) |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for r in d["results"]:
+        if "error" in r:
+            lines.append(f"| {r['recipe']} | failed | | | | | {r['error'][:80]} |")
+            continue
+        top = [k for k in r["top_kernels"] if k["class"] == "other"][:3]
+        tops = "; ".join(f"`{k['name'][:40]}` {k['ms']:.1f} × {k['calls']}" for k in top)
+        lines.append(f"| {r['recipe']} | {r['total_ms']:.1f} | {r['gemm_ms']:.1f} | {r['attention_ms']:.1f} | {r['optimizer_ms']:.1f} "
+                     f"| {r['other_ms']:.1f} | {tops} |")
+    how = f"{d['model']}, batch {d['batch_size']} × sequence {d['seq_len']}, compiled (default mode), {d['steps']} steps profiled"
+    return "\n".join(lines + ["", f"_{how}; {_provenance(d)}; `python bench/profile_step.py`._"])
+
+
 def tables(gpu: str) -> dict[str, str]:
     out = {}
     quick = RESULTS / "quickstart-cpu"
@@ -181,6 +197,8 @@ def tables(gpu: str) -> dict[str, str]:
         out["train"] = train_table(runs)
     if d := _load(f"train_speed-20m-{gpu}.json"):  # the comparison protocol's size and batch
         out["train_20m"] = train_table([d])
+    if d := _load(f"profile_step-1b-{gpu}.json"):
+        out["profile"] = profile_table(d)
     if d := _load(f"gemm_speed-{gpu}.json"):
         out["gemm"] = gemm_table(d)
     if d := _load(f"attention_speed-{gpu}.json"):

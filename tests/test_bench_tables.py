@@ -174,3 +174,24 @@ def test_scaling_table_reports_both_runs_and_their_gap():
     assert "2 GPUs (ddp): tokens/s" in lines[0]
     assert lines[2] == "| bf16 | 80.0k | 150.0k | 1.88× | 0.40% | 0.10% | 7.500 / 7.510 |"
     assert "30 steps at lr 0.0003" in lines[-1] and "`python bench/scaling.py --gpus 2 --parallel ddp`" in lines[-1]
+
+
+def test_a_step_profile_puts_each_kernel_in_one_class_and_tables_the_preparation():
+    import profile_step
+
+    cls = {n: profile_step.kernel_class(n) for n in (
+        "nvjet_sm90_tss_256x128_64x4_1x2_h_bz_coopA_NNT", "sm90_xmma_gemm_e4m3", "cudnn_generated_fort_native_sdpa_sm90_flash_fprop",
+        "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedOptimizerTensorListMetadata>", "_hadamard_kernel",
+        "triton_per_fused__fused_rms_norm_backward_3", "_scale_output_kernel")}
+    assert list(cls.values()) == ["gemm", "gemm", "attention", "optimizer", "other", "other", "other"]  # hadamard is not adam
+    d = {"model": "1b", "gpu": "G", "torch": "2.11.0", "commit": "abc1234", "date": "2026-12-03", "batch_size": 8, "seq_len": 2048,
+         "steps": 2, "results": [
+             {"recipe": "bf16", "total_ms": 200.0, "gemm_ms": 140.0, "attention_ms": 25.0, "optimizer_ms": 12.0, "other_ms": 23.0,
+              "top_kernels": [{"name": "nvjet", "class": "gemm", "ms": 40.0, "calls": 80}]},
+             {"recipe": "nvfp4", "total_ms": 366.5, "gemm_ms": 126.5, "attention_ms": 21.1, "optimizer_ms": 11.7, "other_ms": 207.2,
+              "top_kernels": [{"name": "nvjet", "class": "gemm", "ms": 31.9, "calls": 70},
+                              {"name": "_cols_kernel", "class": "other", "ms": 34.1, "calls": 98}]},
+             {"recipe": "tib2d", "error": "OutOfMemoryError: CUDA out of memory"}]}
+    t = tables.profile_table(d)
+    assert "| nvfp4 | 366.5 | 126.5 | 21.1 | 11.7 | 207.2 | `_cols_kernel` 34.1 × 98 |" in t
+    assert "| tib2d | failed |" in t and "`nvjet`" not in t and "python bench/profile_step.py" in t

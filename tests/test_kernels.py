@@ -919,3 +919,29 @@ def test_nvfp4_kernels_take_the_next_block_scale_under_sr_where_the_nearest_satu
     got = quantize_nvfp4_2d(xt.to(DEV), rounding="stochastic", seed=seed)
     assert (ref.scales != fp4train.quantize(xt, "nvfp4", block=(16, 16)).scales).any()
     assert torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
+
+
+@pytest.mark.parametrize("factors", ["divisors", "row_scales", "all", "none"])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_gemm_output_factors_in_one_pass_equal_the_reference_ops(factors, out_dtype):
+    """The triton backend's BF16-GEMM epilogue: A's and B's row scales, then the two divisors, one rounding each, then
+    the cast (round to nearest even: every tie and its neighbours, NaN, inf, -0, values that overflow BF16)."""
+    from fp4train.backends.emulated import scale_output as reference
+    from fp4train.kernels.gemm_epilogue import scale_output
+
+    g = torch.Generator().manual_seed(7)
+    m, n = 37, 300
+    out = torch.randn(m, n, generator=g) * torch.logspace(-35, 35, n)
+    ties = torch.arange(-2**15, 2**15, dtype=torch.int32)[: m * 40] + (0x3F80 << 16)  # BF16 ties and neighbours of 1.0
+    out.view(torch.int32)[:, :40] = (ties.reshape(-1)[: m * 40].reshape(m, 40) & 0xFFFF) | (0x3F80 << 16)
+    out[0, 40:46] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 3.39e38, -3.3e38])
+    ra, rb = torch.rand(m, generator=g) * 4, torch.rand(n, generator=g) / 3
+    da, db = torch.tensor(3.7e-3), torch.tensor(448 * 6 / 0.37)
+    args = {"divisors": (None, None, da, db), "row_scales": (ra, rb, None, None), "all": (ra, rb, da, db),
+            "none": (None, None, None, None)}[factors]
+    want = reference(out.clone().to(DEV), *[a.to(DEV) if a is not None else None for a in args], out_dtype)
+    got = scale_output(out.clone().to(DEV), *[a.to(DEV) if a is not None else None for a in args], out_dtype)
+    bits = torch.int16 if out_dtype == torch.bfloat16 else torch.int32
+    nan = want.isnan()
+    assert got.dtype == out_dtype and torch.equal(got.isnan(), nan)  # NaN stays NaN (its payload bits may differ)
+    assert torch.equal(got.view(bits)[~nan], want.view(bits)[~nan]) and nan.any()

@@ -47,9 +47,26 @@ def _bf16_factors(op: Operand):
 _FP32_MM: bool | None = None  # does this torch have torch.mm(..., out_dtype=float32) for BF16? learnt on first use
 
 
-def _bf16_gemm(a, b, out_dtype: torch.dtype) -> torch.Tensor | None:
-    """``a @ b.T`` on BF16 tensor cores with FP32 accumulation, scales applied to the output;
-    None if an operand has no exact BF16 split or this torch lacks the FP32-output BF16 GEMM."""
+def scale_output(out: torch.Tensor, ra, rb, da, db, out_dtype: torch.dtype) -> torch.Tensor:
+    """A BF16-split GEMM's FP32 output with its operands' factors applied - ``A``'s row scales ``ra``, ``B``'s
+    ``rb`` (the output's columns), the divisors ``da`` and ``db`` (each optional), one rounding each, in that order -
+    and cast to ``out_dtype``. (The ``triton`` backend does the same in one pass:
+    :func:`fp4train.kernels.gemm_epilogue.scale_output`.)"""
+    if ra is not None:
+        out = out * ra[:, None]
+    if rb is not None:
+        out = out * rb[None, :]
+    if da is not None:
+        out = out / da
+    if db is not None:
+        out = out / db
+    return out.to(out_dtype)
+
+
+def _bf16_gemm(a, b, out_dtype: torch.dtype, epilogue=scale_output) -> torch.Tensor | None:
+    """``a @ b.T`` on BF16 tensor cores with FP32 accumulation, the factors applied to the output by ``epilogue``
+    (:func:`scale_output`'s signature); None if an operand has no exact BF16 split or this torch lacks the
+    FP32-output BF16 GEMM."""
     fa, fb = _bf16_factors(a), _bf16_factors(b)
     if fa is None or fb is None:
         return None
@@ -69,15 +86,7 @@ def _bf16_gemm(a, b, out_dtype: torch.dtype) -> torch.Tensor | None:
         return None
     # The products of element values are exact and accumulate in FP32; the factors follow, one
     # rounding each (the reference rounds each dequantized element instead).
-    if ra is not None:
-        out = out * ra[:, None]
-    if rb is not None:
-        out = out * rb[None, :]
-    if da is not None:
-        out = out / da
-    if db is not None:
-        out = out / db
-    return out
+    return epilogue(out, ra, rb, da, db, out_dtype)
 
 
 class EmulatedBackend:
@@ -96,11 +105,12 @@ class EmulatedBackend:
     name = "emulated"
     operands = None  #: it prepares no operands of its own: the layer's quantizer makes them all
 
-    def gemm(self, a: Operand, b: Operand, out_dtype: torch.dtype) -> torch.Tensor:
+    def gemm(self, a: Operand, b: Operand, out_dtype: torch.dtype, *, epilogue=scale_output) -> torch.Tensor:
+        """``a @ b.T``; ``epilogue``: what applies a BF16-split GEMM's factors to its output (:func:`scale_output`)."""
         check_inner_blocks(a, "a")
         check_inner_blocks(b, "b")
         if a.device.type == "cuda":
-            out = _bf16_gemm(a, b, out_dtype)
+            out = _bf16_gemm(a, b, out_dtype, epilogue)
             if out is not None:
                 return out.to(out_dtype)
         return (_to_fp32(a) @ _to_fp32(b).T).to(out_dtype)

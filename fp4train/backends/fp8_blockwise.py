@@ -17,7 +17,7 @@ import torch
 
 from ..formats.fold import FoldedFP8
 from ..formats.qtensor import QuantizedTensor
-from ..quantizer import kernels_usable_on
+from ..quantizer import TRITON_INSTALLED, kernels_usable_on
 from .emulated import EmulatedBackend
 from .fp8_operands import FoldedOperand, Fp8Operands
 
@@ -154,9 +154,14 @@ class Fp8BlockwiseBackend:
                 warnings.warn(f"fp4train: this PyTorch/GPU cannot run blockwise-scaled FP8 GEMMs ({type(e).__name__}: {e}); "
                               "MXFP4 GEMMs run on BF16 tensor cores instead (same values, slower)", RuntimeWarning, stacklevel=2)
         a, b = self._bf16_operand(a), self._bf16_operand(b)
+        if self.splits_with_kernel and a.device.type == "cuda" and TRITON_INSTALLED and out_dtype in (torch.float32, torch.bfloat16):
+            from ..kernels.gemm_epilogue import scale_output
+
+            return self.fallback.gemm(a, b, out_dtype, epilogue=scale_output)
         return self.fallback.gemm(a, b, out_dtype)
 
-    #: split packed operands into BF16 values on the GPU in one kernel pass (the triton backend)
+    #: split packed operands into BF16 values on the GPU in one kernel pass, and apply the BF16 GEMM's output factors
+    #: in one pass (the triton backend)
     splits_with_kernel = False
 
     def _bf16_operand(self, op):

@@ -1,0 +1,127 @@
+"""Where one training step's GPU time goes, per recipe: GEMMs against the preparation of their operands.
+
+Question: how far is a recipe from the speed of its GEMMs, and which kernels hold it there? Each recipe runs
+through the trainer itself (its data, its conversion, AdaHOP's calibration steps, the optimizer), compiled in
+``default`` mode (no CUDA graphs, so that every kernel is visible to the profiler); after ``--warmup`` steps
+(compilation, autotuning) ``torch.profiler`` records ``--steps`` steps, and every GPU kernel is put in one class:
+
+* ``gemm``: the tensor-core GEMMs (cuBLAS/cuBLASLt ``nvjet``/``sm90``/``cutlass`` kernels, ``scaled_mm``);
+* ``attention``: flash/efficient attention (or fp4train's NVFP4 attention kernels);
+* ``optimizer``: the optimizer's step (fused/foreach Adam, multi-tensor kernels);
+* ``other``: everything else - quantization, transforms, decodes, casts, scale products, norms, activations.
+
+A BF16 step's ``other`` is what any step costs besides GEMMs and attention; a quantized recipe's ``other``
+above that is the price of preparing its operands. Reports per recipe the milliseconds per step of each class
+and the top kernels (name, milliseconds and calls per step).
+
+    python bench/profile_step.py --model 1b --seq-len 2048 --batch-size 8 --data ../shared/data/enwiki \\
+        --recipes bf16,fp8_rowwise,mxfp4,nvfp4,tib2d,adahop
+
+Writes ``bench/results/profile_step-<model>-<device>.json`` (or ``--json``), the run's settings inside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from common import data_label, results_path, write_results
+
+import fp4train
+from fp4train.train import TrainConfig, Trainer
+
+CLASSES = (
+    ("gemm", re.compile(r"nvjet|gemm|sm90_xmma|sm80_xmma|cutlass|scaled_mm|Kernel2|cublas", re.IGNORECASE)),
+    ("attention", re.compile(r"flash|fmha|attention|_attn_", re.IGNORECASE)),
+    ("optimizer", re.compile(r"multi_tensor|FusedOpti|_adam|adamw", re.IGNORECASE)),  # not Inductor's triton_*_fused_* kernels
+)
+
+
+def kernel_class(name: str) -> str:
+    """The class of a GPU kernel's name (see the module docstring)."""
+    return next((c for c, pat in CLASSES if pat.search(name)), "other")
+
+
+def _kernel_times(prof, steps: int) -> dict[str, tuple[float, int]]:
+    """Kernel name -> (milliseconds per step, calls per step) of the profiled steps."""
+    out: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            out[e.name][0] += e.device_time_total / 1e3 if hasattr(e, "device_time_total") else e.cuda_time_total / 1e3
+            out[e.name][1] += 1
+    return {k: (v[0] / steps, v[1] // steps) for k, v in out.items()}
+
+
+def profile(recipe: str, *, model: str, data: str | None, batch: int, seq: int, warmup: int, steps: int, out: Path, top: int) -> dict:
+    rec = fp4train.recipes.get(recipe)
+    calib = rec.calibration_steps if rec.calibrate else 0
+    cfg = TrainConfig(model=model, recipe=recipe, data=data, seq_len=seq, batch_size=batch, max_steps=calib + warmup + steps + 1,
+                      warmup_steps=0, eval_every=0, eval_batches=1, out=str(out / recipe), progress=False, tensorboard=False,
+                      compile=True, compile_mode="default")
+    t = Trainer(cfg, log=lambda m: print(f"  [{recipe}] {m}", flush=True), checkpoints=False)
+    try:
+        for _ in range(calib + warmup):
+            t.train_step()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                t.train_step()
+            torch.cuda.synchronize()
+    finally:
+        t.close()
+    kernels = _kernel_times(prof, steps)
+    classes = defaultdict(float)
+    for name, (ms, _) in kernels.items():
+        classes[kernel_class(name)] += ms
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"recipe": recipe, "total_ms": sum(ms for ms, _ in kernels.values()), **{f"{c}_ms": classes[c] for c in
+            ("gemm", "attention", "optimizer", "other")},
+            "top_kernels": [{"name": n[:160], "class": kernel_class(n), "ms": ms, "calls": calls} for n, (ms, calls) in ranked],
+            "kernels": {n[:160]: [round(ms, 3), calls] for n, (ms, calls) in kernels.items() if ms >= 0.05}}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--recipes", default="bf16,nvfp4")
+    ap.add_argument("--data", default=None, help="training text, as fp4train train takes it (default: tiny-shakespeare)")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--warmup", type=int, default=3, help="steps before the profile (compilation, autotuning)")
+    ap.add_argument("--steps", type=int, default=2, help="steps profiled (the figures are per step)")
+    ap.add_argument("--top", type=int, default=15, help="kernels listed per recipe")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("profile_step.py profiles GPU kernels: it needs a CUDA GPU")
+    recipes = ["bf16"] + [r for r in args.recipes.split(",") if r and r != "bf16"]
+    path = args.json or results_path("profile_step", args.model)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in recipes:
+            try:
+                row = profile(r, model=args.model, data=args.data, batch=args.batch_size, seq=args.seq_len, warmup=args.warmup,
+                              steps=args.steps, out=Path(tmp), top=args.top)
+            except Exception as e:  # noqa: BLE001 - an OOM or a compile error is a result here
+                row = {"recipe": r, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]}
+            finally:
+                torch.cuda.empty_cache()
+                torch._dynamo.reset()
+            rows.append(row)
+            if "error" in row:
+                print(f"{r:>14}: FAILED - {row['error']}", flush=True)
+            else:
+                print(f"{r:>14}: {row['total_ms']:7.1f} ms of kernels per step: gemm {row['gemm_ms']:.1f}, attention "
+                      f"{row['attention_ms']:.1f}, optimizer {row['optimizer_ms']:.1f}, other {row['other_ms']:.1f}", flush=True)
+                for k in row["top_kernels"][:8]:
+                    print(f"{'':16}{k['ms']:7.2f} ms {k['calls']:5d}x [{k['class']}] {k['name'][:90]}", flush=True)
+            write_results(path, rows, model=args.model, batch_size=args.batch_size, seq_len=args.seq_len, data=data_label(args.data),
+                          warmup=args.warmup, steps=args.steps, compile_mode="default")
+
+
+if __name__ == "__main__":
+    main()
