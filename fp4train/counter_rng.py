@@ -56,14 +56,15 @@ def _hash_keys(index, key, key2):
     return lowbias32(h ^ key2)
 
 
-def uniform_keys(keys: torch.Tensor, shape: tuple[int, ...] | torch.Size, device=None) -> torch.Tensor:
+def uniform_keys(keys: torch.Tensor, shape: tuple[int, ...] | torch.Size, device=None, offset: int = 0) -> torch.Tensor:
     """:func:`uniform` with the seed given as its two keys in an int64 tensor (compile-friendly:
     a new seed is new data, not a new constant). ``keys`` may stay on the CPU (two 0-d scalars
-    combine with device tensors without a host-to-device copy); the draws go to ``device``."""
+    combine with device tensors without a host-to-device copy); the draws go to ``device``.
+    ``offset``: the flat index of the first element (a part of a larger tensor draws what the whole would there)."""
     n = 1
     for s in shape:
         n *= s
-    idx = torch.arange(n, device=device, dtype=torch.int64)
+    idx = torch.arange(offset, offset + n, device=device, dtype=torch.int64)
     bits = _hash_keys(idx, keys[0], keys[1]) >> 8
     return (bits.to(torch.float32) * (2.0**-24)).reshape(tuple(shape))
 

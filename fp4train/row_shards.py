@@ -97,6 +97,14 @@ def amax_over(p: torch.Tensor):
     return whole_amax
 
 
+def element_offset(p: torch.Tensor) -> int:
+    """The flat index, in the whole tensor, of this process's first element of ``p`` (0 if ``p`` is not sharded):
+    the shards split the rows evenly (:func:`check`), so it is the process's rank times its number of elements."""
+    if not is_sharded(p):
+        return 0
+    return p.device_mesh.get_local_rank() * local(p).numel()
+
+
 def whole(t: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     """The whole tensor of which ``t`` is this process's part, sharded like ``p`` (an all-gather)."""
     return like(t, p).full_tensor() if is_sharded(p) else t

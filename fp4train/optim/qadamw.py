@@ -7,7 +7,11 @@ The update is AdamW's (decoupled weight decay, bias correction), computed in FP3
     p <- p - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 
 after which ``m`` and ``v`` are stored again: ``m`` as NVFP4, ``v`` through the second-moment transform of
-:mod:`fp4train.optim.state_codec` (sqrt, tile mean subtracted, block Hadamard, NVFP4). A parameter whose shape
+:mod:`fp4train.optim.state_codec` (sqrt, tile mean subtracted, block Hadamard, NVFP4), with stochastic rounding by
+default (``stochastic_states``): with round-to-nearest a stored moment stops following its gradients (an entry
+whose block scale another entry holds does not decay; :mod:`~fp4train.optim.state_codec`). Each parameter and step
+draws from its own keys, derived from ``seed``, the parameter's position and its step count, so a resumed run
+draws what the uninterrupted one did. A parameter whose shape
 the codec cannot tile (biases, norm weights, odd shapes) keeps FP32 moments, as ``torch.optim.AdamW`` does;
 :meth:`QAdamW.state_bytes` says what the states take. Every state is a plain tensor, so ``state_dict()`` saves
 and loads like AdamW's (``torch.load(weights_only=True)`` included) and a resumed run continues bit for bit.
@@ -24,7 +28,7 @@ import functools
 
 import torch
 
-from .. import row_shards
+from .. import counter_rng, row_shards
 from ..row_shards import local
 from . import state_codec
 
@@ -41,7 +45,8 @@ class QAdamW(torch.optim.Optimizer):
     rounding of fused float operations."""
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, *, quantize_states: bool = True, compiled: bool = False):
+                 weight_decay: float = 1e-2, *, quantize_states: bool = True, compiled: bool = False,
+                 stochastic_states: bool = True, seed: int = 0):
         if lr < 0 or eps < 0 or weight_decay < 0:
             raise ValueError(f"QAdamW: lr, eps and weight_decay must be >= 0 (got {lr}, {eps}, {weight_decay})")
         if not all(0.0 <= b < 1.0 for b in betas):
@@ -49,9 +54,20 @@ class QAdamW(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                                       quantize_states=quantize_states))
         self.compiled = compiled
+        self.stochastic_states, self.seed = stochastic_states, seed
+        #: a parameter's position among all the optimizer's parameters: part of its stochastic-rounding keys
+        self.position = {p: i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
         for group in self.param_groups:
             for p in group["params"]:
                 row_shards.check(p, type(self).__name__, tiles=state_codec.TILE if self._quantized(p, group) else None)
+
+    def state_keys(self, p: torch.Tensor, step: int, which: int) -> torch.Tensor | None:
+        """The stochastic-rounding keys of ``p``'s state ``which`` (0, 1: its first, second stored state) at ``step``
+        (None: nearest rounding)."""
+        if not self.stochastic_states:
+            return None
+        seed = counter_rng.derive_seed(self.seed, self.position[p], int(step), which)
+        return torch.tensor(counter_rng.seed_keys(seed), dtype=torch.int64)
 
     def _quantized(self, p: torch.Tensor, group: dict) -> bool:
         return group["quantize_states"] and state_codec.fits(p.shape)
@@ -97,13 +113,16 @@ class QAdamW(torch.optim.Optimizer):
                     state.update({"step": step, _M: row_shards.like(m, p), _V: row_shards.like(v, p)})
                     continue
                 moments = (_sub(state, _M), _sub(state, _V)) if _M + ".codes" in state else None
+                keys = (self.state_keys(p, t, 0), self.state_keys(p, t, 1))
                 if moments is not None and self.compiled and not row_shards.is_sharded(p):
                     key = (t, p.device)  # the first step (from zero moments) runs eagerly, once
                     if key not in on_device:
                         on_device[key] = _as_tensors(scalars, p.device)
-                    stored = _compiled_quantized_update()(pl, g, moments, **on_device[key])
+                    keys = tuple(k.to(p.device, non_blocking=True) for k in keys) if keys[0] is not None else keys
+                    stored = _compiled_quantized_update()(pl, g, moments, keys=keys, **on_device[key])
                 else:
-                    stored = _quantized_update(pl, g, moments, amax_over=row_shards.amax_over(p), **scalars)
+                    stored = _quantized_update(pl, g, moments, amax_over=row_shards.amax_over(p), keys=keys,
+                                               offset=row_shards.element_offset(p), **scalars)
                 state.clear()
                 state["step"] = step
                 _put(state, _M, {k: row_shards.by_rows(x, p) for k, x in stored[0].items()})
@@ -150,17 +169,18 @@ def _adamw_update(p, g, m, v, *, decay, step_size, bias2_sqrt, b1, b2, eps) -> N
         p.copy_(pf)
 
 
-def _quantized_update(p, g, moments: tuple[dict, dict] | None, amax_over=None, **scalars):
+def _quantized_update(p, g, moments: tuple[dict, dict] | None, amax_over=None, keys=(None, None), offset: int = 0, **scalars):
     """One AdamW step of ``p`` from its stored NVFP4 moments (``None``: the first step, from zero moments): decode,
-    update, encode; returns the new stored moments (``amax_over``: a sharded parameter's, see
-    :mod:`fp4train.optim.state_codec`)."""
+    update, encode; returns the new stored moments (``amax_over``, ``offset``: a sharded parameter's; ``keys``: the
+    two states' stochastic-rounding keys or None; see :mod:`fp4train.optim.state_codec`)."""
     if moments is None:
         m, v = _zeros(p)
     else:
         m = state_codec.decode_signed(moments[0], p.shape)
         v = state_codec.decode_second_moment(moments[1], p.shape)
     _adamw_update(p, g, m, v, **scalars)
-    return state_codec.encode_signed(m, amax_over=amax_over), state_codec.encode_second_moment(v, amax_over=amax_over)
+    return (state_codec.encode_signed(m, amax_over=amax_over, keys=keys[0], offset=offset),
+            state_codec.encode_second_moment(v, amax_over=amax_over, keys=keys[1], offset=offset))
 
 
 #: per-step scalars, given to the compiled update as tensors (a Python float would be compiled in as a constant)

@@ -54,7 +54,8 @@ class QMuon(QAdamW):
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
                  weight_decay: float = 0.1, *, momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5,
                  ns_matmul: str = "bf16", ns_coefficients: tuple[float, float, float] | None = None,
-                 adjust_lr_fn: str = "match_rms_adamw", quantize_states: bool = True, compiled: bool = False):
+                 adjust_lr_fn: str = "match_rms_adamw", quantize_states: bool = True, compiled: bool = False,
+                 stochastic_states: bool = True, seed: int = 0):
         if ns_matmul not in ("bf16", "nvfp4"):
             raise ValueError(f"QMuon: ns_matmul must be bf16 or nvfp4, got {ns_matmul!r}")
         if adjust_lr_fn not in ADJUST_LR:
@@ -62,7 +63,7 @@ class QMuon(QAdamW):
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"QMuon: momentum must be in [0, 1), got {momentum}")
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, quantize_states=quantize_states,
-                         compiled=compiled)
+                         compiled=compiled, stochastic_states=stochastic_states, seed=seed)
         coefficients = ns_coefficients or (NVFP4_COEFFICIENTS if ns_matmul == "nvfp4" else BF16_COEFFICIENTS)
         for group in self.param_groups:
             group.setdefault("muon", False)
@@ -89,8 +90,9 @@ class QMuon(QAdamW):
             pl, g = local(p), local(p.grad)  # a sharded parameter: this process's rows
             state = self.state[p]
             quantized = group["quantize_states"] and state_codec.fits(p.shape)
+            step = int(state.get("step", 0)) + 1
             if quantized:
-                buf = (state_codec.decode_signed(_sub(state, _BUF), pl.shape) if state
+                buf = (state_codec.decode_signed(_sub(state, _BUF), pl.shape) if _BUF + ".codes" in state
                        else torch.zeros_like(g, dtype=torch.float32))
             else:
                 buf = local(state[_BUF]) if _BUF in state else torch.zeros_like(g, memory_format=torch.preserve_format)
@@ -101,9 +103,11 @@ class QMuon(QAdamW):
             pl.mul_(1 - lr * wd)
             pl.add_(row_shards.own_rows(update, p), alpha=-adjust_lr(lr, group["adjust_lr_fn"], p.shape))
             if quantized:
+                stored = state_codec.encode_signed(buf, amax_over=row_shards.amax_over(p), keys=self.state_keys(p, step, 0),
+                                                   offset=row_shards.element_offset(p))
                 state.clear()
-                _put(state, _BUF, {k: row_shards.by_rows(x, p)
-                                   for k, x in state_codec.encode_signed(buf, amax_over=row_shards.amax_over(p)).items()})
+                _put(state, _BUF, {k: row_shards.by_rows(x, p) for k, x in stored.items()})
+                state["step"] = torch.tensor(float(step))  # the count the stochastic-rounding keys derive from
             else:
                 state[_BUF] = row_shards.like(buf, p)
 

@@ -23,6 +23,16 @@ state and ``torch.load(weights_only=True)`` reads them back. Two codecs:
   an update of ``m / eps``. Reading such entries as at least a quarter of the tile's mean over-estimates ``v``
   there (a smaller, safe step) and leaves tiles without such an entry as they were (``tests/test_optim.py``).
 
+Rounding: a state re-encoded every step must not stick. With round-to-nearest, an entry on an E2M1 grid point
+``q`` whose block scale is held by another entry comes back as ``q`` after any decay by ``beta`` >= 0.75 (0.9 * 6
+rounds to 6, 0.9 * 4 to 4, ...), so it never decays while its gradient is zero, and a moment stops following its
+gradients. The encoders therefore take stochastic-rounding ``keys`` (the optimizers give every parameter and
+step its own, derived from a seed, so a resumed run draws the same): each entry rounds up or down with the
+probabilities that make the stored value equal to the FP32 one in expectation, and a decaying entry decays. The
+price is noise of the size of one encode's error per step, which the moment's own averaging damps
+(``bench/optimizer_states.py`` measures both against an FP32 twin over a thousand steps). Without keys the
+encoders round to nearest (a single encode's error is smaller; what a checkpoint of FP32 states converts with).
+
 Tensors that do not fit (biases, norms, odd shapes) are not encoded: :func:`fits` says which.
 
 A state split by rows over processes (a sharded parameter's, :mod:`fp4train.row_shards`) is encoded
@@ -36,6 +46,7 @@ import functools
 
 import torch
 
+from .. import counter_rng
 from ..formats import nvfp4
 from ..formats.qtensor import QuantizedTensor
 from ..formats.quantize import quantize_tensors
@@ -83,22 +94,25 @@ def _load(stored: dict[str, torch.Tensor], rows: int, cols: int) -> torch.Tensor
     return q.dequantize(torch.float32)
 
 
-def _nvfp4(x: torch.Tensor, amax_over) -> QuantizedTensor:
+def _nvfp4(x: torch.Tensor, amax_over, keys: torch.Tensor | None = None, offset: int = 0) -> QuantizedTensor:
     """NVFP4 of the FP32 ``x`` ``[rows, cols]``; the tensor scale from ``amax_over(x's amax)`` where given (a shard
-    encoded with the whole tensor's scale), else from ``x``'s own."""
-    encode = None
-    if amax_over is not None:
-        ts = nvfp4.scale_from_amax(amax_over(nvfp4.finite_amax(x)))
+    encoded with the whole tensor's scale), else from ``x``'s own. ``keys``: stochastic rounding, the uniforms of
+    element ``offset + i`` of the whole state (a shard's first element is ``offset``); None: nearest."""
+    if amax_over is None and keys is None:
+        return quantize_tensors(x, None, **_NVFP4_ROWS)
 
-        def encode(xb, keys, fmt, element, scale, four_over_six):
-            return (*nvfp4.encode_blocks(xb, ts, u=None), ts)
+    def encode(xb, _keys, fmt, element, scale, four_over_six):
+        ts = nvfp4.scale_from_amax(amax_over(nvfp4.finite_amax(xb)) if amax_over is not None else nvfp4.finite_amax(xb))
+        u = None if keys is None else counter_rng.uniform_keys(keys, xb.shape, xb.device, offset)
+        return (*nvfp4.encode_blocks(xb, ts, u=u), ts)
 
     return quantize_tensors(x, None, **_NVFP4_ROWS, encode=encode)
 
 
-def encode_signed(m: torch.Tensor, *, amax_over=None) -> dict[str, torch.Tensor]:
-    """A signed state ``m`` (``fits(m.shape)``) as NVFP4 tensors (``amax_over``: see the module docstring)."""
-    return _store(_nvfp4(_as_2d(m.float()), amax_over))
+def encode_signed(m: torch.Tensor, *, amax_over=None, keys: torch.Tensor | None = None, offset: int = 0) -> dict[str, torch.Tensor]:
+    """A signed state ``m`` (``fits(m.shape)``) as NVFP4 tensors (``amax_over``, ``keys`` - stochastic rounding -
+    and a shard's element ``offset``: see the module docstring)."""
+    return _store(_nvfp4(_as_2d(m.float()), amax_over, keys, offset))
 
 
 def decode_signed(stored: dict[str, torch.Tensor], shape: torch.Size) -> torch.Tensor:
@@ -112,14 +126,15 @@ def _tiles(r: torch.Tensor) -> torch.Tensor:
     return r.view(rows // TILE, TILE, cols // TILE, TILE)
 
 
-def encode_second_moment(v: torch.Tensor, *, amax_over=None) -> dict[str, torch.Tensor]:
+def encode_second_moment(v: torch.Tensor, *, amax_over=None, keys: torch.Tensor | None = None,
+                         offset: int = 0) -> dict[str, torch.Tensor]:
     """A non-negative state ``v`` (``fits(v.shape)``) as: NVFP4 of ``H16(sqrt(v) - tile mean)`` and the FP32 tile means
-    (``amax_over``: see the module docstring)."""
+    (``amax_over``, ``keys``, ``offset``: see the module docstring)."""
     r = _as_2d(v.float()).clamp_min(0).sqrt()
     tiles = _tiles(r)
     mu = tiles.mean(dim=(1, 3))
     y = hadamard((tiles - mu[:, None, :, None]).reshape(r.shape), TILE, axis=-1)
-    return {**_store(_nvfp4(y, amax_over)), "tile_mean": mu}
+    return {**_store(_nvfp4(y, amax_over, keys, offset)), "tile_mean": mu}
 
 
 def decode_second_moment(stored: dict[str, torch.Tensor], shape: torch.Size) -> torch.Tensor:
