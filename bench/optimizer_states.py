@@ -116,7 +116,7 @@ class Twins(Feature):
 def synthetic() -> dict:
     """The two synthetic cases of tests/test_optim.py, at their settings (see there)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from test_optim import _moments, _twin_run
+    from test_optim import _stored_moments, _twin_run
 
     g = torch.Generator().manual_seed(0)
     warm = [torch.randn(32, 32, generator=g) for _ in range(10)]
@@ -137,7 +137,7 @@ def synthetic() -> dict:
     grads += [torch.randn(32, 32, generator=g) * scale for _ in range(3000)]
     for sr in (False, True):
         q, f, oq, of = _twin_run(grads, stochastic=sr, betas=(0.9, 0.999))
-        vq, vf = _moments(oq, q)[1], _moments(of, f)[1]
+        vq, vf = _stored_moments(oq, q)[1], _stored_moments(of, f)[1]
         out[f"variance_drop_v_ratio_{'stochastic' if sr else 'nearest'}"] = (vq[:, 16:].mean() / vq[:, :16].mean()).item()
         out["variance_drop_v_ratio_fp32"] = (vf[:, 16:].mean() / vf[:, :16].mean()).item()
     return out

@@ -306,7 +306,7 @@ def _twin_run(grads, *, stochastic: bool, betas=(0.9, 0.95), lr=1.0):
     return q, f, oq, of
 
 
-def _moments(opt, p):
+def _stored_moments(opt, p):
     from fp4train.optim import state_codec
 
     st = opt.state[p]
@@ -350,7 +350,7 @@ def test_the_second_moment_follows_a_hundredfold_drop_of_the_gradient_variance()
     ratios = {}
     for stochastic in (True, False):
         q, f, oq, of = _twin_run(grads, stochastic=stochastic, betas=(0.9, 0.999))
-        vq, vf = _moments(oq, q)[1], _moments(of, f)[1]
+        vq, vf = _stored_moments(oq, q)[1], _stored_moments(of, f)[1]
         ratios[stochastic] = ((vq[:, 16:].mean() / vq[:, :16].mean()).item(), (vf[:, 16:].mean() / vf[:, :16].mean()).item())
     fp32 = ratios[True][1]
     assert fp32 < 0.02 and ratios[True][0] < 2 * fp32, ratios
@@ -369,7 +369,7 @@ def test_stored_moments_track_their_fp32_twin_over_many_steps_not_only_one_encod
     err = {}
     for stochastic in (True, False):
         q, f, oq, of = _twin_run(grads, stochastic=stochastic)
-        (mq, vq), (mf, vf) = _moments(oq, q), _moments(of, f)
+        (mq, vq), (mf, vf) = _stored_moments(oq, q), _stored_moments(of, f)
         rel = lambda a, b: ((a - b).norm() / b.norm()).item()  # noqa: E731
         one_m = rel(state_codec.decode_signed(state_codec.encode_signed(mf), mf.shape), mf)
         one_v = rel(state_codec.decode_second_moment(state_codec.encode_second_moment(vf), vf.shape), vf)
