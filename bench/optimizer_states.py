@@ -35,19 +35,14 @@ from fp4train.train import TrainConfig, Trainer
 
 BETAS = (0.9, 0.95)
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from test_optim import _stored_moments, _twin_run  # noqa: E402 - the twin runs the tests assert on, not a copy
+
 
 def _rel(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     num = sum((x - y).float().square().sum().item() for x, y in zip(a, b))
     den = sum(y.float().square().sum().item() for y in b)
     return (num / den) ** 0.5 if den else 0.0
-
-
-def adamw_moments(opt, p) -> tuple[torch.Tensor, torch.Tensor]:
-    st = opt.state[p]
-    if "exp_avg" in st:
-        return st["exp_avg"], st["exp_avg_sq"]
-    sub = lambda n: {k.split(".", 1)[1]: t for k, t in st.items() if k.startswith(n + ".")}  # noqa: E731
-    return state_codec.decode_signed(sub("exp_avg"), p.shape), state_codec.decode_second_moment(sub("exp_avg_sq"), p.shape)
 
 
 def muon_momentum(opt, p) -> torch.Tensor:
@@ -95,13 +90,14 @@ class Twins(Feature):
     def measure(self, step: int) -> dict:
         row = {"step": step}
         ps_f, opt_f = self.shadows["adamw_fp32"]
-        mf, vf = zip(*(adamw_moments(opt_f, p) for p in ps_f))
+        mf, vf = zip(*(_stored_moments(opt_f, p) for p in ps_f))
         uf = [m / (v.sqrt() + 1e-8) for m, v in zip(mf, vf)]
         row["m_one_encode"] = _rel([state_codec.decode_signed(state_codec.encode_signed(m), m.shape) for m in mf], mf)
-        row["v_one_encode"] = _rel([state_codec.decode_second_moment(state_codec.encode_second_moment(v), v.shape) for v in vf], vf)
+        row["v_one_encode"] = _rel([state_codec.decode_second_moment(state_codec.encode_second_moment(v), v.shape)
+                                    for v in vf], vf)
         for name in ("qadamw_nearest", "qadamw_stochastic"):
             ps, opt = self.shadows[name]
-            mq, vq = zip(*(adamw_moments(opt, p) for p in ps))
+            mq, vq = zip(*(_stored_moments(opt, p) for p in ps))
             row[f"{name}_m"], row[f"{name}_v"] = _rel(mq, mf), _rel(vq, vf)
             row[f"{name}_update"] = _rel([m / (v.sqrt() + 1e-8) for m, v in zip(mq, vq)], uf)
         bf = [muon_momentum(self.shadows["muon_fp32"][1], p) for p in self.shadows["muon_fp32"][0]]
@@ -115,9 +111,6 @@ class Twins(Feature):
 
 def synthetic() -> dict:
     """The two synthetic cases of tests/test_optim.py, at their settings (see there)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from test_optim import _stored_moments, _twin_run
-
     g = torch.Generator().manual_seed(0)
     warm = [torch.randn(32, 32, generator=g) for _ in range(10)]
     live = torch.zeros(32, 32)
