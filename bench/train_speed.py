@@ -95,7 +95,7 @@ def main(argv=None):
                     help="torch.compile (default: the trainer's - on a GPU yes, with CUDA graphs)")
     ap.add_argument("--compile-mode", default=None, choices=["default", "reduce-overhead"])
     ap.add_argument("--numerics", default=None, choices=["eager", "compiled", "triton"])
-    ap.add_argument("--backend", default=None, help="GEMM backend (default: the recipe's: triton on a GPU)")
+    ap.add_argument("--backend", default=None, help="GEMM backend (default: the recipe's: fp8_blockwise on a GPU)")
     ap.add_argument("--calibration", default=None, help="AdaHOP: a saved adahop_calibration.json instead of calibrating")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--json", type=Path)

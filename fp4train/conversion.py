@@ -45,12 +45,13 @@ def convert(
         filter: ``filter(name, module) -> bool``; only modules for which it returns True are
             converted (on top of the recipe's own overrides).
         backend: GEMM backend name (``fp4train.backends.names()`` or ``"auto"``); default: the
-            recipe's, ``"auto"`` for the presets: ``triton`` on a machine with a CUDA GPU, ``emulated``
+            recipe's, ``"auto"`` for the presets: ``fp8_blockwise`` on a machine with a CUDA GPU, ``emulated``
             elsewhere.
         numerics: how the layers quantize their operands, the same bits each way
             (:class:`~fp4train.quantizer.Quantizer`): ``"eager"`` (the reference), ``"compiled"`` or
-            ``"triton"``; default: ``"triton"`` for the ``triton`` backend on a machine with a CUDA GPU,
-            else ``"eager"``.
+            ``"triton"``; default: ``"triton"`` for the ``fp8_blockwise`` backend on a machine with a CUDA GPU,
+            else ``"eager"``. Each layer's operand plan (``print(layer)``) says which implementation
+            prepares each operand and which GEMM multiplies them.
         device_seeds: draw the layers' stochastic-rounding seeds on the device, so that CUDA graphs
             capture seeded layers with fresh draws per replay (the trainer sets it with CUDA graphs).
 
@@ -71,7 +72,7 @@ def convert(
                       "Train with `fp4train train --recipe adahop` (it calibrates over the first "
                       f"{recipe.calibration_steps} steps) or convert with Calibration.load(FILE).recipe()",
                       UserWarning, stacklevel=2)
-    backend = backends.resolve(backend or recipe.backend)  # "auto": triton on a GPU machine, emulated elsewhere
+    backend = backends.resolve(backend or recipe.backend)  # "auto": fp8_blockwise on a GPU machine, emulated elsewhere
     if numerics is None:
         wanted = getattr(backends.get(backend), "numerics", None)
         numerics = wanted if wanted and torch.cuda.is_available() else "eager"

@@ -97,27 +97,25 @@ class Quantizer:
         """:func:`fp4train.formats.quantize`'s result, by a kernel where one covers the request."""
         block, axis = check_request(x, fmt, axis=axis, block=block, scale=scale, rounding=rounding, seed=seed,
                                     four_over_six=four_over_six)
+        impl = "reference"
         if self.kernels_on(x):
             from .kernels import dispatch
 
-            if (q := dispatch.quantize(x, fmt, block, axis, scale, rounding, seed, four_over_six)) is not None:
-                return q
-        keys = sr_keys(seed) if rounding == "stochastic" else None
-        encode = compiled(encode_blocks) if self.compiled_on(x) else encode_blocks
-        return quantize_tensors(x, keys, fmt=fmt, block=block, axis=axis, scale=scale, four_over_six=four_over_six,
-                                encode=encode)
+            if dispatch.quantize_kernel(tuple(x.shape), x.dtype, fmt, block, axis, scale, rounding, four_over_six) is not None:
+                impl = "kernel"
+        if impl == "reference" and self.compiled_on(x):
+            impl = "compiled"
+        return quantize_with(impl, x, fmt, block=block, axis=axis, scale=scale, rounding=rounding, seed=seed,
+                             four_over_six=four_over_six)
 
     def hadamard(self, x: torch.Tensor, block: int, *, axis: int, seed=None) -> torch.Tensor:
         """:func:`fp4train.hadamard`'s result (forward transform), by the Triton kernel for 2D CUDA tensors
         unless the numerics are ``"eager"``."""
-        check_hadamard(x, block, axis)
-        d = signs(seed, block, device=x.device) if seed is not None else None
         if self.numerics != "eager" and x.is_cuda and x.ndim == 2 and x.dtype in _KERNEL_DTYPES:
-            from .kernels.hadamard import block_hadamard
-
-            return block_hadamard(x, d, block=block, axis=axis)
-        core = compiled(block_transform) if self.compiled_on(x) else None
-        return hadamard_tensors(x, d, block=block, axis=axis, core=core)
+            impl = "kernel"
+        else:
+            impl = "compiled" if self.compiled_on(x) else "reference"
+        return hadamard_with(impl, x, block, axis=axis, seed=seed)
 
     def values(self, x: torch.Tensor, fmt: str, kw: dict, *, axis: int, seed) -> ScaledBF16 | None:
         """``quantize(x, fmt, axis=axis, seed=seed, **kw).scaled_bf16()`` for a 2D operand that a GEMM
@@ -126,13 +124,60 @@ class Quantizer:
         if self.kernels_on(x):
             from .kernels import dispatch
 
-            if (v := dispatch.fake_quantize_values(x, fmt, kw, axis, seed)) is not None:
-                return v
+            if dispatch.values_kernel(tuple(x.shape), x.dtype, fmt, kw, axis) is not None:
+                return values_with("values kernel", x, fmt, kw, axis=axis, seed=seed)
         if not self.compiled_on(x):
             return None
-        block, ax = geometry(x, FORMATS[fmt], axis, kw.get("block"))
-        stochastic = kw.get("rounding", "nearest") == "stochastic"
-        values, scale, divisor = compiled(operand_values)(
-            x.detach(), sr_keys(seed) if stochastic else None, fmt=fmt, block=block, block_axis=ax,
-            scale=kw.get("scale", "floor"), four_over_six=kw.get("four_over_six", False))
-        return ScaledBF16(values, scale, divisor, ax)
+        return values_with("compiled values", x, fmt, kw, axis=axis, seed=seed)
+
+
+# Each implementation once: what a quantizer (above) or a layer's operand plan (fp4train.linear.plan) chose runs here.
+
+def quantize_with(impl: str, x: torch.Tensor, fmt: str, *, block, axis, scale: str, rounding: str, seed,
+                  four_over_six: bool) -> QuantizedTensor:
+    """Quantize ``x`` (a checked request: ``block``/``axis`` as :func:`~fp4train.formats.quantize.geometry` gives
+    them) by ``impl``: ``"reference"`` (op by op), ``"compiled"`` (the compiled encode) or ``"kernel"`` (Triton)."""
+    if impl == "kernel":
+        from .kernels import dispatch
+
+        q = dispatch.quantize(x, fmt, block, axis, scale, rounding, seed, four_over_six)
+        if q is None:
+            raise RuntimeError(f"fp4train: no Triton kernel quantizes {fmt} {block} along axis {axis} for "
+                               f"{tuple(x.shape)} {x.dtype} (an operand plan chose one)")
+        return q
+    keys = sr_keys(seed) if rounding == "stochastic" else None
+    encode = compiled(encode_blocks) if impl == "compiled" else encode_blocks
+    return quantize_tensors(x, keys, fmt=fmt, block=block, axis=axis, scale=scale, four_over_six=four_over_six,
+                            encode=encode)
+
+
+def values_with(impl: str, x: torch.Tensor, fmt: str, kw: dict, *, axis: int, seed) -> ScaledBF16:
+    """``quantize(...).scaled_bf16()`` of a 2D ``x`` without the codes written, by ``impl``: ``"values kernel"``
+    (a Triton fake-quantization kernel) or ``"compiled values"`` (the reference's cores compiled as one graph)."""
+    if impl == "values kernel":
+        from .kernels import dispatch
+
+        v = dispatch.fake_quantize_values(x, fmt, kw, axis, seed)
+        if v is None:
+            raise RuntimeError(f"fp4train: no Triton kernel fake-quantizes {fmt} {kw} along axis {axis} for "
+                               f"{tuple(x.shape)} {x.dtype} (an operand plan chose one)")
+        return v
+    block, ax = geometry(x, FORMATS[fmt], axis, kw.get("block"))
+    stochastic = kw.get("rounding", "nearest") == "stochastic"
+    values, scale, divisor = compiled(operand_values)(
+        x.detach(), sr_keys(seed) if stochastic else None, fmt=fmt, block=block, block_axis=ax,
+        scale=kw.get("scale", "floor"), four_over_six=kw.get("four_over_six", False))
+    return ScaledBF16(values, scale, divisor, ax)
+
+
+def hadamard_with(impl: str, x: torch.Tensor, block: int, *, axis: int, seed=None) -> torch.Tensor:
+    """The block Hadamard transform of ``x`` along ``axis`` (random signs from ``seed``, if given) by ``impl``:
+    ``"kernel"`` (Triton, 2D CUDA tensors), ``"compiled"`` or ``"reference"``."""
+    check_hadamard(x, block, axis)
+    d = signs(seed, block, device=x.device) if seed is not None else None
+    if impl == "kernel":
+        from .kernels.hadamard import block_hadamard
+
+        return block_hadamard(x, d, block=block, axis=axis)
+    core = compiled(block_transform) if impl == "compiled" else None
+    return hadamard_tensors(x, d, block=block, axis=axis, core=core)

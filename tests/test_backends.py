@@ -42,7 +42,7 @@ def test_split_needs_blocks_along_the_inner_dim_and_bf16_tensors():
         fp4train.quantize(torch.randn(2, 3, 32), "mxfp4").scaled_bf16()
 
 
-def test_auto_backend_is_triton_on_a_gpu_machine_and_emulated_elsewhere(monkeypatch):
+def test_auto_backend_is_fp8_blockwise_on_a_gpu_machine_and_emulated_elsewhere(monkeypatch):
     from fp4train import backends
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU-only machine
@@ -50,14 +50,17 @@ def test_auto_backend_is_triton_on_a_gpu_machine_and_emulated_elsewhere(monkeypa
     fp4train.convert(model, "mxfp4")  # the presets' backend is "auto"
     assert fp4train.recipes.get("mxfp4").backend == "auto"
     assert backends.resolve("auto") == "emulated" and model[0].backend.name == "emulated"
-    with pytest.raises(ValueError, match="unknown GEMM backend 'fast'.*emulated, fp8_blockwise, triton.*'auto'"):
+    with pytest.raises(ValueError, match="unknown GEMM backend 'fast'.*emulated, fp8_blockwise .*'auto'"):
         backends.resolve("fast")
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU machine
-    assert backends.resolve("auto") == "triton"
+    assert backends.resolve("auto") == "fp8_blockwise"
     model = torch.nn.Sequential(torch.nn.Linear(64, 64))
     fp4train.convert(model, "mxfp4")
-    assert model[0].backend.name == "triton" and model[0].numerics == "triton"  # same bits, the fast way
+    assert model[0].backend.name == "fp8_blockwise" and model[0].numerics == "triton"  # same bits, the fast way
+    assert backends.resolve("triton") == "fp8_blockwise"  # the former name of that pairing
+    model = fp4train.convert(torch.nn.Sequential(torch.nn.Linear(64, 64)), "mxfp4", backend="triton")
+    assert model[0].backend_name == "fp8_blockwise" and model[0].numerics == "triton"
     model = fp4train.convert(torch.nn.Sequential(torch.nn.Linear(64, 64)), "mxfp4", numerics="eager")  # an explicit choice wins
     assert model[0].numerics == "eager"
     model = fp4train.convert(torch.nn.Sequential(torch.nn.Linear(64, 64)), "mxfp4", backend="emulated")
@@ -76,12 +79,13 @@ def test_triton_backend_trains_tiny_on_the_emulated_backends_loss_curve(tmp_path
     also asserts none was inexact), so on a CPU - where the FP8 GEMMs are stood in for by the
     dequantized product - the curves are equal; on a GPU only the GEMMs' summation order and output
     rounding differ (run on the H200)."""
-    triton_backend = fp4train.backends.get("triton")
+    triton_backend = fp4train.backends.get("fp8_blockwise")
     triton_backend.operands.inexact = None  # a fresh count for this run
     if recipe == "adahop":  # calibrate over 3 steps, so that 3 of the 6 run AdaHOP's FP4 strategies
         recipe = str(tmp_path / "adahop.json")
         fp4train.recipes.get("adahop").replace(calibration_steps=3).save(recipe)
-    curves = [tiny_curve(tmp_path / b, recipe, 6, DEV, backend=b) for b in ("emulated", "triton")]
+    curves = [tiny_curve(tmp_path / b, recipe, 6, DEV, backend=b, numerics=n)
+              for b, n in (("emulated", "eager"), ("fp8_blockwise", "triton"))]
     assert len(curves[0]) == len(curves[1]) == 6
     assert triton_backend.operands.inexact is None or int(triton_backend.operands.inexact) == 0
     gap = max(abs(t - e) / abs(e) for e, t in zip(*curves))

@@ -68,8 +68,8 @@ def test_gpu_layer_matches_cpu_layer(name):
 
 
 @pytest.mark.parametrize("name", ["fp8_rowwise", "mxfp4", "nvfp4", "hadamard_mxfp4", "tib2d"])
-def test_gpu_triton_backend_layer_matches_the_emulated_backend(name):
-    """The fast path a GPU user gets (the `triton` backend: Triton kernels, FP8 GEMMs, triton numerics)
+def test_gpu_fast_path_layer_matches_the_emulated_backend(name):
+    """The fast path a GPU user gets (the `fp8_blockwise` backend: FP8 GEMMs, triton numerics: Triton kernels)
     against the reference backend on the same GPU, forward and both gradients. The operands are the same
     bits, so only the GEMMs' summation order and output rounding may differ. The `tiny` loss-curve test
     did not notice NVFP4 tiles carrying a neighbouring tile's scale: a layer's outputs do.
@@ -81,11 +81,11 @@ def test_gpu_triton_backend_layer_matches_the_emulated_backend(name):
     x = torch.randn(2, 64, 256) * torch.logspace(-1, 1, 256)  # channel scales a few decades apart
     dy = torch.randn(2, 64, 384)
     outs = []
-    for backend in ("emulated", "triton"):
+    for backend in ("emulated", "fp8_blockwise"):
         m = nn.Sequential(nn.Linear(256, 384)).cuda()
         m[0].load_state_dict(lin.state_dict())
         fp4train.convert(m, fp4train.recipes.get(name).replace(keep_last_blocks=0.0), backend=backend)
-        assert m[0].backend.name == backend and m[0].numerics == ("triton" if backend == "triton" else "eager")
+        assert m[0].backend.name == backend and m[0].numerics == ("triton" if backend == "fp8_blockwise" else "eager")
         xa = x.detach().cuda().requires_grad_()
         torch.manual_seed(1)  # the same stochastic-rounding seeds for both backends
         y = m(xa)
@@ -130,7 +130,7 @@ def test_gpu_adahop_outlier_extraction_layer_matches_cpu():
         torch.testing.assert_close(g, c, rtol=1e-4, atol=1e-4 * c.abs().max().item())
 
 
-@pytest.mark.parametrize("backend", ["emulated", "triton"])
+@pytest.mark.parametrize("backend", ["emulated", "fp8_blockwise"])
 def test_gpu_adahop_outlier_extraction_layer_is_captured_in_a_cuda_graph(backend):
     """Every op of an AdaHOP outlier-extraction layer (FOID, the union of two operands' inner channels, the
     scatters) runs inside a CUDA-graph capture - no host sync (torch.unique made one: the 1b AdaHOP run with
@@ -142,7 +142,8 @@ def test_gpu_adahop_outlier_extraction_layer_is_captured_in_a_cuda_graph(backend
     torch.manual_seed(0)
     spec = LinearSpec(gemm_spec(Strategy.OE, "inner", "inner", 8), gemm_spec(Strategy.OE, "outer", "inner", 8),
                       gemm_spec(Strategy.OE, "outer", "outer", 8))
-    layer = fp4train.QuantizedLinear.from_linear(nn.Linear(256, 128).cuda(), spec, backend=backend)
+    layer = fp4train.QuantizedLinear.from_linear(nn.Linear(256, 128).cuda(), spec, backend=backend,
+                                                 numerics="triton" if backend == "fp8_blockwise" else "eager")
     x = torch.randn(128, 256, device="cuda", requires_grad=True)
     dy = torch.randn(128, 128, device="cuda")
 

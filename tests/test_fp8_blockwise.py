@@ -20,14 +20,15 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.parametrize("recipe", ["mxfp4", "hadamard_mxfp4", "adahop-oe", "tib2d", "nvfp4", "fp8_rowwise"])
-@pytest.mark.parametrize("backend", ["fp8_blockwise", "triton"])
-def test_fp8_blockwise_layer_matches_emulated(recipe, backend, layer_run, spec_of):
+@pytest.mark.parametrize("numerics", ["eager", "triton"])
+def test_fp8_blockwise_layer_matches_emulated(recipe, numerics, layer_run, spec_of):
     torch.manual_seed(0)
     lin = nn.Linear(256, 128).to(DEV)
     x = torch.randn(128, 256, device=DEV)
     x[:, 7] *= 30
     dy = torch.randn(128, 128, device=DEV)
-    outs = [layer_run(lin, spec_of(recipe), x, dy, backend=b) for b in ("emulated", backend)]
+    backend = "fp8_blockwise"
+    outs = [layer_run(lin, spec_of(recipe), x, dy, backend=b, numerics=n) for b, n in (("emulated", "eager"), (backend, numerics))]
     for a, b in zip(*outs):
         if DEV == "cpu":
             assert torch.equal(a, b)
@@ -60,14 +61,20 @@ def test_saved_x_is_folded_from_its_packed_codes():
     f = be.operands.fold_saved(saved.t())
     assert isinstance(f, FoldedOperand) and f.shape == (128, 256) and f.data.group_rows == 128
     torch.testing.assert_close(f.dequantize(), saved.t().dequantize(torch.float32), rtol=0, atol=0)
-    assert be.operands.fold_saved(saved) is None  # blocks along dim 0 of the logical operand: not a B operand
-    assert be.operands.fold_saved(fp4train.quantize(x, "mxfp4", block=(32, 32))) is None
+    # the reference fold (eager numerics) gives the kernel's bits, for either role
+    for role in (0, 1):
+        k = be.operands.fold_saved(saved.t(), 1 if role == 0 else 128)
+        r = be.operands.fold_reference(saved.t(), role)
+        assert torch.equal(r.data.codes, k.data.codes) and torch.equal(r.data.scales, k.data.scales)
+        assert r.data.group_rows == k.data.group_rows == (1 if role == 0 else 128)
+    with pytest.raises(ValueError, match="only 1x32 MXFP4 blocked along the inner dim"):
+        be.operands.fold_reference(saved, 1)  # blocks along dim 0 of the logical operand: not an inner-dim operand
 
 
 def test_a_torch_without_blockwise_fp8_gemms_falls_back_once_with_a_warning(monkeypatch):
     from fp4train.backends import fp8_blockwise as fb
 
-    be = get("triton")
+    be = get("fp8_blockwise")
     q = fp4train.recipes.QuantSpec("mxfp4")
     a = be.operands.operand(torch.randn(64, 256, device=DEV), q, axis=1, role=0, seed=None)
     b = be.operands.operand(torch.randn(128, 256, device=DEV), q, axis=1, role=1, seed=None)
@@ -101,8 +108,6 @@ def test_32x32_tiles_fold_for_either_role_and_orientation(transposed, role):
     assert isinstance(f, FoldedOperand) and f.shape == view.shape and f.block_axis == 1
     assert f.data.group_rows == (1 if role == 0 else 128) and f.data.scales.shape[0] == view.shape[0] // f.data.group_rows
     torch.testing.assert_close(f.dequantize(), view.dequantize(torch.float32), rtol=0, atol=0)  # exact
-    assert be.operands.fold_tiles(fp4train.quantize(x[:200], "mxfp4", block=(32, 32)), role) is None  # 200 rows: not whole groups
-    assert be.operands.fold_tiles(fp4train.quantize(x, "mxfp4"), role) is None  # 1x32 blocks: not tiles
 
 
 @pytest.mark.parametrize("k_groups", [1, 2, 3, 4, 5, 8])
@@ -135,7 +140,7 @@ def test_fp8_rowwise_layer_runs_its_three_gemms_as_rowwise_fp8_gemms(monkeypatch
     torch.manual_seed(0)
     lin = nn.Linear(256, 128).to(DEV)
     x, dy = torch.randn(64, 256, device=DEV), torch.randn(64, 128, device=DEV)
-    got = layer_run(lin, spec_of("fp8_rowwise"), x, dy, backend="triton")
+    got = layer_run(lin, spec_of("fp8_rowwise"), x, dy, backend="fp8_blockwise", numerics="triton")
     want = layer_run(lin, spec_of("fp8_rowwise"), x, dy, backend="emulated")
     assert sorted(calls) == sorted([((64, 256), (128, 256)), ((64, 128), (256, 128)), ((128, 64), (256, 64))])
     # the same dequantized operands; on a GPU the two FP32 products may take cuBLAS kernels that sum in
@@ -147,10 +152,9 @@ def test_fp8_rowwise_layer_runs_its_three_gemms_as_rowwise_fp8_gemms(monkeypatch
 def test_a_torch_without_rowwise_fp8_gemms_falls_back_once_with_a_warning(monkeypatch):
     from fp4train.backends import fp8_blockwise as fb
 
-    be = get("triton")
-    q = fp4train.recipes.QuantSpec("fp8")
-    a = be.operands.operand(torch.randn(64, 256, device=DEV), q, axis=1, role=0, seed=None)
-    b = be.operands.operand(torch.randn(256, 128, device=DEV), q, axis=0, role=1, seed=None).t()  # W along N, viewed as B
+    be = get("fp8_blockwise")
+    a = fp4train.quantize(torch.randn(64, 256, device=DEV), "fp8", axis=1)
+    b = fp4train.quantize(torch.randn(256, 128, device=DEV), "fp8", axis=0).t()  # W along N, viewed as B
     assert fb._rowwise(a) and fb._rowwise(b) and b.shape == (128, 256)
 
     def unsupported(*args):
@@ -182,26 +186,29 @@ def test_operand_pair_gives_a_second_operand_only_in_a_role_it_can_play():
 
 
 def test_backend_predicates_say_what_its_operand_methods_make():
-    """The graph ops' fake implementations describe X's shared preparation by the backend's predicates
-    (pair_kind / pair_fits, folds_1x32 / fuses / fold_fits); operand_pair and operand decide by the same
-    ones, so a prediction and the made operand cannot disagree: each predicate's False is a None."""
+    """Layers' operand plans decide by the backend's predicates (pair_kind / pair_fits, folds_1x32 / fuses /
+    fold_fits); operand_pair and operand check the same ones, so a plan and the made operand cannot disagree:
+    each predicate's False is a None."""
+    from fp4train.backends import fp8_operands as ops
     from fp4train.backends import get
     from fp4train.recipes import QuantSpec, TransformSpec
 
     be = get("fp8_blockwise")
     mx, mx_sr, f8, f8_sr = QuantSpec("mxfp4"), QuantSpec("mxfp4", rounding="stochastic"), QuantSpec("fp8"), QuantSpec("fp8", rounding="stochastic")
     tiles, nv = QuantSpec("mxfp4", block=(32, 32)), QuantSpec("nvfp4")
-    assert (be.operands.pair_kind(mx, mx), be.operands.pair_kind(mx_sr, mx), be.operands.pair_kind(f8, f8)) == ("mxfp4", "mxfp4", "fp8")
-    assert be.operands.pair_kind(f8_sr, f8) is None and be.operands.pair_kind(mx, f8) is None and be.operands.pair_kind(tiles, mx) is None
-    assert be.operands.pair_kind(nv, nv) is None
+    assert (ops.pair_kind(mx, mx), ops.pair_kind(mx_sr, mx), ops.pair_kind(f8, f8)) == ("mxfp4", "mxfp4", "fp8")
+    assert ops.pair_kind(f8_sr, f8) is None and ops.pair_kind(mx, f8) is None and ops.pair_kind(tiles, mx) is None
+    assert ops.pair_kind(nv, nv) is None
     for shape, role, fits in (((64, 256), 1, True), ((48, 256), 1, False), ((64, 192), 1, False), ((64, 256), 0, False)):
         x = torch.randn(*shape, device=DEV)
-        assert be.operands.pair_fits("mxfp4", x, role) is fits
+        assert ops.pair_fits("mxfp4", shape, x.dtype, role) is fits
         assert (be.operands.operand_pair(x, mx, mx, seeds=(None, None), b_role=role) is not None) is fits
-    assert be.operands.pair_fits("fp8", torch.randn(48, 96, device=DEV), 0) and not be.operands.pair_fits(None, torch.randn(64, 256, device=DEV))
+    assert ops.pair_fits("fp8", (48, 96), torch.float32, 0) and not ops.pair_fits(None, (64, 256), torch.float32)
     h32, h256 = TransformSpec("hadamard", block=32), TransformSpec("hadamard", block=256)
-    assert be.operands.fuses(mx, h32) and not be.operands.fuses(mx, h256) and not be.operands.fuses(tiles, h32) and not be.operands.fuses(mx, None)
+    assert ops.fuses(mx, h32) and not ops.fuses(mx, h256) and not ops.fuses(tiles, h32) and not ops.fuses(mx, None)
     x16 = torch.randn(64, 256, dtype=torch.float16, device=DEV)
-    assert be.operands.fold_fits(x16, 1) and not be.operands.fold_fits(x16, 1, h32) and not be.operands.fold_fits(torch.randn(64, 96, device=DEV), 1)
+    assert ops.fold_fits((64, 256), torch.float16, 1) and not ops.fold_fits((64, 256), torch.float16, 1, h32)
+    assert not ops.fold_fits((64, 96), torch.float32, 1)
     assert be.operands.operand(x16, mx, axis=1, role=0, seed=None, transform=h32) is None
     assert be.operands.operand(x16.float(), mx, axis=1, role=0, seed=None, transform=h32) is not None
+    assert be.operands.operand(torch.randn(64, 96, device=DEV), mx, axis=1, role=0, seed=None) is None

@@ -31,14 +31,15 @@ def _loss_and_grads(m, fwd, idx, seed):
     return loss.detach(), [p.grad.clone() for p in m.parameters() if p.grad is not None]
 
 
-@pytest.mark.parametrize("backend", ["emulated", "triton"])
+@pytest.mark.parametrize("backend", ["emulated", "fp8_blockwise"])
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_compiled_layers_give_the_eager_bits(recipe, backend, fresh_dynamo):
     """fullgraph=True: the compiler refuses any graph break. Output and every gradient equal the
     eager layers' bit for bit, stochastic rounding included (each layer draws its seed where eager
     does); a ReLU between them keeps the compiler's own float order out of the comparison."""
     torch.manual_seed(0)
-    m = fp4train.convert(nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 128)), recipe, backend=backend)
+    numerics = "triton" if backend == "fp8_blockwise" else "eager"
+    m = fp4train.convert(nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 128)), recipe, backend=backend, numerics=numerics)
     x = torch.randn(64, 128)
 
     def run(fwd, seed):
@@ -89,7 +90,7 @@ def test_seed_output_is_a_cpu_scalar_only_where_the_spec_draws_a_seed(recipe):
     from fp4train.linear.op import _seed_output, _seed_value
 
     torch.manual_seed(0)
-    q = fp4train.convert(nn.Sequential(nn.Linear(128, 96)), recipe, backend="triton")[0]
+    q = fp4train.convert(nn.Sequential(nn.Linear(128, 96)), recipe, backend="fp8_blockwise", numerics="triton")[0]
     assert q.spec.needs_seed == (recipe in ("tib2d", "nvfp4", "hadamard_mxfp4"))
     cfg = parse(q._config)
     seed = _seed_output(cfg, 12345, torch.empty(4, 128, device="meta"))
@@ -112,7 +113,7 @@ def test_graph_op_fake_shapes_schema_and_autograd(recipe):
     if recipe == "adahop_oe":  # X saved as the input itself (outlier extraction in wgrad picks rows of X)
         q = QuantizedLinear.from_linear(lin, _oe_spec())
     else:
-        q = fp4train.convert(nn.Sequential(lin), recipe, backend="triton")[0]
+        q = fp4train.convert(nn.Sequential(lin), recipe, backend="fp8_blockwise", numerics="triton")[0]
     x = torch.randn(64, 128)
     for save_x, save_w in ((True, True), (True, False), (False, True)):  # W wants dW, X wants dX
         w = q.weight.detach().requires_grad_(save_x)
@@ -173,10 +174,10 @@ def test_graph_op_on_the_gpu_gives_the_eager_bits(recipe, fresh_dynamo):
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 512)).cuda()
     if recipe == "adahop_oe":
-        m[0] = QuantizedLinear.from_linear(m[0], _oe_spec(), backend="triton")
-        m[2] = QuantizedLinear.from_linear(m[2], _oe_spec(), backend="triton")
+        m[0] = QuantizedLinear.from_linear(m[0], _oe_spec(), backend="fp8_blockwise", numerics="triton")
+        m[2] = QuantizedLinear.from_linear(m[2], _oe_spec(), backend="fp8_blockwise", numerics="triton")
     else:
-        fp4train.convert(m, recipe, backend="triton")
+        fp4train.convert(m, recipe, backend="fp8_blockwise", numerics="triton")
     x = torch.randn(256, 512, device="cuda")
     torch.library.opcheck(torch.ops.fp4train.quantized_linear.default,
                           (x.clone().requires_grad_(), m[0].weight, m[0].bias, m[0]._config, torch.bfloat16, True, True, []),
@@ -222,10 +223,10 @@ def test_layers_reading_one_input_share_one_prepare_op(recipe, fresh_dynamo, mon
 
         m, memo = _Siblings().to(dev), SharedInput()  # layers made one by one share a memo when given one
         for n in ("q", "k", "v"):
-            setattr(m, n, QuantizedLinear.from_linear(getattr(m, n), _iht_wgrad_spec(), backend="triton", shared_input=memo))
+            setattr(m, n, QuantizedLinear.from_linear(getattr(m, n), _iht_wgrad_spec(), backend="fp8_blockwise", numerics="triton", shared_input=memo))
     else:
-        m = fp4train.convert(_Siblings().to(dev), recipe, backend="triton")
-    be = backends.get("triton").operands
+        m = fp4train.convert(_Siblings().to(dev), recipe, backend="fp8_blockwise", numerics="triton")
+    be = backends.get("fp8_blockwise").operands
     calls = []
     # what prepares X for fprop (along K, axis 1) - once per input when shared
     name = "operand_pair" if recipe in ("mxfp4", "tib2d", "fp8_rowwise") else "operand"
@@ -269,9 +270,9 @@ def test_prepare_op_fake_layouts(recipe, kind):
 
     kind = getattr(graph_op, kind)
     if recipe == "adahop_iht_wgrad":  # an AdaHOP layer: plain fprop, IHT on wgrad
-        q = QuantizedLinear.from_linear(nn.Linear(128, 96), _iht_wgrad_spec(), backend="triton")
+        q = QuantizedLinear.from_linear(nn.Linear(128, 96), _iht_wgrad_spec(), backend="fp8_blockwise", numerics="triton")
     else:
-        q = fp4train.convert(nn.Sequential(nn.Linear(128, 96)), recipe, backend="triton")[0]
+        q = fp4train.convert(nn.Sequential(nn.Linear(128, 96)), recipe, backend="fp8_blockwise", numerics="triton")[0]
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels: on the GPU, or interpreted on a CPU
     q, x = q.to(dev), torch.randn(64, 128, device=dev)
     cfg = parse(q._prep)
@@ -285,8 +286,8 @@ def test_prepare_op_fake_layouts(recipe, kind):
 def test_stochastic_or_unshareable_x_has_no_shared_op():
     """nvfp4's wgrad X draws random Hadamard signs and AdaHOP's outlier layers pick from X itself:
     nothing to share, X is prepared inside each layer's op."""
-    assert fp4train.convert(nn.Sequential(nn.Linear(128, 96)), "nvfp4", backend="triton")[0]._prep is None
-    assert QuantizedLinear.from_linear(nn.Linear(128, 96), _oe_spec(), backend="triton")._prep is None
+    assert fp4train.convert(nn.Sequential(nn.Linear(128, 96)), "nvfp4", backend="fp8_blockwise", numerics="triton")[0]._prep is None
+    assert QuantizedLinear.from_linear(nn.Linear(128, 96), _oe_spec(), backend="fp8_blockwise", numerics="triton")._prep is None
     assert fp4train.convert(nn.Sequential(nn.Linear(128, 96)), "mxfp4", backend="emulated")[0]._prep is None
 
 
@@ -295,7 +296,7 @@ def test_config_key_names_the_spec_in_any_process(recipe):
     """The ops name a layer's spec by its JSON, not a process-local index: Inductor caches compiled
     graphs on disk with the ops' arguments baked in, and another process must read the same spec."""
     spec = _oe_spec() if recipe == "adahop_oe" else fp4train.recipes.get(recipe).linear
-    cfg = LayerConfig(spec, "triton", "triton", device_seeds=True)
+    cfg = LayerConfig(spec, "fp8_blockwise", "triton", device_seeds=True)
     key = config_key(cfg)
     parse.cache_clear()  # as in a fresh process that loads a cached graph
     assert parse(key) == cfg
@@ -324,7 +325,7 @@ def test_dynamic_shapes_compile_once_and_keep_the_eager_bits(fresh_dynamo):
     """compile(dynamic=True): one graph for any token count - where the shared preparation fits (64
     tokens) and where it does not (48: not a multiple of 32, so X is prepared inside the layer's op)."""
     torch.manual_seed(0)
-    m = fp4train.convert(nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 128)), "mxfp4", backend="triton")
+    m = fp4train.convert(nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 128)), "mxfp4", backend="fp8_blockwise", numerics="triton")
     c = torch.compile(m, dynamic=True, fullgraph=True)
     for tokens in (64, 48, 96):
         x = torch.randn(tokens, 128)
@@ -342,9 +343,9 @@ def test_backend_state_is_allocated_when_a_layer_arrives_on_a_device(monkeypatch
     """The triton backend's inexact counter exists on the weight's device once a layer is made or moved, before
     any call: made lazily inside the first call of a model compiled with mode="reduce-overhead", it would sit in
     the CUDA-graph pool without being a graph output, which cudagraph trees refuse (AdaHOP on the H200)."""
-    backend = fp4train.backends.get("triton").operands
+    backend = fp4train.backends.get("fp8_blockwise").operands
     monkeypatch.setattr(backend, "inexact", None)
-    q = fp4train.convert(nn.Sequential(nn.Linear(128, 96)), "mxfp4", backend="triton")[0]
+    q = fp4train.convert(nn.Sequential(nn.Linear(128, 96)), "mxfp4", backend="fp8_blockwise", numerics="triton")[0]
     assert backend.inexact is not None and backend.inexact.device == q.weight.device
     monkeypatch.setattr(backend, "inexact", None)
     q.to(torch.float64)  # any move goes through nn.Module._apply
@@ -364,10 +365,10 @@ def test_device_seeds_drive_the_op_and_its_backward(monkeypatch, recipe):
 
     monkeypatch.setattr(device_seeds, "_STREAMS", {})
     torch.manual_seed(0)
-    q = fp4train.convert(nn.Sequential(nn.Linear(128, 128)), recipe, backend="triton", device_seeds=True)[0]
+    q = fp4train.convert(nn.Sequential(nn.Linear(128, 128)), recipe, backend="fp8_blockwise", numerics="triton", device_seeds=True)[0]
     stream = device_seeds._STREAMS[torch.device("cpu")]  # made when the layer was
     assert parse(q._config).seeded_on_device
-    unseeded = fp4train.convert(nn.Sequential(nn.Linear(128, 128)), "mxfp4", backend="triton", device_seeds=True)[0]
+    unseeded = fp4train.convert(nn.Sequential(nn.Linear(128, 128)), "mxfp4", backend="fp8_blockwise", numerics="triton", device_seeds=True)[0]
     assert not parse(unseeded._config).seeded_on_device  # no seed to draw
     assert recipe != "nvfp4" or q.spec.wgrad.transform.random_signs
     x = torch.randn(128, 128)

@@ -16,9 +16,10 @@ from fp4train.linear.shared_input import SharedInput
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _qkv(spec, backend, memo, seed=0):
+def _qkv(spec, backend, memo, seed=0, numerics="triton"):
     torch.manual_seed(seed)
-    return [fp4train.QuantizedLinear.from_linear(nn.Linear(384, n, bias=False).to(DEV), spec, backend=backend, shared_input=memo)
+    return [fp4train.QuantizedLinear.from_linear(nn.Linear(384, n, bias=False).to(DEV), spec, backend=backend, numerics=numerics,
+                                                 shared_input=memo)
             for n in (256, 128, 128)]
 
 
@@ -34,7 +35,7 @@ def _step(layers, x):
 
 
 # X's preparation for fprop and wgrad is shared where it is deterministic and the backend prepares its own
-# operands (triton: MXFP4 pairs, FP8 rowwise, MXFP4 with a fused Hadamard); nvfp4's wgrad X has random
+# operands with Triton numerics (MXFP4 pairs, FP8 rowwise, MXFP4 with a fused Hadamard); nvfp4's wgrad X has random
 # Hadamard signs (RHT, a fresh draw per layer): nothing shared.
 @pytest.mark.parametrize("recipe,shared", [("mxfp4", True), ("tib2d", True), ("fp8_rowwise", True), ("hadamard_mxfp4", True),
                                            ("nvfp4", False)])
@@ -42,9 +43,9 @@ def test_layers_on_one_input_share_its_preparation_bit_for_bit(recipe, shared):
     spec = fp4train.recipes.get(recipe).linear
     x = torch.randn(64, 384, device=DEV)
     memo = SharedInput()
-    together = _step(_qkv(spec, "triton", memo), x)
+    together = _step(_qkv(spec, "fp8_blockwise", memo), x)
     assert bool(memo._entries) == shared
-    alone = _step(_qkv(spec, "triton", None), x)  # each layer its own memo
+    alone = _step(_qkv(spec, "fp8_blockwise", None), x)  # each layer its own memo
     assert all(torch.equal(a, b) for a, b in zip(together[0], alone[0]))  # outputs
     assert torch.equal(together[1], alone[1])  # dX
     assert all(torch.equal(a, b) for a, b in zip(together[2], alone[2]))  # dW

@@ -54,8 +54,7 @@ def gemm_error(g, a: torch.Tensor, b: torch.Tensor, gemm: str, seed: int = 0) ->
     be = get_backend("emulated")
     gid = _GEMM_ID[gemm]
     if g.outliers is not None:
-        c = gemm_with_outliers(a, b, g, seed=seed, gemm=gid, compute_dtype=torch.float32, backend=be, quantizer=Quantizer(),
-                               out_dtype=torch.float32)
+        c = gemm_with_outliers(a, b, g, seed=seed, gemm=gid, compute_dtype=torch.float32, backend=be, out_dtype=torch.float32)
     else:
         qa = prepare(a, g.a, axis=1, transform=g.transform, seed=seed, gemm=gid, operand=OP_A, compute_dtype=torch.float32,
                      quantizer=Quantizer())

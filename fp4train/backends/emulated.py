@@ -50,7 +50,7 @@ _FP32_MM: bool | None = None  # does this torch have torch.mm(..., out_dtype=flo
 def scale_output(out: torch.Tensor, ra, rb, da, db, out_dtype: torch.dtype) -> torch.Tensor:
     """A BF16-split GEMM's FP32 output with its operands' factors applied - ``A``'s row scales ``ra``, ``B``'s
     ``rb`` (the output's columns), the divisors ``da`` and ``db`` (each optional), one rounding each, in that order -
-    and cast to ``out_dtype``. (The ``triton`` backend does the same in one pass:
+    and cast to ``out_dtype``. (Under ``triton`` numerics the same runs in one pass:
     :func:`fp4train.kernels.gemm_epilogue.scale_output`.)"""
     if ra is not None:
         out = out * ra[:, None]
@@ -89,6 +89,17 @@ def _bf16_gemm(a, b, out_dtype: torch.dtype, epilogue=scale_output) -> torch.Ten
     return epilogue(out, ra, rb, da, db, out_dtype)
 
 
+def _split_with_kernel(op):
+    """A packed 2D CUDA operand as its BF16 split by the decode kernel (:func:`fp4train.kernels.scaled_decode.decode_scaled_bf16`,
+    the reference's :meth:`~fp4train.formats.QuantizedTensor.scaled_bf16` bit for bit); anything else as it is."""
+    if isinstance(op, QuantizedTensor) and op.ndim == 2 and op.codes.is_cuda:
+        from ..kernels.scaled_decode import decode_scaled_bf16
+
+        if (split := decode_scaled_bf16(op)) is not None:
+            return split
+    return op
+
+
 class EmulatedBackend:
     """``gemm(a, b) = a @ b.T`` with FP32 accumulation, on dequantized operands.
 
@@ -103,14 +114,21 @@ class EmulatedBackend:
     """
 
     name = "emulated"
-    operands = None  #: it prepares no operands of its own: the layer's quantizer makes them all
+    fp8_gemms = False  #: no FP8 tensor-core GEMMs: packed operands are multiplied on BF16 tensor cores (CUDA) or in FP32
 
-    def gemm(self, a: Operand, b: Operand, out_dtype: torch.dtype, *, epilogue=scale_output) -> torch.Tensor:
-        """``a @ b.T``; ``epilogue``: what applies a BF16-split GEMM's factors to its output (:func:`scale_output`)."""
+    def gemm(self, a: Operand, b: Operand, out_dtype: torch.dtype, *, kernels: bool = False) -> torch.Tensor:
+        """``a @ b.T``. ``kernels``: on CUDA, packed operands are split into BF16 values by the decode kernel and the
+        output's factors applied by the epilogue kernel (:mod:`fp4train.kernels.gemm_epilogue`) - the same bits as the
+        PyTorch ops that do it otherwise."""
         check_inner_blocks(a, "a")
         check_inner_blocks(b, "b")
         if a.device.type == "cuda":
-            out = _bf16_gemm(a, b, out_dtype, epilogue)
+            epilogue = scale_output
+            if kernels:
+                from ..kernels.gemm_epilogue import scale_output as epilogue
+
+                a, b = _split_with_kernel(a), _split_with_kernel(b)
+            out = _bf16_gemm(a, b, out_dtype, epilogue if out_dtype in (torch.float32, torch.bfloat16) else scale_output)
             if out is not None:
                 return out.to(out_dtype)
         return (_to_fp32(a) @ _to_fp32(b).T).to(out_dtype)

@@ -17,7 +17,6 @@ import torch
 
 from ..formats.fold import FoldedFP8
 from ..formats.qtensor import QuantizedTensor
-from ..quantizer import TRITON_INSTALLED, kernels_usable_on
 from .emulated import EmulatedBackend
 from .fp8_operands import FoldedOperand, Fp8Operands
 
@@ -102,6 +101,8 @@ class Fp8BlockwiseBackend:
     multiplies them."""
 
     name = "fp8_blockwise"
+    fp8_gemms = True  #: folded MXFP4 and FP8 rowwise pairs run on FP8 tensor cores (CUDA)
+    numerics = "triton"  #: the numerics convert() gives this backend's layers on a GPU by default
 
     def __init__(self) -> None:
         self.fallback = EmulatedBackend()
@@ -124,8 +125,9 @@ class Fp8BlockwiseBackend:
         return (isinstance(a, FoldedOperand) and isinstance(b, FoldedOperand) and a.block_axis == 1 and b.block_axis == 1
                 and a.data.group_rows == 1 and b.data.group_rows == 128 and a.device.type == "cuda")
 
-    def gemm(self, a, b, out_dtype: torch.dtype) -> torch.Tensor:
-        """``a @ b.T`` of two prepared operands (blocked along their inner, last dim)."""
+    def gemm(self, a, b, out_dtype: torch.dtype, *, kernels: bool = False) -> torch.Tensor:
+        """``a @ b.T`` of two prepared operands (blocked along their inner, last dim); what is not an FP8 pair runs on
+        the emulated backend's BF16 split (``kernels``: its split and epilogue by Triton kernels)."""
         global _BLOCKWISE_OK, _ROWWISE_OK
         if _ROWWISE_OK is not False and self._rowwise_pair(a, b):
             try:
@@ -153,26 +155,7 @@ class Fp8BlockwiseBackend:
                 _BLOCKWISE_OK = False
                 warnings.warn(f"fp4train: this PyTorch/GPU cannot run blockwise-scaled FP8 GEMMs ({type(e).__name__}: {e}); "
                               "MXFP4 GEMMs run on BF16 tensor cores instead (same values, slower)", RuntimeWarning, stacklevel=2)
-        a, b = self._bf16_operand(a), self._bf16_operand(b)
-        if self.splits_with_kernel and a.device.type == "cuda" and TRITON_INSTALLED and out_dtype in (torch.float32, torch.bfloat16):
-            from ..kernels.gemm_epilogue import scale_output
+        a = a.scaled_bf16() if isinstance(a, FoldedOperand) else a  # exact in BF16
+        b = b.scaled_bf16() if isinstance(b, FoldedOperand) else b
+        return self.fallback.gemm(a, b, out_dtype, kernels=kernels)
 
-            return self.fallback.gemm(a, b, out_dtype, epilogue=scale_output)
-        return self.fallback.gemm(a, b, out_dtype)
-
-    #: split packed operands into BF16 values on the GPU in one kernel pass, and apply the BF16 GEMM's output factors
-    #: in one pass (the triton backend)
-    splits_with_kernel = False
-
-    def _bf16_operand(self, op):
-        """``op`` for the BF16 GEMM: a folded operand as its exact BF16 split; with :attr:`splits_with_kernel`
-        a packed CUDA operand too (:func:`fp4train.kernels.scaled_decode.decode_scaled_bf16`, the reference's
-        :meth:`~fp4train.formats.QuantizedTensor.scaled_bf16` bit for bit); anything else as it is."""
-        if isinstance(op, FoldedOperand):
-            return op.scaled_bf16()
-        if self.splits_with_kernel and isinstance(op, QuantizedTensor) and op.ndim == 2 and op.codes.is_cuda and kernels_usable_on(op.codes):
-            from ..kernels.scaled_decode import decode_scaled_bf16
-
-            if (split := decode_scaled_bf16(op)) is not None:
-                return split
-        return op

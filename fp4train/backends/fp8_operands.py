@@ -27,9 +27,59 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..formats.fold import FoldedFP8
+from ..formats.fold import FoldedFP8, fold
+from ..formats.layout import BlockLayout
 from ..formats.qtensor import QuantizedTensor, ScaledBF16
 from ..quantizer import kernels_usable_on
+from ..recipes.spec import QuantSpec, TransformSpec
+
+
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+# What the kernels below take, as predicates on the specs and shapes: a layer's operand plan
+# (fp4train.linear.plan) decides by them before anything runs.
+
+def folds_1x32(q: QuantSpec) -> bool:
+    """Is ``q`` MXFP4 in 1x32 blocks (what the fold kernel quantizes, optionally with a fused transform)?"""
+    return (q.quantized and q.format == "mxfp4" and not q.is_2d and not q.four_over_six
+            and q.quantize_kwargs().get("block") in (None, 32))
+
+
+def fuses(q: QuantSpec, transform: TransformSpec | None) -> bool:
+    """Does the fold kernel fuse ``transform`` into its pass for ``q`` (a block Hadamard up to 128)?"""
+    return folds_1x32(q) and transform is not None and transform.block <= 128
+
+
+def fold_fits(shape: tuple, dtype: torch.dtype, axis: int, transform: TransformSpec | None = None) -> bool:
+    """Can the fold kernel take a tensor of ``shape`` (blocks along ``axis`` a multiple of 128; with a fused
+    transform float32/bfloat16)? ``axis`` -1: X ``[..., K]`` along its last dim."""
+    return (len(shape) >= 2 and shape[axis] % 128 == 0
+            and (transform is None or dtype in (torch.float32, torch.bfloat16)))
+
+
+def pair_kind(qa: QuantSpec, qb: QuantSpec) -> str | None:
+    """Which pair the pair kernels make for two specs of one tensor (``qa`` along its last dim, ``qb`` along
+    its first): ``"fp8"`` (both FP8 rowwise, nearest rounding), ``"mxfp4"`` (both MXFP4 in 1x32 blocks), or None."""
+    if all(q.quantized and q.format == "fp8" and not q.stochastic for q in (qa, qb)):
+        return "fp8"
+    if folds_1x32(qa) and folds_1x32(qb):
+        return "mxfp4"
+    return None
+
+
+def pair_fits(kind: str | None, shape: tuple, dtype: torch.dtype, b_role: int = 1) -> bool:
+    """Can the pair kernels make pair ``kind`` of a tensor of ``shape`` ``[..., K]`` (M = its rows, flattened) for
+    the along-M half's GEMM operand ``b_role``? FP8 rowwise: any float input, either role; MXFP4:
+    M % 32 == 0, K % 128 == 0, B only (its along-M half is packed for wgrad's B)."""
+    if len(shape) < 2 or dtype not in _KERNEL_DTYPES:
+        return False
+    if kind == "fp8":
+        return True
+    k, m = shape[-1], 1
+    for d in shape[:-1]:
+        m *= d
+    return kind == "mxfp4" and b_role == 1 and k % 128 == 0 and m % 32 == 0
 
 
 @dataclass(frozen=True)
@@ -91,77 +141,18 @@ class Fp8Operands:
         in the cudagraph pool not tracked as outputs": AdaHOP's first compiled step on the H200)."""
         self.counter(torch.device(device))
 
-    # What is prepared here, as predicates on the specs (known when a model is converted) and on the tensor
-    # (known at the call): operand() and operand_pair() decide by them, and the graph ops (linear/op.py) ask
-    # them which shared preparation of X a layer's fake implementation describes.
-
-    @staticmethod
-    def folds_1x32(q) -> bool:
-        """Is ``q`` MXFP4 in 1x32 blocks (what the fold kernel quantizes, optionally with a fused transform)?"""
-        return (q.quantized and q.format == "mxfp4" and not q.is_2d and not q.four_over_six
-                and q.quantize_kwargs().get("block") in (None, 32))
-
-    @classmethod
-    def fuses(cls, q, transform) -> bool:
-        """Does :meth:`operand` fuse ``transform`` into the fold of ``q`` (a block Hadamard up to 128)?"""
-        return cls.folds_1x32(q) and transform is not None and transform.block <= 128
-
-    @staticmethod
-    def fold_fits(x: torch.Tensor, axis: int, transform=None) -> bool:
-        """Can the fold kernel take ``x`` (2D, blocks along ``axis`` a multiple of 128; with a fused
-        transform float32/bfloat16)? Also for X ``[..., K]`` along its last dim (``axis`` -1)."""
-        return (x.ndim >= 2 and kernels_usable_on(x) and x.shape[axis] % 128 == 0
-                and (transform is None or x.dtype in (torch.float32, torch.bfloat16)))
-
-    @classmethod
-    def pair_kind(cls, qa, qb) -> str | None:
-        """Which pair :meth:`operand_pair` makes for the specs (``qa`` along K, ``qb`` along M): "fp8"
-        (both FP8 rowwise with nearest rounding), "mxfp4" (both MXFP4 in 1x32 blocks), or None."""
-        if all(q.quantized and q.format == "fp8" and not q.stochastic for q in (qa, qb)):
-            return "fp8"
-        if cls.folds_1x32(qa) and cls.folds_1x32(qb):
-            return "mxfp4"
-        return None
-
-    @staticmethod
-    def pair_fits(kind: str | None, x: torch.Tensor, b_role: int = 1) -> bool:
-        """Can :meth:`operand_pair` make pair ``kind`` of ``x`` ``[..., K]`` (M = its rows, flattened) for
-        the along-M half's GEMM operand ``b_role``? FP8 rowwise: any float input, either role; MXFP4:
-        M % 32 == 0, K % 128 == 0, B only (its along-M half is packed for wgrad's B)."""
-        if x.ndim < 2 or not kernels_usable_on(x) or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            return False
-        k = x.shape[-1]
-        if kind == "fp8":
-            return True
-        return kind == "mxfp4" and b_role == 1 and k % 128 == 0 and (x.numel() // k) % 32 == 0
-
     def operand(self, x: torch.Tensor, q, *, axis: int, role: int, seed: int | None, transform=None, transform_seed=None):
-        """The folded operand for an MXFP4 request (``role`` 0: GEMM operand A, 1: B), or None.
-        ``transform`` (a TransformSpec along ``axis``, signs from ``transform_seed``): fused into the
-        same pass where :meth:`fuses` and :meth:`fold_fits` allow, or None to have it done first."""
-        if not kernels_usable_on(x):
+        """``x`` quantized to MXFP4 in 1x32 blocks along ``axis`` and folded for GEMM operand ``role`` (0: A, 1x128
+        groups; 1: B, 128x128) in one Triton pass; ``transform`` (a block Hadamard along ``axis``, signs from
+        ``transform_seed``) fused into it. None where the kernel does not take ``x`` (the plan checks first:
+        :func:`fold_fits`)."""
+        if x.ndim != 2 or not kernels_usable_on(x) or not folds_1x32(q) or not fold_fits(tuple(x.shape), x.dtype, axis, transform):
             return None
-        if q.format == "fp8" and x.ndim == 2 and transform is None and not q.stochastic:
-            from ..kernels.fp8_values import quantize_fp8_rowwise
-
-            # E4M3 codes stored with the inner dim last + row scales: gemm() runs it on FP8 tensor cores
-            return quantize_fp8_rowwise(x.detach(), axis=axis)
-        if x.ndim != 2 or q.format != "mxfp4" or q.four_over_six:
-            return None
-        kw = q.quantize_kwargs()
-        if transform is not None and not (self.fuses(q, transform) and self.fold_fits(x, axis, transform)):
-            return None
-        if q.is_2d:
-            # 32x32 tiles: quantized once, packed; gemm() folds them for each use (either orientation)
-            if tuple(kw["block"]) != (32, 32) or x.shape[0] % 128 or x.shape[1] % 128:
-                return None
-            from ..kernels import quantize_mxfp4_2d
-
-            return quantize_mxfp4_2d(x.detach(), scale=kw.get("scale", "floor"), rounding=kw.get("rounding", "nearest"), seed=seed)
-        if not (self.folds_1x32(q) and self.fold_fits(x, axis)):
+        if transform is not None and not fuses(q, transform):
             return None
         from ..kernels.mx_fold import quantize_mxfp4_fp8
 
+        kw = q.quantize_kwargs()
         had = {}
         if transform is not None:
             from ..transforms.hadamard import signs
@@ -176,14 +167,14 @@ class Fp8Operands:
     def operand_pair(self, x: torch.Tensor, qa, qb, *, seeds: tuple[int | None, int | None], b_role: int = 1):
         """A tensor ``[M, K]`` read once for its two GEMMs: (the A operand along K, the operand along M
         for GEMM operand ``b_role`` - 1: B, X for wgrad; 0: A, dY for wgrad), or None where the specs,
-        the shape or the role do not allow it:
+        the shape or the role do not allow it (:func:`pair_fits`):
 
         * both MXFP4 with 1x32 blocks, M % 32 == 0, K % 128 == 0, ``b_role`` 1: (folded into FP8, packed
           MXFP4 along M - what the layer saves for wgrad, folded there as a B operand);
         * both FP8 rowwise with nearest rounding, either role: the two QuantizedTensors, from two reads
           instead of four."""
-        kind = self.pair_kind(qa, qb)
-        if x.ndim != 2 or not self.pair_fits(kind, x, b_role):
+        kind = pair_kind(qa, qb)
+        if x.ndim != 2 or not kernels_usable_on(x) or not pair_fits(kind, tuple(x.shape), x.dtype, b_role):
             return None
         if kind == "fp8":
             from ..kernels.fp8_values import quantize_fp8_rowwise_both
@@ -197,19 +188,16 @@ class Fp8Operands:
             seed=seeds, counter=self.counter(x.device))
         return FoldedOperand(folded), cols
 
-    def fold_saved(self, q: QuantizedTensor) -> FoldedOperand | None:
-        """A packed MXFP4 operand (the X that forward saved for wgrad) folded as a B operand, in one
-        pass over its codes; None unless its stored layout is the GEMM's (1x32 blocks along the
-        inner dim, which is a multiple of 128)."""
-        if not self._saved_foldable(q):
-            return None
+    def fold_saved(self, q: QuantizedTensor, group_rows: int = 128) -> FoldedOperand:
+        """A packed 1x32 MXFP4 operand (the X that forward saved for wgrad) folded in one pass over its codes,
+        with ``group_rows`` (128: a B operand)."""
         from ..kernels.mx_fold import fold_packed_mxfp4
 
-        return FoldedOperand(fold_packed_mxfp4(q.codes, q.scales, group_rows=128, counter=self.counter(q.device)))
+        return FoldedOperand(fold_packed_mxfp4(q.codes, q.scales, group_rows=group_rows, counter=self.counter(q.device)))
 
-    def fold_tiles(self, q: QuantizedTensor, role: int) -> FoldedOperand | None:
+    def fold_tiles(self, q: QuantizedTensor, role: int) -> FoldedOperand:
         """A packed MXFP4 operand with 32x32 tiles folded for GEMM operand ``role`` (0: A, 1x128
-        groups; 1: B, 128x128), whichever way it is viewed; None unless both dims are multiples of 128.
+        groups; 1: B, 128x128), whichever way it is viewed (both dims multiples of 128).
 
         A tile's scale is the scale of each 1x32 row (or column) piece in it, so the stored codes are
         1x32 MXFP4 along either stored dim: :func:`~fp4train.kernels.mx_fold.fold_tiles_mxfp4` folds
@@ -217,8 +205,6 @@ class Fp8Operands:
         reads them in place as the transposed operand with 128x128 groups (a group maps onto a group
         under transposition); as an A operand the group's scale is then stored on each row (1x128
         groups with equal scales: the same values, a wider span for the exactness rule)."""
-        if not self._tiles_foldable(q):
-            return None
         from ..kernels.mx_fold import fold_tiles_mxfp4
 
         counter = self.counter(q.device)
@@ -230,39 +216,33 @@ class Fp8Operands:
         return FoldedOperand(fold_tiles_mxfp4(q.codes, q.scales, transposed=True, group_rows=128, scale_per_row=role == 0,
                                               counter=counter))
 
-    @staticmethod
-    def _saved_foldable(q: QuantizedTensor) -> bool:
-        """1x32 MXFP4 stored with its blocks along the logical inner dim (a multiple of 128)."""
+    def fold_reference(self, q: QuantizedTensor, role: int) -> FoldedOperand:
+        """A packed 1x32 MXFP4 operand, blocked along its logical inner (last) dim, folded for GEMM operand ``role``
+        by the reference (:func:`fp4train.formats.fold.fold` on its stored, canonical layout: no kernel); its
+        inexact elements added to the device counter."""
         lay = q.layout
-        if q.fmt != "mxfp4" or q.ndim != 2 or lay.is_2d or not kernels_usable_on(q.codes) or q.block_axis != 1:
-            return False
-        return (lay.axis == 1) != q.transposed and lay.shape[lay.axis] % 128 == 0  # stored rows = logical rows
+        if q.fmt != "mxfp4" or q.ndim != 2 or lay.is_2d or q.block_axis != 1:
+            raise ValueError(f"fp4train: only 1x32 MXFP4 blocked along the inner dim folds by the reference, not {q!r}")
+        rows, k = lay.canonical_shape
+        stored = QuantizedTensor(q.fmt, q.codes, q.scales, None, BlockLayout((rows, k), lay.block, 1), q.dtype)
+        folded = fold(stored, 1 if role == 0 else 128, count_on_device=True)
+        counter = self.counter(q.device)
+        counter.add_(folded.inexact.to(counter.dtype))
+        folded = replace(folded, codes=folded.codes[: q.shape[0]] if rows != q.shape[0] else folded.codes, inexact=counter)
+        return FoldedOperand(folded)
 
-    @staticmethod
-    def _tiles_foldable(q: QuantizedTensor) -> bool:
-        """32x32-tile MXFP4 with both dims multiples of 128."""
-        lay = q.layout
-        return (q.fmt == "mxfp4" and q.ndim == 2 and lay.is_2d and lay.block == (32, 32) and kernels_usable_on(q.codes)
-                and lay.shape[0] % 128 == 0 and lay.shape[1] % 128 == 0)
-
-    def _can_fold(self, op, role: int) -> bool:
-        """Can ``op`` be the FoldedOperand of ``role`` (checks only, nothing launched)?"""
-        if isinstance(op, FoldedOperand):
-            return True
-        if not isinstance(op, QuantizedTensor):
-            return False
-        return self._tiles_foldable(op) if op.layout.is_2d else (role == 1 and self._saved_foldable(op))
-
-    def _fold(self, op, role: int) -> FoldedOperand:
-        """``op`` (one that :meth:`_can_fold`) as the FoldedOperand of ``role``."""
+    def fold(self, op, role: int, how: str) -> FoldedOperand:
+        """``op`` as the FP8 blockwise GEMM's operand ``role``, folded by ``how`` (``"kernel"`` or ``"reference"``)."""
         if isinstance(op, FoldedOperand):
             return op
-        return self.fold_tiles(op, role) if op.layout.is_2d else self.fold_saved(op)
+        if not isinstance(op, QuantizedTensor):
+            raise TypeError(f"fp4train: a {type(op).__name__} does not fold for the FP8 blockwise GEMM")
+        if how == "reference":
+            return self.fold_reference(op, role)
+        if op.layout.is_2d:
+            return self.fold_tiles(op, role)
+        return self.fold_saved(op, 1 if role == 0 else 128)
 
-    def for_gemm(self, a, b, *, folded_gemm: bool = True):
-        """``(a, b)`` as their GEMM takes them: two operands that fold (packed MXFP4 saved by forward, 32x32
-        tiles, or already folded) folded for roles A and B; anything else as it is. ``folded_gemm``: whether
-        the GEMM multiplies folded operands here (else folding would only cost a pass)."""
-        if folded_gemm and self._can_fold(a, 0) and self._can_fold(b, 1):
-            return self._fold(a, 0), self._fold(b, 1)
-        return a, b
+    def for_gemm(self, a, b, fold: str):
+        """``(a, b)`` as the FP8 blockwise GEMM takes them: folded for roles A and B by ``fold``."""
+        return self.fold(a, 0, fold), self.fold(b, 1, fold)

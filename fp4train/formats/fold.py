@@ -62,8 +62,9 @@ def _pow2_f64(e: torch.Tensor) -> torch.Tensor:
     return ((e.to(torch.int64) + 1023) << 52).view(torch.float64)
 
 
-def fold(q: QuantizedTensor, group_rows: int) -> FoldedFP8:
-    """Fold a 2D MXFP4 tensor (1x32 blocks along its last dim, K % 128 == 0) into FP8 + group scales."""
+def fold(q: QuantizedTensor, group_rows: int, *, count_on_device: bool = False) -> FoldedFP8:
+    """Fold a 2D MXFP4 tensor (1x32 blocks along its last dim, K % 128 == 0) into FP8 + group scales.
+    ``count_on_device``: the inexact count stays a 0-d tensor (no host synchronisation) instead of an int."""
     if q.fmt != "mxfp4" or q.layout.is_2d or q.transposed or q.layout.axis != q.ndim - 1 or q.ndim != 2:
         raise ValueError("fold() takes a 2D MXFP4 tensor with 1x32 blocks along its last dimension")
     rows, k = q.layout.shape
@@ -87,7 +88,8 @@ def fold(q: QuantizedTensor, group_rows: int) -> FoldedFP8:
     # the count compares with the true shifted value in FP64: in FP32 a shift past 2**-149 (a NaN
     # group, or blocks > 155 binades apart) would underflow to zero and look exact
     true_val = values.double() * _pow2_f64(6 - d).repeat_interleave(32, 1)
-    inexact = int(((e4m3.decode(codes).double() != true_val) & (values != 0)).sum())
+    inexact = ((e4m3.decode(codes).double() != true_val) & (values != 0)).sum()
+    inexact = inexact if count_on_device else int(inexact)
     scales = pow2((g - 6).clamp(-149, 127))
     scales = torch.where(nan_g, torch.full_like(scales, float("nan")), scales)
     return FoldedFP8(codes, scales, group_rows, inexact)

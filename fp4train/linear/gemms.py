@@ -29,7 +29,9 @@ for wgrad is kept unpacked (the extraction picks rows of X and dY together in ba
 
 The bias gradient is ``dY.sum(0)`` in FP32. ``seed`` drives stochastic rounding and
 random Hadamard signs of this call (see :func:`fp4train.linear.operands.prepare`).
-:mod:`fp4train.linear.op` runs these functions as the layer's ``torch.library`` ops.
+Which implementation prepares each operand and which GEMM multiplies them is the layer's
+operand plan (:mod:`fp4train.linear.plan`): these functions execute it and decide nothing.
+:mod:`fp4train.linear.op` runs them as the layer's ``torch.library`` ops.
 """
 
 from __future__ import annotations
@@ -37,149 +39,123 @@ from __future__ import annotations
 import torch
 
 from ..backends import multiply
-from ..quantizer import Quantizer
 from ..recipes.spec import LinearSpec
-from .operands import DGRAD, FPROP, OP_A, OP_B, WGRAD, pad_rows, prepare, prepare_now, shares_quantization, sr_seed
+from .operands import DGRAD, FPROP, OP_A, OP_B, WGRAD, make, pad_rows, sr_seed
 from .outlier_linear import gemm_with_outliers
+from .plan import OperandPlan, deterministic, saved_x_source, saves_fprop_w  # noqa: F401 - re-exported
+
+#: where the X that wgrad (GEMM 3) multiplies comes from (:func:`fp4train.linear.plan.saved_x_source`)
+X_INPUT, X_FPROP, X_WGRAD = "input", "fprop.a", "wgrad.b"
 
 
-def deterministic(q, transform) -> bool:
-    """Does preparing an operand with ``q`` and ``transform`` depend on its values alone (no
-    stochastic rounding, no random signs)? Then layers reading the same X may share it (``prepare_x``)."""
-    return not (q.quantized and q.stochastic) and (transform is None or not transform.random_signs)
+def x_from_input(x2: torch.Tensor, spec: LinearSpec, cdt: torch.dtype) -> torch.Tensor:
+    """wgrad's X where the plan saves X itself: X as it came (outlier extraction picks from it), or cast to the
+    compute dtype (wgrad's X unquantized)."""
+    return x2 if spec.wgrad.outliers is not None else x2.to(cdt)
 
 
-def fprop(x2, weight, bias, spec: LinearSpec, backend, quantizer: Quantizer, seed: int, out_dtype: torch.dtype, *,
+def fprop(x2, weight, bias, spec: LinearSpec, plan: OperandPlan, backend, seed: int, out_dtype: torch.dtype, *,
           save_x: bool = False, x_prepared=None):
     """GEMM 1, fprop: ``Y[M,N] = X[M,K] @ W[N,K]^T (+ b)``, both operands along K.
 
     Returns ``(Y, xa, wb, x_wgrad)``: the two prepared operands (the caller may keep them for
-    backward) and, with ``save_x``, X prepared for wgrad where a backend's ``operands.operand_pair`` made
-    it in the same pass as fprop's (else None). Also the whole forward of the layer when no
-    gradient is needed (inference, evaluation). ``x_prepared``: ``(fprop's X, wgrad's X)`` made
-    beforehand (the shared preparation of :func:`fp4train.linear.op.prepare_x`), used as they are.
+    backward) and, where the plan reads X once for both GEMMs (``"pair kernel"``), X prepared for wgrad
+    (else None). Also the whole forward of the layer when no gradient is needed (inference, evaluation).
+    ``x_prepared``: ``(fprop's X, wgrad's X)`` made beforehand (the plan's ``"shared X"``,
+    :func:`fp4train.linear.op.prepare_x`), used as they are.
     """
     g = spec.fprop
+    common = dict(seed=seed, gemm=FPROP, compute_dtype=out_dtype, operands=backend_operands(backend))
     if g.outliers is not None:  # AdaHOP outlier extraction: nothing prepared to reuse
-        y = gemm_with_outliers(x2, weight, g, seed=seed, gemm=FPROP, compute_dtype=out_dtype, backend=backend, quantizer=quantizer,
-                      out_dtype=out_dtype)
+        y = gemm_with_outliers(x2, weight, g, (plan["fprop.a"].residual, plan["fprop.b"].residual), plan.gemms["fprop"],
+                               backend=backend, out_dtype=out_dtype, **common)
         return (y + bias.to(out_dtype) if bias is not None else y), None, None, None
-    # an operand that backward reuses (one 2D tiling shared with another GEMM) is kept packed
-    keep_x = saved_x_source(spec) == X_FPROP
-    keep_w = saves_fprop_w(spec)
-    common = dict(axis=1, transform=g.transform, seed=seed, gemm=FPROP, compute_dtype=out_dtype, quantizer=quantizer)
+    common["transform"] = g.transform
     xa = x_saved = None
-    pair = backend.operands.operand_pair if backend.operands is not None else None
-    if x_prepared is not None:
+    how_x = plan["fprop.a"].how
+    if how_x == "shared X":
+        if x_prepared is None:
+            raise RuntimeError("fp4train: the layer's plan shares X's preparation, but none came with the call")
         xa, x_saved = x_prepared
-    elif (save_x and pair is not None and not keep_x and spec.wgrad.outliers is None and g.transform is None
-          and spec.wgrad.transform is None):
-        # X read once for fprop (along K) and wgrad (along M), where the backend can
+    elif how_x == "pair kernel" and save_x:
         seeds = (sr_seed(g.a, seed, FPROP, OP_A), sr_seed(spec.wgrad.b, seed, WGRAD, OP_B))
-        if (both := pair(x2, g.a, spec.wgrad.b, seeds=seeds)) is not None:
-            xa, x_saved = both
-    if xa is None:
-        xa = prepare(x2, g.a, operand=OP_A, **common) if keep_x else prepare_now(x2, g.a, operand=OP_A, backend=backend, **common)
-    if keep_w:
-        wb = prepare(weight, g.b, operand=OP_B, **common)
+        xa, x_saved = backend.operands.operand_pair(x2, g.a, spec.wgrad.b, seeds=seeds)
     else:
-        wb = prepare_now(weight, g.b, operand=OP_B, backend=backend, **common)
-    y = multiply(backend, xa, wb, out_dtype)
+        xa = make(x2, plan["fprop.a"], g.a, axis=1, operand=OP_A, **common)
+    wb = make(weight, plan["fprop.b"], g.b, axis=1, operand=OP_B, **common)
+    y = multiply(backend, xa, wb, out_dtype, plan.gemms["fprop"])
     if bias is not None:
         y = y + bias.to(out_dtype)
     return y, xa, wb, x_saved
 
 
-#: where the X that wgrad (GEMM 3) multiplies comes from - decided by the spec alone
-X_INPUT = "input"  # X itself: AdaHOP outlier extraction in wgrad picks rows of X and dY together, or wgrad's X is unquantized
-X_FPROP = "fprop"  # fprop's X: one 2D tiling serves both GEMMs (saved packed)
-X_WGRAD = "wgrad"  # X quantized along M for wgrad in forward (saved packed; the backend may make it in fprop's pass)
+def backend_operands(backend):
+    """The backend's own operand kernels (the FP8 backend's folds and pairs), or None."""
+    return getattr(backend, "operands", None)
 
 
-def saved_x_source(spec: LinearSpec) -> str:
-    """Where the X saved for wgrad comes from: :data:`X_INPUT`, :data:`X_FPROP` or :data:`X_WGRAD`."""
-    g, w3 = spec.fprop, spec.wgrad
-    if w3.outliers is not None or (not w3.b.quantized and w3.transform is None):
-        return X_INPUT
-    if g.outliers is None and shares_quantization(g.a, g.transform, w3.b, w3.transform):
-        return X_FPROP
-    return X_WGRAD
-
-
-def saves_fprop_w(spec: LinearSpec) -> bool:
-    """Does fprop's prepared W serve dgrad as well (one 2D tiling of W for GEMMs 1 and 2)?"""
-    g, g2 = spec.fprop, spec.dgrad
-    return g.outliers is None and g2.outliers is None and shares_quantization(g.b, g.transform, g2.b, g2.transform)
-
-
-def x_from_input(x2: torch.Tensor, spec: LinearSpec, cdt: torch.dtype) -> torch.Tensor:
-    """wgrad's X where :func:`saved_x_source` is :data:`X_INPUT`: X as it came (outlier extraction
-    picks from it), or cast to the compute dtype (wgrad's X unquantized)."""
-    return x2 if spec.wgrad.outliers is not None else x2.to(cdt)
-
-
-def forward(x2, weight, bias, spec: LinearSpec, backend, quantizer: Quantizer, seed: int, out_dtype: torch.dtype, *,
+def forward(x2, weight, bias, spec: LinearSpec, plan: OperandPlan, backend, seed: int, out_dtype: torch.dtype, *,
             save_x: bool, save_w: bool, x_prepared=None):
     """The layer's forward on ``X[M, K]``: ``(Y, x_saved, w_saved)`` - Y and what backward needs
     besides W: with ``save_x`` (W wants a gradient) X prepared for wgrad, with ``save_w`` (X wants
     a gradient) W prepared for dgrad where fprop's serves (else None: dgrad prepares W itself)."""
     cdt = out_dtype
-    y, xa, wb, x_made = fprop(x2, weight, bias, spec, backend, quantizer, seed, out_dtype, save_x=save_x, x_prepared=x_prepared)
+    y, xa, wb, x_made = fprop(x2, weight, bias, spec, plan, backend, seed, out_dtype, save_x=save_x, x_prepared=x_prepared)
     x_saved = w_saved = None
     if save_x:
-        source, w3 = saved_x_source(spec), spec.wgrad
+        w3 = spec.wgrad
         if x_made is not None:
             x_saved = x_made  # made with fprop's X (one pass, or given)
-        elif source == X_INPUT:
+        elif plan.saved_x == X_INPUT:
             x_saved = x_from_input(x2, spec, cdt)
-        elif source == X_FPROP:
+        elif plan.saved_x == X_FPROP:
             x_saved = xa
         else:
             xm = pad_rows(x2, w3.transform.block) if w3.transform is not None else x2
-            x_saved = prepare(xm, w3.b, axis=0, transform=w3.transform, seed=seed, gemm=WGRAD, operand=OP_B, compute_dtype=cdt,
-                              quantizer=quantizer)
-    if save_w and saves_fprop_w(spec):
+            x_saved = make(xm, plan["wgrad.b"], w3.b, axis=0, transform=w3.transform, seed=seed, gemm=WGRAD, operand=OP_B,
+                           compute_dtype=cdt, operands=backend_operands(backend))
+    if save_w and plan.saved_w is not None:
         w_saved = wb  # one 2D tiling of W serves GEMM 2 (dgrad) as well
     return y, x_saved, w_saved
 
 
-def backward(dy2, weight, x_op, w_q, spec: LinearSpec, backend, quantizer: Quantizer, seed: int, cdt: torch.dtype,
+def backward(dy2, weight, x_op, w_q, spec: LinearSpec, plan: OperandPlan, backend, seed: int, cdt: torch.dtype,
              x_dtype: torch.dtype, needs: tuple[bool, bool, bool]):
     """The layer's backward from ``dY[M, N]``: ``(dX[M, K], dW, db)``, each None unless ``needs``
     asks for it (X, W, bias). ``x_op``: X as :func:`forward` saved it for wgrad; ``w_q``: W as
     forward saved it for dgrad, or None (prepared here)."""
     g2, g3 = spec.dgrad, spec.wgrad
-    common = dict(seed=seed, compute_dtype=cdt, quantizer=quantizer, backend=backend)
-    share_dy = g2.outliers is None and g3.outliers is None and shares_quantization(g2.a, g2.transform, g3.a, g3.transform)
+    common = dict(seed=seed, compute_dtype=cdt, operands=backend_operands(backend))
     dx = dw = db = None
     dy_dgrad = dy_wgrad = None
-    pair = backend.operands.operand_pair if backend.operands is not None else None
-    if (needs[0] and needs[1] and pair is not None and not share_dy and g2.outliers is None and g3.outliers is None
-            and g2.transform is None and g3.transform is None):
-        # dY for dgrad (along N) and wgrad (along M, an A operand there) in one go, where the backend can
-        both = pair(dy2, g2.a, g3.a, seeds=(sr_seed(g2.a, seed, DGRAD, OP_A), sr_seed(g3.a, seed, WGRAD, OP_A)), b_role=OP_A)
-        if both is not None:
-            dy_dgrad, dy_wgrad = both
-    if dy_dgrad is None and ((needs[0] and g2.outliers is None) or share_dy):
-        dy_dgrad = prepare_now(dy2, g2.a, axis=1, transform=g2.transform, gemm=DGRAD, operand=OP_A, **common)
+    share_dy = plan["wgrad.a"].how == "dgrad.a"
+    if plan["dgrad.a"].how == "pair kernel":  # planned only where both gradients are asked for
+        # dY for dgrad (along N) and wgrad (along M, an A operand there) in one read
+        seeds = (sr_seed(g2.a, seed, DGRAD, OP_A), sr_seed(g3.a, seed, WGRAD, OP_A))
+        dy_dgrad, dy_wgrad = backend.operands.operand_pair(dy2, g2.a, g3.a, seeds=seeds, b_role=OP_A)
+    if g2.outliers is None and dy_dgrad is None and (needs[0] or share_dy):
+        dy_dgrad = make(dy2, plan["dgrad.a"], g2.a, axis=1, transform=g2.transform, gemm=DGRAD, operand=OP_A, **common)
     if needs[0] and g2.outliers is not None:
-        dx = gemm_with_outliers(dy2, weight.t(), g2, gemm=DGRAD, out_dtype=x_dtype, **common)
+        dx = gemm_with_outliers(dy2, weight.t(), g2, (plan["dgrad.a"].residual, plan["dgrad.b"].residual), plan.gemms["dgrad"],
+                                gemm=DGRAD, backend=backend, out_dtype=x_dtype, **common)
     elif needs[0]:
         # GEMM 2, dgrad: dX[M,K] = dY[M,N] @ (W^T)[K,N]^T, both along N
         if w_q is None:
-            w_q = prepare_now(weight, g2.b, axis=0, transform=g2.transform, gemm=DGRAD, operand=OP_B, **common)
-        dx = multiply(backend, dy_dgrad, w_q.t(), x_dtype)
+            w_q = make(weight, plan["dgrad.b"], g2.b, axis=0, transform=g2.transform, gemm=DGRAD, operand=OP_B, **common)
+        dx = multiply(backend, dy_dgrad, w_q.t(), x_dtype, plan.gemms["dgrad"])
     if needs[1] and g3.outliers is not None:
         mult = g3.transform.block if g3.transform is not None else 1
-        dw = gemm_with_outliers(pad_rows(dy2, mult).t(), pad_rows(x_op, mult).t(), g3, gemm=WGRAD, out_dtype=weight.dtype, **common)
+        dw = gemm_with_outliers(pad_rows(dy2, mult).t(), pad_rows(x_op, mult).t(), g3,
+                                (plan["wgrad.a"].residual, plan["wgrad.b"].residual), plan.gemms["wgrad"],
+                                gemm=WGRAD, backend=backend, out_dtype=weight.dtype, **common)
     elif needs[1]:
         # GEMM 3, wgrad: dW[N,K] = dY^T[N,M] @ (X^T)[K,M]^T, both along M
         if share_dy:
             dy_wgrad = dy_dgrad
         elif dy_wgrad is None:
             dym = pad_rows(dy2, g3.transform.block) if g3.transform is not None else dy2
-            dy_wgrad = prepare_now(dym, g3.a, axis=0, transform=g3.transform, gemm=WGRAD, operand=OP_A, **common)
-        dw = multiply(backend, dy_wgrad.t(), x_op.t(), weight.dtype)
+            dy_wgrad = make(dym, plan["wgrad.a"], g3.a, axis=0, transform=g3.transform, gemm=WGRAD, operand=OP_A, **common)
+        dw = multiply(backend, dy_wgrad.t(), x_op.t(), weight.dtype, plan.gemms["wgrad"])
     if needs[2]:
         db = dy2.float().sum(0).to(weight.dtype)
     return dx, dw, db

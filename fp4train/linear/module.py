@@ -8,9 +8,10 @@ import torch.nn.functional as F
 
 from .. import backends
 from ..device_seeds import device_seed_stream
-from ..quantizer import Quantizer
+from ..quantizer import Quantizer, kernels_usable_on
 from ..recipes.spec import LinearSpec
 from .op import LayerConfig, config_key, prep_fits, prep_key
+from .plan import OperandPlan, plan_for
 from .shared_input import SharedInput
 
 
@@ -24,13 +25,15 @@ class QuantizedLinear(nn.Linear):
     Everything that decides its numerics is configuration of this layer, set when it is made:
 
     * ``spec``: what each GEMM operand becomes (from the recipe; AdaHOP's calibration sets it later);
-    * ``backend``: the GEMM path (``emulated``, ``fp8_blockwise``, ``triton``: :mod:`fp4train.backends`);
+    * ``backend``: which GEMMs multiply (``emulated``, ``fp8_blockwise``: :mod:`fp4train.backends`);
     * ``numerics``: how operands are quantized - the reference, compiled cores or Triton kernels, the same
       bits (:class:`~fp4train.quantizer.Quantizer`);
     * ``device_seeds``: draw stochastic-rounding seeds on the device (:mod:`fp4train.device_seeds`), which
       ``torch.compile(mode="reduce-overhead")`` captures in CUDA graphs with fresh draws on every replay;
       host seeds (torch's CPU generator) otherwise. The same distribution, other bits.
 
+    From these the layer's operand plan (:mod:`fp4train.linear.plan`, :meth:`plan`) says which implementation
+    prepares each of its six GEMM operands and which GEMM multiplies them; ``print(layer)`` shows it.
     One implementation runs eagerly and compiled: the ``torch.library`` ops of :mod:`fp4train.linear.op`.
     A spec that quantizes nothing runs ``F.linear`` itself, bit-identical to ``nn.Linear``.
     Under autocast the output dtype is the autocast dtype (BF16 on GPU); unquantized operands
@@ -57,8 +60,8 @@ class QuantizedLinear(nn.Linear):
 
     def _configure(self, spec: LinearSpec, backend: str, numerics: str, device_seeds: bool, recipe_name: str,
                    shared_input: SharedInput | None) -> None:
-        self.backend_name = backend
-        self.backend = backends.get(backend)
+        self.backend_name = backends.resolve(backend)  # "auto" and former names resolved
+        self.backend = backends.get(self.backend_name)
         self.quantizer = Quantizer(numerics)
         self.device_seeds = bool(device_seeds)
         self.recipe_name = recipe_name
@@ -144,7 +147,26 @@ class QuantizedLinear(nn.Linear):
     #: True while a calibrating recipe (AdaHOP) has not yet given this layer its strategies: it runs in BF16
     uncalibrated: bool = False
 
+    def plan(self, tokens: int = 2048, dtype: torch.dtype | None = None) -> OperandPlan | None:
+        """The operand plan of a training call on ``tokens`` rows of X (``dtype``: X's and the compute dtype; default:
+        BF16 on a GPU, the weight's dtype elsewhere) on the weight's device; None where nothing is quantized."""
+        if not self.spec.quantized:
+            return None
+        w = self.weight
+        if dtype is None:
+            dtype = torch.bfloat16 if w.is_cuda else w.dtype
+        x = torch.empty(tokens, self.in_features, dtype=dtype, device=w.device) if w.device.type != "meta" else None
+        cuda = w.is_cuda
+        usable = kernels_usable_on(x) if x is not None else False
+        shared = x is not None and self._prep is not None and prep_fits(x, self._layer_config)
+        return plan_for(self._config, tokens, self.in_features, self.out_features, dtype, w.dtype, dtype, cuda, usable,
+                        x_shared=shared)
+
     def extra_repr(self) -> str:
         r = f", recipe={self.recipe_name}" if self.recipe_name else ""
         r += " (uncalibrated: runs in BF16)" if self.uncalibrated else ""
-        return super().extra_repr() + r + f", backend={self.backend_name}, numerics={self.numerics}"
+        r = super().extra_repr() + r + f", backend={self.backend_name}, numerics={self.numerics}"
+        plan = self.plan()
+        if plan is not None:
+            r += "\n" + plan.describe()
+        return r

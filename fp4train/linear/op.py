@@ -27,8 +27,6 @@ which the kernels match - checked on every forward call), never kept in a table 
 from __future__ import annotations
 
 import functools
-import json
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -39,48 +37,12 @@ from ..device_seeds import device_seed_stream
 from ..formats.fold import FoldedFP8, empty_folded
 from ..formats.qtensor import QuantizedTensor
 from ..formats.quantize import FORMATS, geometry, quantize_tensors
-from ..quantizer import Quantizer
-from ..recipes.spec import GemmSpec, LinearSpec, _linear_from_dict, _to_plain
-from .gemms import X_FPROP, X_INPUT, X_WGRAD, backward, deterministic, forward, saved_x_source, saves_fprop_w, x_from_input
-from .operands import FPROP, OP_A, OP_B, WGRAD, pack_operand, pad_rows, prepare, prepare_now, unpack_operand
-
-
-@dataclass(frozen=True)
-class LayerConfig:
-    """What the ops know of a converted layer: its spec, GEMM backend, numerics and seed source."""
-
-    spec: LinearSpec
-    backend_name: str
-    numerics: str = "eager"
-    device_seeds: bool = False
-
-    @property
-    def backend(self):
-        return backends.get(self.backend_name)
-
-    @property
-    def quantizer(self) -> Quantizer:
-        return Quantizer(self.numerics)
-
-    @property
-    def seeded_on_device(self) -> bool:
-        """Do this layer's calls draw their seeds on the device (and draw one at all)?"""
-        return self.device_seeds and self.spec.needs_seed
-
-
-def config_key(cfg: LayerConfig) -> str:
-    """The string that names ``cfg`` to the ops: its JSON (stable across processes)."""
-    d = {"backend": cfg.backend_name, "linear": _to_plain(cfg.spec), "numerics": cfg.numerics}
-    if cfg.device_seeds:
-        d["device_seeds"] = True
-    return json.dumps(d, sort_keys=True, separators=(",", ":"))
-
-
-@functools.lru_cache(maxsize=None)
-def parse(key: str) -> LayerConfig:
-    """The :class:`LayerConfig` a :func:`config_key` names (a pure function, memoized)."""
-    d = json.loads(key)
-    return LayerConfig(_linear_from_dict(d["linear"]), d["backend"], d.get("numerics", "eager"), bool(d.get("device_seeds")))
+from ..quantizer import kernels_usable_on
+from ..recipes.spec import GemmSpec, LinearSpec
+from .layer_config import LayerConfig, config_key, parse  # noqa: F401 - re-exported
+from .gemms import X_FPROP, X_INPUT, backend_operands, backward, forward, x_from_input
+from .operands import FPROP, OP_A, OP_B, WGRAD, make, pack_operand, pad_rows, unpack_operand
+from .plan import OperandPlan, Where, immediate, packed, plan_for, saved_x_source, saves_fprop_w, shared_x_fits, shared_x_kind
 
 
 # ---- shared preparation of X ------------------------------------------------------------------------------
@@ -94,29 +56,16 @@ PAIR, FP8_ROWWISE, FOLD = "mxfp4", "fp8", "fold"
 _N_XA = 2
 
 
-def prep_kind(spec: LinearSpec, backend: str) -> str | None:
-    """Which shared X preparation this layer's specs allow, or None (X is then prepared inside the
-    layer's own op). Shared preparations are deterministic (nearest rounding, no random signs), have
-    wgrad's X saved packed, and are made by a backend that prepares its own operands - which of them,
-    its predicates say (``pair_kind``, ``fuses``; backends/fp8_operands.py)."""
-    g, w3 = spec.fprop, spec.wgrad
-    be = backends.get(backend).operands
-    if be is None or saved_x_source(spec) != X_WGRAD or g.outliers is not None or w3.outliers is not None:
-        return None
-    if not (g.a.quantized and w3.b.quantized and deterministic(g.a, g.transform) and deterministic(w3.b, w3.transform)):
-        return None
-    pair = be.pair_kind(g.a, w3.b) if g.transform is None and w3.transform is None else None
-    if pair is not None:
-        return pair
-    if be.folds_1x32(g.a) and be.folds_1x32(w3.b) and (g.transform is None or be.fuses(g.a, g.transform)):
-        return FOLD
-    return None
+def prep_kind(spec: LinearSpec, backend: str, numerics: str = "triton") -> str | None:
+    """Which shared X preparation this layer's specs allow, or None (X is then prepared inside the layer's own op):
+    :func:`fp4train.linear.plan.shared_x_kind`."""
+    return shared_x_kind(spec, backends.get(backend).fp8_gemms, numerics)
 
 
 def prep_key(cfg: LayerConfig) -> str | None:
     """The key of this layer's shared X preparation: its fprop and wgrad X specs and transforms, backend and
     numerics (so layers with other W or dY specs share it too); None where :func:`prep_kind` is None."""
-    if prep_kind(cfg.spec, cfg.backend_name) is None:
+    if prep_kind(cfg.spec, cfg.backend_name, cfg.numerics) is None:
         return None
     g, w3 = cfg.spec.fprop, cfg.spec.wgrad
     reduced = LinearSpec(fprop=GemmSpec(a=g.a, transform=g.transform), wgrad=GemmSpec(b=w3.b, transform=w3.transform))
@@ -126,16 +75,13 @@ def prep_key(cfg: LayerConfig) -> str | None:
 @functools.lru_cache(maxsize=None)
 def _prep_kind_of(key: str) -> str | None:
     cfg = parse(key)
-    return prep_kind(cfg.spec, cfg.backend_name)
+    return prep_kind(cfg.spec, cfg.backend_name, cfg.numerics)
 
 
 def prep_fits(x: torch.Tensor, cfg: LayerConfig) -> bool:
-    """Does X's shape, dtype and device allow the layer's shared preparation? The backend's predicates
-    decide (``pair_fits``, ``fold_fits``)."""
-    kind, be = prep_kind(cfg.spec, cfg.backend_name), cfg.backend.operands  # traced by dynamo: no cache wrapper
-    if kind == FOLD:
-        return be.fold_fits(x, -1, cfg.spec.fprop.transform)
-    return be.pair_fits(kind, x)
+    """Does X's shape, dtype and device allow the layer's shared preparation (the plan's ``"shared X"``)?"""
+    kind = shared_x_kind(cfg.spec, cfg.backend.fp8_gemms, cfg.numerics)  # traced by dynamo: no cache wrapper
+    return kernels_usable_on(x) and shared_x_fits(kind, tuple(x.shape), x.dtype, cfg.spec.fprop.transform)
 
 
 def _prep_reference(key: str, x2: torch.Tensor, out_dtype: torch.dtype):
@@ -163,19 +109,22 @@ def prepare_x(x: torch.Tensor, key: str, out_dtype: torch.dtype) -> list[torch.T
     packed, as the layer saves it), by the kind :func:`prep_kind` names. Deterministic, so that layers
     reading the same X may share one call."""
     cfg, kind = parse(key), _prep_kind_of(key)
-    backend, quantizer = cfg.backend, cfg.quantizer
+    backend = cfg.backend
     g, w3 = cfg.spec.fprop, cfg.spec.wgrad
     x2 = x.reshape(-1, x.shape[-1])
     both = backend.operands.operand_pair(x2, g.a, w3.b, seeds=(None, None)) if kind in (PAIR, FP8_ROWWISE) else None
-    if kind == PAIR and both is None:
+    if kind in (PAIR, FP8_ROWWISE) and both is None:
         raise RuntimeError(f"fp4train: the {cfg.backend_name} backend made no operand pair for X {tuple(x2.shape)} ({x2.dtype}, {x2.device})")
     if both is not None:
         xa, xs = both
-    else:  # as fprop() and forward() prepare them, seeds unused (deterministic)
-        common = dict(seed=0, compute_dtype=out_dtype, quantizer=quantizer)
-        xa = prepare_now(x2, g.a, axis=1, transform=g.transform, gemm=FPROP, operand=OP_A, backend=backend, **common)
+    else:  # as the layer's plan prepares them unshared, seeds unused (deterministic)
+        where = Where(cfg.numerics, backend.fp8_gemms, x2.is_cuda, kernels_usable_on(x2))
+        common = dict(seed=0, compute_dtype=out_dtype, operands=backend_operands(backend))
+        xa = make(x2, immediate(g.a, g.transform, tuple(x2.shape), x2.dtype, 1, where), g.a, axis=1, transform=g.transform,
+                  gemm=FPROP, operand=OP_A, **common)
         xm = pad_rows(x2, w3.transform.block) if w3.transform is not None else x2
-        xs = prepare(xm, w3.b, axis=0, transform=w3.transform, gemm=WGRAD, operand=OP_B, **common)
+        xs = make(xm, packed(w3.b, w3.transform, tuple(xm.shape), xm.dtype, 0, where), w3.b, axis=0, transform=w3.transform,
+                  gemm=WGRAD, operand=OP_B, **common)
     xa_meta, xs_meta = prep_layouts(key, tuple(x2.shape), x2.dtype, out_dtype)
     xa_tensors = _pack_xa(xa, kind, cfg.backend_name, xa_meta)
     xs_tensors, meta = pack_operand(xs)
@@ -273,6 +222,13 @@ def saved_layouts(config: str, x2_shape: tuple, x_dtype: torch.dtype, w_shape: t
     return x_meta, len(x_tensors), w_meta
 
 
+def call_plan(config: str, x2: torch.Tensor, weight: torch.Tensor, out_dtype: torch.dtype, save_x: bool = True,
+              save_w: bool = True, x_shared: bool = False) -> OperandPlan:
+    """The layer's operand plan for a call on X ``[M, K]`` (memoized: :func:`fp4train.linear.plan.plan_for`)."""
+    return plan_for(config, x2.shape[0], x2.shape[1], weight.shape[0], x2.dtype, weight.dtype, out_dtype, x2.is_cuda,
+                    kernels_usable_on(x2), save_x, save_w, x_shared)
+
+
 def _draw_seed(cfg: LayerConfig, x: torch.Tensor) -> int | torch.Tensor:
     """The call's seed: from the device's seed stream (a 0-d int64 tensor there), from torch's CPU generator
     (an int) where the spec draws one, else 0."""
@@ -308,7 +264,11 @@ def quantized_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     x2 = x.reshape(-1, x.shape[-1])
     prepared = _unpack_prep(x_prep, x2, config, out_dtype) if x_prep else None
     with torch.autocast(x.device.type, enabled=False):
-        y, x_saved, w_saved = forward(x2, weight, bias, cfg.spec, cfg.backend, cfg.quantizer, seed, out_dtype,
+        plan = call_plan(config, x2, weight, out_dtype, save_x, save_w, bool(x_prep))
+        if bool(x_prep) != (plan["fprop.a"].how == "shared X"):
+            raise RuntimeError(f"fp4train: X came {'prepared' if x_prep else 'unprepared'}, but the layer's plan says "
+                               f"fprop's X is {plan['fprop.a']} ({config})")
+        y, x_saved, w_saved = forward(x2, weight, bias, cfg.spec, plan, cfg.backend, seed, out_dtype,
                                       save_x=save_x, save_w=save_w, x_prepared=prepared)
     x_meta, _, w_meta = saved_layouts(config, tuple(x2.shape), x.dtype, tuple(weight.shape), weight.dtype, out_dtype, save_x, save_w)
     source = saved_x_source(cfg.spec)
@@ -361,7 +321,9 @@ def quantized_linear_backward(grad: torch.Tensor, weight: torch.Tensor, x: Optio
     w_q = unpack_operand(tuple(saved[n_x:]), w_meta) if len(saved) > n_x else None
     dy2 = grad.reshape(-1, weight.shape[0])
     with torch.autocast(dy2.device.type, enabled=False):
-        dx, dw, db = backward(dy2, weight, x_op, w_q, cfg.spec, cfg.backend, cfg.quantizer, _seed_value(cfg, seed), out_dtype,
+        plan = plan_for(config, m, x_shape[-1], weight.shape[0], x_dtype, weight.dtype, out_dtype, weight.is_cuda,
+                        kernels_usable_on(weight), save_x, save_w)
+        dx, dw, db = backward(dy2, weight, x_op, w_q, cfg.spec, plan, cfg.backend, _seed_value(cfg, seed), out_dtype,
                               x_dtype, (needs_x, needs_w, needs_b))
     out = []
     if needs_x:

@@ -16,8 +16,10 @@ import torch.nn.functional as F
 from ..counter_rng import derive_seed
 from ..device_seeds import derived_keys
 from ..formats.qtensor import QuantizedTensor, ScaledBF16
-from ..quantizer import Quantizer
+from ..formats.quantize import check_request
+from ..quantizer import Quantizer, hadamard_with, quantize_with, values_with
 from ..recipes.spec import QuantSpec, TransformSpec
+from .plan import Prep, shares_quantization  # noqa: F401 - shares_quantization: re-exported
 
 Operand = torch.Tensor | QuantizedTensor | ScaledBF16
 
@@ -79,8 +81,9 @@ def _transform(x: torch.Tensor, transform: TransformSpec | None, *, axis: int, s
     return quantizer.hadamard(x, transform.block, axis=axis, seed=transform_seed(transform, seed, gemm))
 
 
-def prepare_now(
+def make(
     x: torch.Tensor,
+    prep: Prep,
     q: QuantSpec,
     *,
     axis: int,
@@ -89,44 +92,40 @@ def prepare_now(
     gemm: int,
     operand: int,
     compute_dtype: torch.dtype,
-    quantizer: Quantizer,
-    backend=None,
+    operands=None,
 ) -> Operand:
-    """:func:`prepare` for an operand that a GEMM multiplies at once (nothing saves it).
-
-    A ``backend`` that prepares operands of its own (``fp8_blockwise``, ``triton``: ``backend.operands``) is asked first: it may
-    return the operand in its own form (MXFP4 folded into FP8 group scales), with the transform
-    fused into the same pass where it can, else after the transform. Then the quantizer's
-    :meth:`~fp4train.quantizer.Quantizer.values`: the BF16 values and factors of
-    ``prepare(...).scaled_bf16()`` without the codes ever written (a fake-quantization kernel, or
-    the compiled reference as one graph); the transform runs before it, on its own (Inductor
-    compiles the butterflies slowly and badly; on a GPU a Triton kernel does them in one pass).
-    Otherwise it is :func:`prepare`.
-    """
-    own = backend.operands.operand if backend is not None and backend.operands is not None else None
-    common = dict(axis=axis, seed=seed, gemm=gemm, operand=operand, compute_dtype=compute_dtype, quantizer=quantizer)
-    if not q.quantized or x.ndim != 2 or (quantizer.numerics == "eager" and own is None):
-        return prepare(x, q, transform=transform, **common)
+    """The operand ``x`` prepared as the layer's plan says (``prep``, :mod:`fp4train.linear.plan`): the GEMM's
+    transform by the plan's implementation (or fused into the fold), then quantization by the plan's
+    implementation - packed codes + scales, BF16 values + factors, or folded FP8 (``operands``: the FP8 backend's
+    :class:`~fp4train.backends.fp8_operands.Fp8Operands`). Seeds as :func:`prepare` derives them."""
     op_seed = sr_seed(q, seed, gemm, operand)
-    if own is not None and transform is not None:  # the backend may fuse the transform into its quantization
-        t_seed = transform_seed(transform, seed, gemm)
-        if (op := own(x, q, axis=axis, role=operand, seed=op_seed, transform=transform, transform_seed=t_seed)) is not None:
-            return op
-    x = _transform(x, transform, axis=axis, seed=seed, gemm=gemm, quantizer=quantizer)  # once, outside any graph
-    if own is not None and (op := own(x, q, axis=axis, role=operand, seed=op_seed)) is not None:
+    if prep.how == "fold kernel":
+        t_seed = transform_seed(transform, seed, gemm) if prep.transform == "fused" else None
+        fused = transform if prep.transform == "fused" else None
+        if fused is None:
+            x = _transform_with(prep, x, transform, axis=axis, seed=seed, gemm=gemm)
+        op = operands.operand(x, q, axis=axis, role=operand, seed=op_seed, transform=fused, transform_seed=t_seed)
+        if op is None:
+            raise RuntimeError(f"fp4train: the fold kernel does not take {tuple(x.shape)} {x.dtype} along axis {axis} "
+                               "(the layer's operand plan chose it)")
         return op
-    if (v := quantizer.values(x, q.format, q.quantize_kwargs(), axis=axis, seed=op_seed)) is not None:
-        return v
-    return prepare(x, q, transform=None, **common)
+    x = _transform_with(prep, x, transform, axis=axis, seed=seed, gemm=gemm)
+    if prep.how == "bf16":
+        return x.to(compute_dtype)
+    kw = q.quantize_kwargs()
+    if prep.how in ("values kernel", "compiled values"):
+        return values_with(prep.how, x, q.format, kw, axis=axis, seed=op_seed)
+    block, ax = check_request(x, q.format, axis=axis, block=kw["block"], scale=kw["scale"], rounding=kw["rounding"],
+                              seed=op_seed, four_over_six=kw.get("four_over_six", False))
+    return quantize_with(prep.how, x, q.format, block=block, axis=ax, scale=kw["scale"], rounding=kw["rounding"],
+                         seed=op_seed, four_over_six=kw.get("four_over_six", False))
 
 
-def shares_quantization(p: QuantSpec, tp: TransformSpec | None, q: QuantSpec, tq: TransformSpec | None) -> bool:
-    """Can one quantization of a tensor serve two GEMMs that block it along different axes?
-
-    Only with identical 2D tiles and no transform: a tile maps onto a tile under transposition
-    (arXiv 2607.24953), while a 1D block or a one-axis transform does not.
-    """
-    return p.quantized and p.is_2d and p == q and tp is None and tq is None
+def _transform_with(prep: Prep, x: torch.Tensor, transform: TransformSpec | None, *, axis: int, seed, gemm: int):
+    """The GEMM's inner transform of ``x`` by the plan's implementation (signs as :func:`prepare` draws them)."""
+    if transform is None:
+        return x
+    return hadamard_with(prep.transform, x, transform.block, axis=axis, seed=transform_seed(transform, seed, gemm))
 
 
 def pad_rows(x: torch.Tensor, multiple: int) -> torch.Tensor:

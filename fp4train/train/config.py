@@ -106,9 +106,9 @@ class TrainConfig:
     # what
     model: str = option("tiny", fixed=True, help="model size preset", choices=_model_names)
     recipe: str = option("bf16", fixed=True, train_only=True, help="recipe name (see `fp4train recipes`) or a recipe .json/.toml file")
-    backend: str | None = option(None, result=True, train_only=True, help="GEMM backend: auto (the default: triton on a GPU machine, emulated "
-                                 "elsewhere), triton (Triton-kernel quantization, MXFP4 GEMMs on FP8 tensor cores), "
-                                 "fp8_blockwise, or emulated (the reference, runs anywhere)")
+    backend: str | None = option(None, result=True, train_only=True, help="GEMM backend: auto (the default: fp8_blockwise on a GPU machine, "
+                                 "emulated elsewhere), fp8_blockwise (MXFP4 and FP8 rowwise GEMMs on FP8 tensor cores), or "
+                                 "emulated (BF16 tensor cores or FP32, the reference)")
     calibration: str | None = option(None, result=True, train_only=True, help="AdaHOP recipes: reuse this adahop_calibration.json (from an earlier "
                                      "run) instead of calibrating")
     # data
@@ -177,7 +177,7 @@ class TrainConfig:
                                       "else default", choices=COMPILE_MODES)
     numerics: str | None = option(None, result=True, train_only=True, help="how quantization runs, same bits in each: eager (reference ops), compiled "
                                   "(torch.compile'd reference), triton (fp4train's kernels where they exist); default: "
-                                  "triton with the triton backend (the default on a GPU machine), eager elsewhere",
+                                  "triton with the fp8_blockwise backend (the default on a GPU machine), eager elsewhere",
                                   choices=NUMERICS)
     progress: bool = option(True, help="show a progress bar")
     tensorboard: bool = option(True, help="write TensorBoard logs")
