@@ -732,14 +732,18 @@ def test_column_kernels_quantize_along_dim_0_without_a_transposed_copy(fmt, roun
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("dim", [1, 0])
-def test_finite_amax_kernel_equals_the_reference_statistics(dtype, dim):
+@pytest.mark.parametrize("shape", [(70, 1100), (600, 150)])
+def test_finite_amax_kernel_equals_the_reference_statistics(dtype, dim, shape):
     """NVFP4's tensor amax and FP8 rowwise's per-row/column amax in one pass: NaN and Inf count as 0
-    and flag their row; equal to the reference's torch ops, on a non-contiguous view too."""
+    and flag their row; equal to the reference's torch ops, on a non-contiguous view too. 600 rows: a
+    column reduction split over three chunks of rows, merged by atomic max."""
     from fp4train.formats import nvfp4
     from fp4train.kernels.amax import finite_amax, finite_amax_along
 
-    x = _special(70, 1100, 3).to(dtype)  # NaN in row 0, Inf in row 1 (see _special), huge and tiny values
+    x = _special(*shape, 3).to(dtype)  # NaN in row 0, Inf in row 1 (see _special), huge and tiny values
     x[5, 7] = float("-inf")
+    x[590 % shape[0], 9] = 1e30  # the largest value of a column in the last chunk
+
     for t in (x, x[:, 3:1030]):
         td = t.to(DEV)
         amax, bad = finite_amax_along(td, dim)
@@ -795,7 +799,7 @@ def test_e2m1_nearest_rounding_at_every_tie_and_its_neighbours_equals_the_refere
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(70, 200), (33, 129)])
+@pytest.mark.parametrize("shape", [(70, 200), (33, 129), (600, 72)])
 def test_fp8_rowwise_both_layouts_from_two_reads_equal_the_reference(dtype, shape):
     """Both FP8 rowwise layouts of one tensor (the row and the column amax in one pass, both code
     layouts in another) equal quantize(x, "fp8", axis=1) and axis=0 bit for bit: NaN/Inf rows and

@@ -33,6 +33,27 @@ def _amax_kernel(x_ptr, amax_ptr, bad_ptr, n_out, n_in, s_out, s_in, OB: tl.cons
     tl.store(bad_ptr + o, bad, mask=omask)
 
 
+@triton.jit
+def _amax_split_kernel(x_ptr, amax_ptr, bad_ptr, n_out, n_in, s_out, s_in, OB: tl.constexpr, IB: tl.constexpr,
+                       CHUNK: tl.constexpr):
+    """Program (i, j): outer indices i*OB .. +OB over inner indices j*CHUNK .. +CHUNK in IB-deep steps, merged into
+    int32 buffers by atomic max (the FP32 bits of non-negative values order like the integers: exact in any
+    order). For a reduction along the strided dim, where one program per outer block leaves the GPU idle."""
+    o = tl.program_id(0) * OB + tl.arange(0, OB)
+    omask = o < n_out
+    amax = tl.zeros([OB], tl.float32)
+    bad = tl.zeros([OB], tl.int32)
+    for i0 in range(0, CHUNK, IB):
+        i = tl.program_id(1) * CHUNK + i0 + tl.arange(0, IB)
+        mask = omask[None, :] & (i < n_in)[:, None]
+        a = tl.abs(tl.load(x_ptr + o[None, :] * s_out + i[:, None] * s_in, mask=mask, other=0.0).to(tl.float32))
+        finite = a < float("inf")  # NaN compares false too
+        amax = tl.maximum(amax, tl.max(tl.where(finite, a, 0.0), axis=0))
+        bad = tl.maximum(bad, tl.max(tl.where(finite, 0, 1), axis=0))
+    tl.atomic_max(amax_ptr + o, amax.to(tl.int32, bitcast=True), mask=omask)
+    tl.atomic_max(bad_ptr + o, bad, mask=omask)
+
+
 def finite_amax_along(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """For a 2D tensor: (FP32 max |x| over the finite elements along ``dim``, bool "some element
     along ``dim`` is NaN/Inf"), one entry per index of the other dim."""
@@ -46,8 +67,15 @@ def finite_amax_along(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Te
     if n_out:
         if n_in == 0:
             return amax.zero_(), bad.zero_().bool()
-        ob, ib = (4, 1024) if red == 1 else (64, 32)  # the contiguous dim wide in the tile; ~50-60 registers (ptxas)
-        _amax_kernel[(triton.cdiv(n_out, ob),)](x, amax, bad, n_out, n_in, s_out, s_in, OB=ob, IB=ib, num_warps=4 if red == 1 else 8)
+        if red == 1:  # along the rows: one program per 4 rows, the contiguous dim wide in the tile (~50-60 registers)
+            _amax_kernel[(triton.cdiv(n_out, 4),)](x, amax, bad, n_out, n_in, s_out, s_in, OB=4, IB=1024, num_warps=4)
+        else:  # along the columns: 128 columns a program and the rows split in chunks, so that every SM has work
+            # (one program per 64 columns left 32 programs for a 2048-wide weight: the FP8 rowwise profile's largest pass)
+            chunk = 256
+            bits = torch.zeros(2, n_out, dtype=torch.int32, device=x.device)
+            _amax_split_kernel[(triton.cdiv(n_out, 128), triton.cdiv(n_in, chunk))](
+                x, bits[0], bits[1], n_out, n_in, s_out, s_in, OB=128, IB=32, CHUNK=chunk, num_warps=4)
+            return bits[0].view(torch.float32), bits[1].bool()
     return amax, bad.bool()
 
 

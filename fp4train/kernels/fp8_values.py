@@ -112,26 +112,36 @@ def quantize_fp8_rowwise(x: torch.Tensor, *, axis: int) -> QuantizedTensor:
 
 
 @triton.jit
-def _amax_both_kernel(x_ptr, ramax_ptr, camax_ptr, rbad_ptr, cbad_ptr, M, K, sx, RB: tl.constexpr, BK: tl.constexpr):
-    """Row and column finite amax of a [RB, BK] tile of x [M, K], merged into int32 buffers (the FP32
-    bits of non-negative values order like the integers, so atomic max is exact in any order)."""
-    r = tl.program_id(0) * RB + tl.arange(0, RB)
+def _amax_both_kernel(x_ptr, ramax_ptr, camax_ptr, rbad_ptr, cbad_ptr, M, K, sx, RB: tl.constexpr, BK: tl.constexpr,
+                      CHUNK: tl.constexpr):
+    """Row and column finite amax of rows ``program_id(0) * CHUNK .. + CHUNK`` (in RB-row steps) and columns
+    ``program_id(1) * BK .. + BK`` of x [M, K], merged into int32 buffers (the FP32 bits of non-negative values
+    order like the integers, so atomic max is exact in any order): each row's maximum over the tile's columns
+    at every step, each column's over the whole chunk once at the end."""
     c = tl.program_id(1) * BK + tl.arange(0, BK)
-    rm, cm = r < M, c < K
-    a = tl.abs(tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=rm[:, None] & cm[None, :], other=0.0).to(tl.float32))
-    finite = a < float("inf")  # NaN compares false too
-    af = tl.where(finite, a, 0.0)
-    bad = tl.where(finite, 0, 1)
-    tl.atomic_max(ramax_ptr + r, tl.max(af, axis=1).to(tl.int32, bitcast=True), mask=rm)
-    tl.atomic_max(camax_ptr + c, tl.max(af, axis=0).to(tl.int32, bitcast=True), mask=cm)
-    tl.atomic_max(rbad_ptr + r, tl.max(bad, axis=1), mask=rm)
-    tl.atomic_max(cbad_ptr + c, tl.max(bad, axis=0), mask=cm)
+    cm = c < K
+    camax = tl.zeros([BK], tl.float32)
+    cbad = tl.zeros([BK], tl.int32)
+    for i in range(0, CHUNK, RB):
+        r = tl.program_id(0) * CHUNK + i + tl.arange(0, RB)
+        rm = r < M
+        a = tl.abs(tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=rm[:, None] & cm[None, :], other=0.0).to(tl.float32))
+        finite = a < float("inf")  # NaN compares false too
+        af = tl.where(finite, a, 0.0)
+        bad = tl.where(finite, 0, 1)
+        tl.atomic_max(ramax_ptr + r, tl.max(af, axis=1).to(tl.int32, bitcast=True), mask=rm)
+        tl.atomic_max(rbad_ptr + r, tl.max(bad, axis=1), mask=rm)
+        camax = tl.maximum(camax, tl.max(af, axis=0))
+        cbad = tl.maximum(cbad, tl.max(bad, axis=0))
+    tl.atomic_max(camax_ptr + c, camax.to(tl.int32, bitcast=True), mask=cm)
+    tl.atomic_max(cbad_ptr + c, cbad, mask=cm)
 
 
 @triton.jit
 def _fp8_both_kernel(x_ptr, rs_ptr, cs_ptr, yr_ptr, yc_ptr, M, K, sx, RB: tl.constexpr, BK: tl.constexpr):
     """E4M3 codes of a [RB, BK] tile of x [M, K] scaled per row (stored at ``yr[r, c]``, [M, K]) and per
-    column (stored transposed at ``yc[c, r]``, [K, M]), from one read; as ``_fp8_values_kernel`` with CODES."""
+    column (stored transposed at ``yc[c, r]``, [K, M], from the tile transposed in registers so that the
+    store runs along r), from one read; as ``_fp8_values_kernel`` with CODES."""
     r = tl.program_id(0) * RB + tl.arange(0, RB)
     c = tl.program_id(1) * BK + tl.arange(0, BK)
     mask = (r < M)[:, None] & (c < K)[None, :]
@@ -139,7 +149,8 @@ def _fp8_both_kernel(x_ptr, rs_ptr, cs_ptr, yr_ptr, yc_ptr, M, K, sx, RB: tl.con
     rs = tl.load(rs_ptr + r, mask=r < M, other=1.0)[:, None]
     cs = tl.load(cs_ptr + c, mask=c < K, other=1.0)[None, :]
     tl.store(yr_ptr + r[:, None] * K + c[None, :], _e4m3_byte(tl.math.div_rn(x, rs)), mask=mask)
-    tl.store(yc_ptr + c[None, :] * M + r[:, None], _e4m3_byte(tl.math.div_rn(x, cs)), mask=mask)
+    yc = tl.trans(_e4m3_byte(tl.math.div_rn(x, cs)))
+    tl.store(yc_ptr + c[:, None] * M + r[None, :], yc, mask=(c < K)[:, None] & (r < M)[None, :])
 
 
 def quantize_fp8_rowwise_both(x: torch.Tensor) -> tuple[QuantizedTensor, QuantizedTensor]:
@@ -153,9 +164,11 @@ def quantize_fp8_rowwise_both(x: torch.Tensor) -> tuple[QuantizedTensor, Quantiz
         return quantize_fp8_rowwise(x, axis=1), quantize_fp8_rowwise(x, axis=0)
     bufs = torch.zeros(2 * (M + K), dtype=torch.int32, device=x.device)
     ramax, camax, rbad, cbad = bufs.split((M, K, M, K))
-    rb, bk = 32, 128
+    rb, bk, chunk = 32, 128, 256  # a program: 256 rows x 128 columns, one column atomic per chunk (not per 32 rows)
+    _amax_both_kernel[(triton.cdiv(M, chunk), triton.cdiv(K, bk))](x, ramax, camax, rbad, cbad, M, K, x.stride(0), RB=rb, BK=bk,
+                                                                  CHUNK=chunk)
+    rb, bk = 64, 64
     grid = (triton.cdiv(M, rb), triton.cdiv(K, bk))
-    _amax_both_kernel[grid](x, ramax, camax, rbad, cbad, M, K, x.stride(0), RB=rb, BK=bk)
     rs, cs = (ref_fp8.scale_from_amax(a.view(torch.float32)).contiguous() for a in (ramax, camax))
     yr = torch.empty(M, K, dtype=torch.uint8, device=x.device)
     yc = torch.empty(K, M, dtype=torch.uint8, device=x.device)
