@@ -181,7 +181,9 @@ def profile_table(d: dict) -> str:
             continue
         top = [k for k in r["top_kernels"] if k["class"] == "other"][:3]
         tops = "; ".join(f"`{k['name'][:40]}` {k['ms']:.1f} × {k['calls']}" for k in top)
-        lines.append(f"| {r['recipe']} | {r['total_ms']:.1f} | {r['gemm_ms']:.1f} | {r['attention_ms']:.1f} | {r['optimizer_ms']:.1f} "
+        # a row kept from an earlier run of other code says which
+        label = r["recipe"] + (f" (commit {r['commit']})" if r.get("commit") not in (None, d["commit"]) else "")
+        lines.append(f"| {label} | {r['total_ms']:.1f} | {r['gemm_ms']:.1f} | {r['attention_ms']:.1f} | {r['optimizer_ms']:.1f} "
                      f"| {r['other_ms']:.1f} | {tops} |")
     how = f"{d['model']}, batch {d['batch_size']} × sequence {d['seq_len']}, compiled (default mode), {d['steps']} steps profiled"
     return "\n".join(lines + ["", f"_{how}; {_provenance(d)}; `python bench/profile_step.py`._"])
