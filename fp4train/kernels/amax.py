@@ -16,6 +16,14 @@ import triton.language as tl
 
 
 @triton.jit
+def finite_abs(v):
+    """``(|v|, 0)`` where ``v`` is finite, ``(0, 1)`` where it is NaN or Inf (FP32 magnitudes, int32 flags)."""
+    a = tl.abs(v.to(tl.float32))
+    finite = a < float("inf")  # NaN compares false too
+    return tl.where(finite, a, 0.0), tl.where(finite, 0, 1)
+
+
+@triton.jit
 def _amax_kernel(x_ptr, amax_ptr, bad_ptr, n_out, n_in, s_out, s_in, OB: tl.constexpr, IB: tl.constexpr):
     """Program i: outer indices i*OB .. +OB, reduced over all n_in inner indices in IB-wide steps."""
     o = tl.program_id(0) * OB + tl.arange(0, OB)
@@ -25,10 +33,9 @@ def _amax_kernel(x_ptr, amax_ptr, bad_ptr, n_out, n_in, s_out, s_in, OB: tl.cons
     for i0 in range(0, n_in, IB):
         i = i0 + tl.arange(0, IB)
         mask = omask[:, None] & (i < n_in)[None, :]
-        a = tl.abs(tl.load(x_ptr + o[:, None] * s_out + i[None, :] * s_in, mask=mask, other=0.0).to(tl.float32))
-        finite = a < float("inf")  # NaN compares false too
-        amax = tl.maximum(amax, tl.max(tl.where(finite, a, 0.0), axis=1))
-        bad = tl.maximum(bad, tl.max(tl.where(finite, 0, 1), axis=1))
+        a, nonfinite = finite_abs(tl.load(x_ptr + o[:, None] * s_out + i[None, :] * s_in, mask=mask, other=0.0))
+        amax = tl.maximum(amax, tl.max(a, axis=1))
+        bad = tl.maximum(bad, tl.max(nonfinite, axis=1))
     tl.store(amax_ptr + o, amax, mask=omask)
     tl.store(bad_ptr + o, bad, mask=omask)
 
@@ -46,10 +53,9 @@ def _amax_split_kernel(x_ptr, amax_ptr, bad_ptr, n_out, n_in, s_out, s_in, OB: t
     for i0 in range(0, CHUNK, IB):
         i = tl.program_id(1) * CHUNK + i0 + tl.arange(0, IB)
         mask = omask[None, :] & (i < n_in)[:, None]
-        a = tl.abs(tl.load(x_ptr + o[None, :] * s_out + i[:, None] * s_in, mask=mask, other=0.0).to(tl.float32))
-        finite = a < float("inf")  # NaN compares false too
-        amax = tl.maximum(amax, tl.max(tl.where(finite, a, 0.0), axis=0))
-        bad = tl.maximum(bad, tl.max(tl.where(finite, 0, 1), axis=0))
+        a, nonfinite = finite_abs(tl.load(x_ptr + o[None, :] * s_out + i[:, None] * s_in, mask=mask, other=0.0))
+        amax = tl.maximum(amax, tl.max(a, axis=0))
+        bad = tl.maximum(bad, tl.max(nonfinite, axis=0))
     tl.atomic_max(amax_ptr + o, amax.to(tl.int32, bitcast=True), mask=omask)
     tl.atomic_max(bad_ptr + o, bad, mask=omask)
 

@@ -23,7 +23,7 @@ import triton.language as tl
 from ..formats import fp8_rowwise as ref_fp8
 from ..formats.layout import BlockLayout
 from ..formats.qtensor import QuantizedTensor, ScaledBF16
-from .amax import finite_amax_along
+from .amax import finite_abs, finite_amax_along
 from .e4m3 import e4m3_rtne
 from .mx_quantize import _with_sign
 
@@ -125,10 +125,7 @@ def _amax_both_kernel(x_ptr, ramax_ptr, camax_ptr, rbad_ptr, cbad_ptr, M, K, sx,
     for i in range(0, CHUNK, RB):
         r = tl.program_id(0) * CHUNK + i + tl.arange(0, RB)
         rm = r < M
-        a = tl.abs(tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=rm[:, None] & cm[None, :], other=0.0).to(tl.float32))
-        finite = a < float("inf")  # NaN compares false too
-        af = tl.where(finite, a, 0.0)
-        bad = tl.where(finite, 0, 1)
+        af, bad = finite_abs(tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=rm[:, None] & cm[None, :], other=0.0))
         tl.atomic_max(ramax_ptr + r, tl.max(af, axis=1).to(tl.int32, bitcast=True), mask=rm)
         tl.atomic_max(rbad_ptr + r, tl.max(bad, axis=1), mask=rm)
         camax = tl.maximum(camax, tl.max(af, axis=0))
