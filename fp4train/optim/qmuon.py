@@ -31,10 +31,24 @@ from .. import row_shards
 from ..row_shards import local
 from . import state_codec
 from .newton_schulz import BF16_COEFFICIENTS, NVFP4_COEFFICIENTS, newton_schulz
+from .ns_coefficients import fitted_coefficients, shape_coefficients
 from .qadamw import QAdamW, _put, _sub
 
 _BUF = "momentum_buffer"
 ADJUST_LR = ("original", "match_rms_adamw")
+
+
+def robust_part(u: torch.Tensor, quantile: float) -> torch.Tensor:
+    """Root's outlier suppression: ``u`` less its soft-thresholded outliers, ``u - sign(u) max(|u| - eps, 0)``, which
+    is ``u`` clipped to ``[-eps, eps]``; ``eps`` is the ``quantile`` of ``|u|`` (linear interpolation between order
+    statistics, as ``torch.quantile``) plus 1e-9. The clip is exact (no FP32 subtraction)."""
+    a = u.detach().abs().flatten().float()
+    pos = quantile * (a.numel() - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    lo_v = a.kthvalue(lo + 1).values
+    eps = lo_v if hi == lo else torch.lerp(lo_v, a.kthvalue(hi + 1).values, torch.tensor(pos - lo, device=a.device))
+    eps = (eps + 1e-9).to(u.dtype)
+    return torch.maximum(torch.minimum(u, eps), -eps)
 
 
 def adjust_lr(lr: float, how: str, shape: torch.Size) -> float:
@@ -55,20 +69,25 @@ class QMuon(QAdamW):
                  weight_decay: float = 0.1, *, momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5,
                  ns_matmul: str = "bf16", ns_coefficients: tuple[float, float, float] | None = None,
                  adjust_lr_fn: str = "match_rms_adamw", quantize_states: bool = True, compiled: bool = False,
-                 stochastic_states: bool = True, seed: int = 0):
+                 stochastic_states: bool = True, seed: int = 0, robust_quantile: float | None = None):
         if ns_matmul not in ("bf16", "nvfp4"):
             raise ValueError(f"QMuon: ns_matmul must be bf16 or nvfp4, got {ns_matmul!r}")
         if adjust_lr_fn not in ADJUST_LR:
             raise ValueError(f"QMuon: adjust_lr_fn must be one of {ADJUST_LR}, got {adjust_lr_fn!r}")
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"QMuon: momentum must be in [0, 1), got {momentum}")
+        if robust_quantile is not None and not 0.0 < robust_quantile <= 1.0:
+            raise ValueError(f"QMuon: robust_quantile must be in (0, 1] or None, got {robust_quantile}")
+        if isinstance(ns_coefficients, str) and ns_coefficients not in ("shape", "fitted"):
+            raise ValueError(f"QMuon: ns_coefficients must be (a, b, c), 'shape', 'fitted' or None, got {ns_coefficients!r}")
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, quantize_states=quantize_states,
                          compiled=compiled, stochastic_states=stochastic_states, seed=seed)
         coefficients = ns_coefficients or (NVFP4_COEFFICIENTS if ns_matmul == "nvfp4" else BF16_COEFFICIENTS)
+        coefficients = coefficients if isinstance(coefficients, str) else tuple(coefficients)
         for group in self.param_groups:
             group.setdefault("muon", False)
             for k, v in dict(momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, ns_matmul=ns_matmul,
-                             ns_coefficients=tuple(coefficients), adjust_lr_fn=adjust_lr_fn).items():
+                             ns_coefficients=coefficients, adjust_lr_fn=adjust_lr_fn, robust_quantile=robust_quantile).items():
                 group.setdefault(k, v)
             if group["muon"]:
                 bad = [tuple(p.shape) for p in group["params"] if p.ndim != 2]
@@ -97,9 +116,14 @@ class QMuon(QAdamW):
             else:
                 buf = local(state[_BUF]) if _BUF in state else torch.zeros_like(g, memory_format=torch.preserve_format)
             buf.lerp_(g, 1 - mu)
-            update = g.lerp(buf, mu) if group["nesterov"] else buf
-            update = newton_schulz(row_shards.whole(update, p), group["ns_coefficients"], group["ns_steps"],
-                                   matmul=group["ns_matmul"])
+            update = row_shards.whole(g.lerp(buf, mu) if group["nesterov"] else buf, p)
+            if group["robust_quantile"] is not None:  # Root: the outliers soft-thresholded away before orthogonalizing
+                update = robust_part(update, group["robust_quantile"])
+            coefficients = group["ns_coefficients"]
+            if isinstance(coefficients, str):  # Root: chosen for this weight's shape
+                pick = shape_coefficients if coefficients == "shape" else fitted_coefficients
+                coefficients = pick(p.shape[0], p.shape[1], group["ns_steps"])
+            update = newton_schulz(update, coefficients, group["ns_steps"], matmul=group["ns_matmul"])
             pl.mul_(1 - lr * wd)
             pl.add_(row_shards.own_rows(update, p), alpha=-adjust_lr(lr, group["adjust_lr_fn"], p.shape))
             if quantized:
@@ -129,3 +153,23 @@ def muon_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     groups = [{"params": muon, "muon": True, "weight_decay": weight_decay},
               {"params": adamw, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return [g for g in groups if g["params"]]
+
+
+class QRoot(QMuon):
+    """Root (arXiv 2511.20626) on the groups marked ``muon=True``, AdamW on the others, states in NVFP4 (Full-Stack
+    FP4's Q-Root): QMuon's momentum and update, with the update's outliers soft-thresholded away before
+    orthogonalizing (:func:`robust_part`, the 0.9 quantile of ``|U|`` as Root's release takes it) and Newton-Schulz
+    coefficients by weight shape (``ns_coefficients="shape"``: the released ones where the shape has them, else
+    Muon's, :func:`~fp4train.optim.ns_coefficients.shape_coefficients`; ``"fitted"``: fitted to any shape,
+    :func:`~fp4train.optim.ns_coefficients.fitted_coefficients`, which lands low-rank updates farther).
+    ``quantize_states=False`` is Root in BF16 (``fp4train train --optimizer root``), the paper's baseline. The
+    iteration's products run in BF16 unless ``ns_matmul="nvfp4"`` (Full-Stack FP4's native NVFP4 Newton-Schulz,
+    with its own coefficients: docs/findings.md has how far from orthogonal each lands)."""
+
+    def __init__(self, params, lr: float = 1e-3, *, robust_quantile: float | None = 0.9, ns_coefficients=None,
+                 ns_matmul: str = "bf16", **kwargs):
+        if ns_coefficients is None:
+            ns_coefficients = NVFP4_COEFFICIENTS if ns_matmul == "nvfp4" else "shape"
+        super().__init__(params, lr=lr, robust_quantile=robust_quantile, ns_coefficients=ns_coefficients, ns_matmul=ns_matmul,
+                         **kwargs)
+

@@ -241,7 +241,7 @@ class LoRASVDSpec:
 #: What ``Recipe.attention`` may name: attention's QK^T, dS K and dS^T Q on NVFP4 operands (fp4train.attention).
 ATTENTION_KINDS = ("nvfp4",)
 #: The optimizers the trainer runs (``fp4train train --optimizer``); a recipe may name one as its default.
-OPTIMIZERS = ("adamw", "qadamw", "muon", "qmuon")
+OPTIMIZERS = ("adamw", "qadamw", "muon", "qmuon", "root", "qroot")
 
 
 @dataclass(frozen=True)

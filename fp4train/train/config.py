@@ -133,7 +133,9 @@ class TrainConfig:
     # optimizer and schedule
     optimizer: str | None = option(None, fixed=True, added="0.1.0", before="adamw", help="adamw (torch's, FP32 moments), qadamw (AdamW with both moments stored in "
                                    "NVFP4, fp4train.optim.QAdamW), muon (Muon on the 2D hidden weights, AdamW on the rest: "
-                                   "torch's arithmetic) or qmuon (the same with NVFP4 states, fp4train.optim.QMuon); "
+                                   "torch's arithmetic), qmuon (the same with NVFP4 states, fp4train.optim.QMuon), root (Root: "
+                                   "Muon with outliers soft-thresholded and Newton-Schulz coefficients fitted per shape) or "
+                                   "qroot (the same with NVFP4 states, fp4train.optim.QRoot); "
                                    "default: the recipe's (fullstack: qadamw), else adamw", choices=OPTIMIZERS)
     lr: float = option(3e-3, result=True, help="peak learning rate (of every optimizer)", bounds=POSITIVE)
     min_lr_ratio: float = option(0.1, result=True, help="the cosine schedule decays to lr * this", bounds=FRACTION)

@@ -1,7 +1,7 @@
 """A run's optimizer and learning-rate schedule, from its config.
 
 AdamW (fused on CUDA) with decoupled weight decay on the matrices only; QAdamW (both moments in NVFP4);
-Muon or QMuon on the 2D hidden weights with AdamW on the rest. The schedule: linear warmup, then cosine
+Muon or QMuon, Root or QRoot on the 2D hidden weights with AdamW on the rest. The schedule: linear warmup, then cosine
 decay to ``min_lr_ratio`` of the peak.
 """
 
@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from ..optim import QAdamW, QMuon, muon_groups
+from ..optim import QAdamW, QMuon, QRoot, muon_groups
 from .config import TrainConfig
 
 
@@ -22,9 +22,10 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if cfg.optimizer == "qadamw":  # both moments in NVFP4 where a parameter's shape tiles (fp4train.optim)
         return QAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, compiled=compiled)
-    if cfg.optimizer in ("muon", "qmuon"):  # Muon on the 2D hidden weights at AdamW's lr (match_rms_adamw)
-        return QMuon(muon_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=1e-8,
-                     quantize_states=cfg.optimizer == "qmuon", compiled=compiled)
+    if cfg.optimizer in ("muon", "qmuon", "root", "qroot"):  # on the 2D hidden weights at AdamW's lr (match_rms_adamw)
+        kind = QRoot if cfg.optimizer in ("root", "qroot") else QMuon
+        return kind(muon_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=1e-8,
+                    quantize_states=cfg.optimizer.startswith("q"), compiled=compiled)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, fused=device.type == "cuda")
 
 
