@@ -32,18 +32,22 @@ from .module import QuantizedLinear
 from .shared_input import SharedInput
 
 
-def svd_factors(w: torch.Tensor, rank: int, beta: float, *, niter: int = 2, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def svd_factors(w: torch.Tensor, rank: int, beta: float, *, niter: int = 2, seed: int = 0,
+                oversample: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(B [N, r], A [r, K])`` in FP32 with ``beta * B A`` the randomized rank-``r`` SVD approximation of ``w``.
 
-    The randomized range finder draws from its own generator seeded with ``seed``: the global RNG (data order,
-    dropout) is untouched and the split is reproducible.
+    The range finder samples ``r + oversample`` directions (Halko, Martinsson and Tropp's oversampling: the
+    subspace it finds holds the top ``r`` singular directions more fully) and the factors keep the top ``r``. It
+    draws from its own generator seeded with ``seed``: the global RNG (data order, dropout) is untouched and the
+    split is reproducible.
     """
     wf = w.detach().float()
     rank = min(rank, *wf.shape)
     devices = [wf.device] if wf.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        u, s, v = torch.svd_lowrank(wf, q=rank, niter=niter)
+        u, s, v = torch.svd_lowrank(wf, q=min(rank + oversample, *wf.shape), niter=niter)
+    u, s, v = u[:, :rank], s[:rank], v[:, :rank]
     root = (s / beta).sqrt()
     return u * root[None, :], root[:, None] * v.T
 
@@ -125,7 +129,7 @@ class LoRASVDLinear(QuantizedLinear):
         """A fresh randomized SVD of the effective weight: new ``A``, ``B`` and ``W_res``, the same ``W``."""
         w = self.merged_weight()
         b, a = svd_factors(w, self.lora_a.shape[0], self.beta, niter=self.lora.niter,
-                           seed=self.split_seed if seed is None else seed)
+                           seed=self.split_seed if seed is None else seed, oversample=self.lora.oversample)
         b, a = b.to(self.lora_b.dtype), a.to(self.lora_a.dtype)  # as stored
         assign(self.lora_b, b)
         assign(self.lora_a, a)

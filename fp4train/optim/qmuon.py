@@ -136,13 +136,13 @@ class QMuon(QAdamW):
                 state[_BUF] = row_shards.like(buf, p)
 
 
-def muon_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+def muon_groups(model: torch.nn.Module, weight_decay: float, *, exclude=()) -> list[dict]:
     """QMuon's param groups for a transformer: Muon on the 2D hidden weights (every 2D parameter but embeddings and
     the output head, as Muon's authors train), AdamW with decay on the embeddings and head, AdamW without decay on
-    the rest (norm weights, biases)."""
+    the rest (norm weights, biases). ``exclude``: parameters grouped elsewhere (LoRA-SVD factors)."""
     muon, adamw, no_decay = [], [], []
     for name, p in model.named_parameters():
-        if not p.requires_grad:
+        if not p.requires_grad or any(p is e for e in exclude):
             continue
         if p.ndim == 2 and "embed" not in name and "lm_head" not in name:
             muon.append(p)

@@ -219,13 +219,16 @@ class LoRASVDSpec:
     ``B [out, rank]`` and ``A [rank, in]`` hold W's principal rank-``rank`` subspace in high precision (a
     randomized SVD, ``niter`` power iterations); the residual ``W_res`` runs the recipe's quantized GEMMs.
     The trainer realigns the split with a fresh SVD every ``realign_every`` optimizer steps (0: never);
-    the paper realigns every 4k steps.
+    the paper realigns every 4k steps. The range finder samples ``oversample`` directions beyond the rank (the
+    split keeps the top ``rank``): on a flat spectrum (singular values 1 to 0.5, rank 16 of 192) 8 of them
+    take the residual from 1.1% to 0.8% above the optimal rank-``rank`` tail.
     """
 
     rank: int = 32
     beta: float = 1.0
     realign_every: int = 4000
     niter: int = 2
+    oversample: int = 8
 
     def __post_init__(self):
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
@@ -236,6 +239,8 @@ class LoRASVDSpec:
             raise ValueError(f"LoRA-SVD realign_every is a step count >= 0 (0: never), got {self.realign_every!r}")
         if isinstance(self.niter, bool) or not isinstance(self.niter, int) or self.niter < 0:
             raise ValueError(f"LoRA-SVD niter is a count of power iterations >= 0, got {self.niter!r}")
+        if isinstance(self.oversample, bool) or not isinstance(self.oversample, int) or self.oversample < 0:
+            raise ValueError(f"LoRA-SVD oversample is a count of extra sampled directions >= 0, got {self.oversample!r}")
 
 
 #: What ``Recipe.attention`` may name: attention's QK^T, dS K and dS^T Q on NVFP4 operands (fp4train.attention).

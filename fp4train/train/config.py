@@ -136,8 +136,11 @@ class TrainConfig:
                                    "torch's arithmetic), qmuon (the same with NVFP4 states, fp4train.optim.QMuon), root (Root: "
                                    "Muon with outliers soft-thresholded and Newton-Schulz coefficients fitted per shape) or "
                                    "qroot (the same with NVFP4 states, fp4train.optim.QRoot); "
-                                   "default: the recipe's (fullstack: qadamw), else adamw", choices=OPTIMIZERS)
+                                   "default: the recipe's (fullstack: qroot, fullstack_qadamw: qadamw), else adamw", choices=OPTIMIZERS)
     lr: float = option(3e-3, result=True, help="peak learning rate (of every optimizer)", bounds=POSITIVE)
+    lora_lr_multiplier: float = option(2.0, fixed=True, added="0.1.0", before=1.0, help="LoRA-SVD recipes (fullstack): the "
+                                       "low-rank factors' learning rate as a multiple of --lr (Full-Stack FP4 trains them "
+                                       "at 2x)", bounds=POSITIVE)
     min_lr_ratio: float = option(0.1, result=True, help="the cosine schedule decays to lr * this", bounds=FRACTION)
     warmup_steps: int = option(20, result=True, help="linear warmup steps", bounds=AT_LEAST_0)
     weight_decay: float = option(0.1, result=True, help="decoupled weight decay of the matrices (each step multiplies them by "

@@ -16,17 +16,29 @@ from .config import TrainConfig
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device, *, compiled: bool) -> torch.optim.Optimizer:
-    """``cfg.optimizer`` over ``model``'s parameters; ``compiled``: the quantized optimizers' steps run compiled."""
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    """``cfg.optimizer`` over ``model``'s parameters; ``compiled``: the quantized optimizers' steps run compiled. LoRA-SVD
+    factors (Full-Stack FP4) train with AdamW at ``cfg.lora_lr_multiplier`` times the learning rate, in a group of
+    their own (none when the multiplier is 1, as runs saved before it trained)."""
+    lora = _lora_factors(model) if cfg.lora_lr_multiplier != 1.0 else []
+    params = [p for p in model.parameters() if all(p is not f for f in lora)]
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    lora_group = [{"params": lora, "weight_decay": cfg.weight_decay, "lr": cfg.lr * cfg.lora_lr_multiplier}] if lora else []
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}] + lora_group
     if cfg.optimizer == "qadamw":  # both moments in NVFP4 where a parameter's shape tiles (fp4train.optim)
         return QAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, compiled=compiled)
     if cfg.optimizer in ("muon", "qmuon", "root", "qroot"):  # on the 2D hidden weights at AdamW's lr (match_rms_adamw)
         kind = QRoot if cfg.optimizer in ("root", "qroot") else QMuon
-        return kind(muon_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas, eps=1e-8,
+        return kind(muon_groups(model, cfg.weight_decay, exclude=lora) + lora_group, lr=cfg.lr, betas=cfg.betas, eps=1e-8,
                     quantize_states=cfg.optimizer.startswith("q"), compiled=compiled)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, fused=device.type == "cuda")
+
+
+def _lora_factors(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The LoRA-SVD layers' low-rank factors (``lora_a``, ``lora_b``)."""
+    from ..linear.lora_svd import LoRASVDLinear
+
+    return [p for m in model.modules() if isinstance(m, LoRASVDLinear) for p in (m.lora_a, m.lora_b) if p.requires_grad]
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
