@@ -52,6 +52,43 @@ def test_reference_against_sdpa_within_nvfp4_floors(sqnr):
     assert sqnr(want[0], got[0]) < 30
 
 
+def _unquantized_ds(ds):
+    return ds.float(), torch.ones_like(ds, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_reference_backward_without_quantization_is_attentions_gradient(causal, sqnr, monkeypatch):
+    """With Q/K/V unquantized (unit divisors) and dS left as it is, the reference's backward is attention's exact
+    gradient up to P's and dO's BF16 rounding (> 40 dB; a dP off by 5% lands near 26 dB)."""
+    q, k, v, do = _inputs()
+    qb, kb, vb = (x.bfloat16() for x in (q, k, v))
+    one = torch.tensor(1.0)
+    monkeypatch.setattr(reference, "quantize_ds", _unquantized_ds)
+    o, lse = reference.forward(qb, kb, vb, one, one, one, causal=causal, scale=0.125)
+    got = reference.backward(do, o, lse, qb, kb, vb, one, one, one, causal=causal, scale=0.125)
+    want = _grads(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=causal, scale=0.125, enable_gqa=True),
+                  qb.float(), kb.float(), vb.float(), do.bfloat16().float())[1:]
+    for name, x, ref in zip(("dQ", "dK", "dV"), got, want):
+        assert sqnr(ref, x) > 40, name
+
+
+def test_reference_quantizes_q_k_v_and_ds(sqnr, monkeypatch):
+    """The forward is exact attention of the NVFP4-quantized Q, K and V (V included: > 40 dB against that, while
+    an unquantized V lands near NVFP4's error); the backward quantizes dS (without it dQ and dK move by NVFP4's
+    error, not by rounding)."""
+    q, k, v, do = _inputs()
+    (qv, dq), (kv, dk), (vv, dv) = (quantize_heads(x) for x in (q, k, v))
+    want = _sdpa(qv.float() / dq, kv.float() / dk, vv.float() / dv)
+    got = nvfp4_attention(q, k, v, impl="reference")
+    assert sqnr(want, got.float()) > 40
+    assert sqnr(_sdpa(qv.float() / dq, kv.float() / dk, v), got.float()) < 30  # V's quantization shows
+    quantized = _grads(lambda *a: nvfp4_attention(*a, impl="reference"), q, k, v, do)
+    monkeypatch.setattr(reference, "quantize_ds", _unquantized_ds)
+    plain = _grads(lambda *a: nvfp4_attention(*a, impl="reference"), q, k, v, do)
+    assert sqnr(plain[1], quantized[1]) < 35 and sqnr(plain[2], quantized[2]) < 35  # dQ, dK: dS was quantized
+    assert torch.equal(plain[3], quantized[3])  # dV = P^T dO does not read dS
+
+
 def test_quantize_heads_is_nvfp4_along_the_head_dim():
     q = torch.randn(2, 3, 20, 32)
     values, div = quantize_heads(q)

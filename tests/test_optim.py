@@ -230,6 +230,19 @@ def test_newton_schulz_in_bf16_is_torch_muons_and_nvfp4_needs_its_own_coefficien
         newton_schulz(torch.randn(4, 4, 4))
 
 
+def test_nvfp4_newton_schulz_products_quantize_each_operand_along_the_inner_dim():
+    """Every NVFP4 product of the iteration quantizes its first operand along its rows and its second along its
+    columns (the product's inner dim), as a GEMM's blocks run; the wrong axis gives another product."""
+    from fp4train.optim.newton_schulz import _nvfp4_mm
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(32, 64, generator=g) * torch.logspace(-2, 2, 64)
+    y = torch.randn(64, 48, generator=g) * torch.logspace(-2, 2, 48)
+    want = fp4train.fake_quantize(x, "nvfp4", axis=1) @ fp4train.fake_quantize(y, "nvfp4", axis=0)
+    assert torch.equal(_nvfp4_mm(x, y), want)
+    assert not torch.equal(_nvfp4_mm(x, y), fp4train.fake_quantize(x, "nvfp4", axis=1) @ fp4train.fake_quantize(y, "nvfp4", axis=1))
+
+
 def _muon_pair(**kw):
     from fp4train.optim import QMuon
 
