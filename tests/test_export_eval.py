@@ -1,6 +1,7 @@
 """fp4train export (a Hugging Face folder with fp4train's logits) and fp4train eval (loss on any text)."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -99,13 +100,47 @@ def test_compare_gives_each_recipe_its_own_optimizer_unless_one_is_named(tmp_pat
     import fp4train.train.compare as cmp
 
     seen = {}
-    monkeypatch.setattr(cmp, "train", lambda cfg, **kw: seen.__setitem__(cfg.recipe, cfg.optimizer))
+    monkeypatch.setattr(cmp, "train", lambda cfg, **kw: seen.__setitem__(Path(cfg.out).name, (cfg.recipe, cfg.optimizer)))
     monkeypatch.setattr(cmp, "write_report", lambda *a, **kw: {})
     base = TrainConfig(model="tiny", seq_len=32, batch_size=2, max_steps=2, progress=False, tensorboard=False, device="cpu")
-    cmp.compare(base, ["fullstack"], [0], tmp_path / "a", recipe_optimizers=True)
-    assert seen == {"bf16": "adamw", "fullstack": "qadamw"}
+    cmp.compare(base, ["fullstack", "fullstack_qadamw"], [0], tmp_path / "a", recipe_optimizers=True)
+    # fullstack trains with Q-Root: BF16 with Root + AdamW is run beside it as its baseline (the paper's pairing)
+    assert seen == {"bf16-seed0": ("bf16", "adamw"), "bf16-root-seed0": ("bf16", "root"), "fullstack-seed0": ("fullstack", "qroot"),
+                    "fullstack_qadamw-seed0": ("fullstack_qadamw", "qadamw")}
+    seen.clear()
     cmp.compare(base, ["fullstack"], [0], tmp_path / "b")  # the base's optimizer, named: every run takes it
-    assert seen == {"bf16": "adamw", "fullstack": "adamw"}
+    assert seen == {"bf16-seed0": ("bf16", "adamw"), "fullstack-seed0": ("fullstack", "adamw")}
     assert main(["compare", "--model", "tiny", "--recipes", "fullstack", "--max-steps", "2", "--seq-len", "32",
                  "--batch-size", "2", "--out", str(tmp_path / "c"), "--no-progress"]) == 0
-    assert seen["fullstack"] == "qadamw"
+    assert seen["fullstack-seed0"] == ("fullstack", "qroot") and seen["bf16-root-seed0"] == ("bf16", "root")
+
+
+def test_a_root_trained_recipe_is_measured_against_bf16_trained_with_root(tmp_path):
+    """The report pairs a recipe trained with Root with BF16 trained with Root + AdamW, says so, and leaves it out
+    while that baseline is unfinished; every other recipe (and the Root baseline itself) against BF16 with AdamW."""
+    import fp4train.train.compare as cmp
+
+    def run(name, seed, loss, optimizer):
+        d = tmp_path / "runs" / cmp.run_name(name, seed)
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"final_val_loss": loss, "seed": seed, "optimizer": optimizer, "model": "tiny",
+                                                    "tokens": 10, "steps": 2, "device": "cpu", "tokens_per_s": None,
+                                                    "peak_mem_gib": None}))
+        (d / "metrics.jsonl").write_text(json.dumps({"step": 2, "val_loss": loss}) + "\n")
+
+    for s, (b, r, f, m) in enumerate([(4.0, 3.9, 4.1, 4.2), (4.2, 4.0, 4.2, 4.4)]):
+        run("bf16", s, b, "adamw")
+        run("fullstack", s, f, "qroot")
+        run("mxfp4", s, m, "adamw")
+        if s == 0:
+            run("bf16-root", s, r, "root")
+    recipes = ["bf16", "bf16-root", "fullstack", "mxfp4"]
+    rep = cmp.write_report(tmp_path, recipes, [0, 1])
+    assert "fullstack" in rep["unfinished"] and "fullstack" not in rep["recipes"]  # its baseline is not done for seed 1
+    run("bf16-root", 1, 4.0, "root")
+    rep = cmp.write_report(tmp_path, recipes, [0, 1])
+    full, mx, root = rep["recipes"]["fullstack"], rep["recipes"]["mxfp4"], rep["recipes"]["bf16-root"]
+    assert full["baseline"] == "bf16-root" and mx["baseline"] == root["baseline"] == "bf16"
+    assert full["gap_pct_per_seed"] == pytest.approx({"0": (4.1 / 3.9 - 1) * 100, "1": (4.2 / 4.0 - 1) * 100})
+    assert mx["gap_pct_per_seed"] == pytest.approx({"0": 5.0, "1": (4.4 / 4.2 - 1) * 100})
+    assert "gap is to `bf16-root`" in (tmp_path / "report.md").read_text()

@@ -37,6 +37,10 @@ from .signals import terminate_as_interrupt
 from .trainer import load_data, train
 
 BASELINE = "bf16"
+#: BF16 trained with Root + AdamW: the baseline of recipes trained with Root (``fullstack``: Q-Root, as the paper pairs it)
+ROOT_BASELINE = "bf16-root"
+#: the optimizers ROOT_BASELINE stands beside
+ROOT_FAMILY = ("root", "qroot")
 #: the noise-floor runs: BF16 with each seed's initialization and rounding, the training windows in another order
 REORDERED = "bf16-reordered"
 #: their data-order seed is the run's seed plus this
@@ -68,8 +72,10 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
     with its recipe's forward (``fp4train eval``, the first ``eval_tokens`` tokens); the report adds their loss
     and gap to BF16. Results are kept in each run's folder and reused.
 
-    ``recipe_optimizers``: each run takes its recipe's optimizer (``fullstack``: QAdamW; the others AdamW) in place of
-    ``base.optimizer`` - what the CLI does when ``--optimizer`` is not given.
+    ``recipe_optimizers``: each run takes its recipe's optimizer (``fullstack``: Q-Root + QAdamW; the others AdamW) in
+    place of ``base.optimizer`` - what the CLI does when ``--optimizer`` is not given. A recipe trained with Root is
+    then measured against BF16 trained with Root + AdamW (:data:`ROOT_BASELINE`, run alongside, as Full-Stack FP4's
+    paper pairs them), the others against BF16 with AdamW.
 
     ``noise_floor``: also train BF16 once more per seed with the same initialization and rounding seeds but the
     training windows in another order (``data_seed = seed + REORDER_OFFSET``), so that the report can set the
@@ -87,6 +93,13 @@ def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | 
                                         data_seed=s + REORDER_OFFSET if r == REORDERED else base.data_seed,
                                         out=str(out / "runs" / run_name(r, s)), **per_recipe)
             for r in labels for s in seeds}
+    if recipe_optimizers and any(cfgs[(r, seeds[0])].optimizer in ROOT_FAMILY for r in recipes):
+        recipes = [BASELINE, ROOT_BASELINE] + recipes[1:]  # the Root-trained recipes' own baseline, right after BF16's
+        root_runs = {(ROOT_BASELINE, s): dataclasses.replace(base, recipe=BASELINE, seed=s, optimizer="root",
+                                                             out=str(out / "runs" / run_name(ROOT_BASELINE, s)))
+                     for s in seeds}
+        cfgs = {**{k: v for k, v in cfgs.items() if k[0] in (BASELINE, REORDERED)}, **root_runs,
+                **{k: v for k, v in cfgs.items() if k[0] not in (BASELINE, REORDERED)}}
     # checks before any work: no other process writing here, recipes, device, data, the runs already there
     for d in [out, *(Path(c.out) for c in cfgs.values())]:
         holder = busy(d)
@@ -136,7 +149,7 @@ def _compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: Path,
         keeps both)."""
         for text in eval_data or []:
             eval_run(Path(cfg.out), text, eval_tokens, device=base.device, log=log)
-        if all(finished(c) for (r, _), c in cfgs.items() if r == BASELINE):
+        if all(finished(c) for (r, _), c in cfgs.items() if r in (BASELINE, ROOT_BASELINE)):
             with contextlib.redirect_stdout(io.StringIO()):
                 write_report(out, recipes, seeds, runs_per_gpu=per_gpu, eval_data=eval_data)
 
@@ -322,6 +335,14 @@ def _gap_stats(gaps: list[float], recipe: str) -> dict:
             "resolved": ci is not None and (ci[0] > 0 or ci[1] < 0), "verdict": _verdict(ci)}
 
 
+def _baseline_of(recipe: str, optimizer: str | None, recipes: list[str]) -> str:
+    """What a recipe's gap is measured against: BF16 trained with Root + AdamW for a recipe trained with Root, where
+    that baseline finished; BF16 with AdamW otherwise (and for the Root baseline itself)."""
+    if recipe != ROOT_BASELINE and optimizer in ROOT_FAMILY and ROOT_BASELINE in recipes:
+        return ROOT_BASELINE
+    return BASELINE
+
+
 def noise_floor(out: Path, seeds: list[int], base_losses: dict[int, float]) -> dict:
     """BF16's noise: the seed-to-seed spread of its final validation loss (sample standard deviation and max − min,
     in % of the mean) and, where the ``--noise-floor`` runs exist, the same-init spread: |L(seed, other order) −
@@ -355,6 +376,11 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
         raise FileNotFoundError(f"cannot report {out}: the {BASELINE} baseline has not finished for every seed "
                                 f"({[s for s in seeds if not (done[(BASELINE, s)] / 'summary.json').exists()]}); run the comparison again to finish it")
     recipes = [r for r in recipes if r not in unfinished]
+    if ROOT_BASELINE in unfinished:  # a Root-trained recipe has no gap until its own baseline has finished
+        waiting = [r for r in recipes if json.loads((done[(r, seeds[0])] / "summary.json").read_text()).get("optimizer")
+                   in ROOT_FAMILY]
+        recipes = [r for r in recipes if r not in waiting]
+        unfinished += waiting
     runs = []
     for r in recipes:
         for s in seeds:
@@ -366,8 +392,9 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
     nf = noise_floor(out, seeds, base_losses)
     summary = {}
     for r in recipes:
+        baseline = _baseline_of(r, by[(r, seeds[0])].get("optimizer"), recipes)
         losses = [by[(r, s)]["final_val_loss"] for s in seeds]
-        gaps = [(by[(r, s)]["final_val_loss"] / base_losses[s] - 1) * 100 for s in seeds]
+        gaps = [(by[(r, s)]["final_val_loss"] / by[(baseline, s)]["final_val_loss"] - 1) * 100 for s in seeds]
         tps = [by[(r, s)]["tokens_per_s"] for s in seeds if by[(r, s)]["tokens_per_s"]]
         mem = [by[(r, s)]["peak_mem_gib"] for s in seeds if by[(r, s)]["peak_mem_gib"]]
         summary[r] = {
@@ -379,6 +406,7 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
             "peak_mem_gib": max(mem) if mem else None,
             "bf16_steps": max(by[(r, s)].get("bf16_steps", 0) for s in seeds),
             "optimizer": by[(r, seeds[0])].get("optimizer"),
+            "baseline": baseline,
         }
         evals = {}
         for text in eval_data or []:
@@ -386,7 +414,7 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
             got = {s: json.loads(f.read_text())["loss"] for s in seeds
                    if (f := done[(r, s)] / f"eval-{name}.json").exists()}
             base = {s: json.loads(f.read_text())["loss"] for s in seeds
-                    if (f := done[(BASELINE, s)] / f"eval-{name}.json").exists()}
+                    if (f := done[(baseline, s)] / f"eval-{name}.json").exists()}
             paired = [s for s in seeds if s in got and s in base]
             if paired:
                 egaps = [(got[s] / base[s] - 1) * 100 for s in paired]
@@ -456,6 +484,10 @@ def _markdown(rep: dict) -> str:
     else:
         lines += ["", "One seed: these gaps carry no estimate of noise, so none of them is shown to be real. Run several "
                   "seeds (e.g. `--seeds 0,1,2`) to measure BF16's seed-to-seed spread beside them."]
+    paired = [r for r, x in rep["recipes"].items() if x.get("baseline") == ROOT_BASELINE]
+    if paired:
+        lines += ["", f"{', '.join(paired)}: trained with Root, so the gap is to `{ROOT_BASELINE}` (BF16 trained with Root + "
+                  "AdamW, Full-Stack FP4's baseline), not to BF16 with AdamW."]
     calib = {r: x["bf16_steps"] for r, x in rep["recipes"].items() if x.get("bf16_steps")}
     if calib:
         lines += ["", "Steps spent in BF16 calibration (counted in each run's steps): "
