@@ -71,6 +71,48 @@ def operand_values(x, keys, *, fmt, block, block_axis, scale, four_over_six):
     return s.values, s.scale, s.divisor
 
 
+# The rules that pick an implementation: one place, for a Quantizer (below) and a layer's operand plan
+# (fp4train.linear.plan), which decides them before a call from shapes and dtypes alone.
+
+def compiled_cores(numerics: str, cuda: bool) -> bool:
+    """Do compiled reference cores quantize where no kernel covers a request (``"compiled"`` numerics, or
+    ``"triton"`` on a GPU)?"""
+    return numerics == "compiled" or (numerics == "triton" and cuda)
+
+
+def hadamard_impl(numerics: str, cuda: bool, ndim: int, dtype: torch.dtype) -> str:
+    """How a block Hadamard transform runs: ``"kernel"`` (2D CUDA tensors, numerics other than eager),
+    ``"compiled"`` or ``"reference"``."""
+    if numerics != "eager" and cuda and ndim == 2 and dtype in _KERNEL_DTYPES:
+        return "kernel"
+    return "compiled" if compiled_cores(numerics, cuda) else "reference"
+
+
+def quantize_impl(numerics: str, cuda: bool, kernels_usable: bool, shape: tuple, dtype: torch.dtype, fmt: str, block, axis,
+                  scale: str, rounding: str, four_over_six: bool) -> str:
+    """How a checked request (``block``/``axis`` as :func:`~fp4train.formats.quantize.geometry` gives them) is quantized
+    and packed: ``"kernel"`` where a Triton kernel covers it under ``"triton"`` numerics, else ``"compiled"`` or
+    ``"reference"``."""
+    if numerics == "triton" and kernels_usable:
+        from .kernels import dispatch
+
+        if dispatch.quantize_kernel(shape, dtype, fmt, block, axis, scale, rounding, four_over_six) is not None:
+            return "kernel"
+    return "compiled" if compiled_cores(numerics, cuda) else "reference"
+
+
+def values_impl(numerics: str, cuda: bool, kernels_usable: bool, shape: tuple, dtype: torch.dtype, fmt: str, kw: dict,
+                axis: int) -> str | None:
+    """How an operand multiplied at once is quantized straight into BF16 values and factors: ``"values kernel"``,
+    ``"compiled values"``, or None where these numerics have no such path (eager: the packed reference)."""
+    if numerics == "triton" and kernels_usable:
+        from .kernels import dispatch
+
+        if dispatch.values_kernel(shape, dtype, fmt, kw, axis) is not None:
+            return "values kernel"
+    return "compiled values" if compiled_cores(numerics, cuda) else None
+
+
 @dataclass(frozen=True)
 class Quantizer:
     """Reference, compiled or Triton-kernel quantization (``numerics``), one result bit for bit."""
@@ -81,54 +123,37 @@ class Quantizer:
         if self.numerics not in NUMERICS:
             raise ValueError(f"unknown numerics {self.numerics!r}; choose one of {', '.join(NUMERICS)}")
 
-    def kernels_on(self, t: torch.Tensor) -> bool:
-        """Do Triton kernels quantize ``t``?"""
-        return self.numerics == "triton" and kernels_usable_on(t)
-
-    def compiled_on(self, t: torch.Tensor) -> bool:
-        """Do compiled reference cores quantize ``t`` (where no kernel covers it)? Never while tracing:
-        the reference then inlines into the caller's graph."""
-        if torch.compiler.is_compiling():
-            return False
-        return self.numerics == "compiled" or (self.numerics == "triton" and t.is_cuda)
+    @staticmethod
+    def _outside_graphs(impl: str | None) -> str | None:
+        """``impl``, or the reference (None for values) in place of compiled cores while tracing (the reference
+        then inlines into the caller's graph)."""
+        if impl in ("compiled", "compiled values") and torch.compiler.is_compiling():
+            return "reference" if impl == "compiled" else None
+        return impl
 
     def quantize(self, x: torch.Tensor, fmt: str, *, axis: int = -1, block=None, scale: str = "floor",
                  rounding: str = "nearest", seed=None, four_over_six: bool = False) -> QuantizedTensor:
         """:func:`fp4train.formats.quantize`'s result, by a kernel where one covers the request."""
         block, axis = check_request(x, fmt, axis=axis, block=block, scale=scale, rounding=rounding, seed=seed,
                                     four_over_six=four_over_six)
-        impl = "reference"
-        if self.kernels_on(x):
-            from .kernels import dispatch
-
-            if dispatch.quantize_kernel(tuple(x.shape), x.dtype, fmt, block, axis, scale, rounding, four_over_six) is not None:
-                impl = "kernel"
-        if impl == "reference" and self.compiled_on(x):
-            impl = "compiled"
+        impl = self._outside_graphs(quantize_impl(self.numerics, x.is_cuda, kernels_usable_on(x), tuple(x.shape), x.dtype,
+                                                  fmt, block, axis, scale, rounding, four_over_six))
         return quantize_with(impl, x, fmt, block=block, axis=axis, scale=scale, rounding=rounding, seed=seed,
                              four_over_six=four_over_six)
 
     def hadamard(self, x: torch.Tensor, block: int, *, axis: int, seed=None) -> torch.Tensor:
         """:func:`fp4train.hadamard`'s result (forward transform), by the Triton kernel for 2D CUDA tensors
         unless the numerics are ``"eager"``."""
-        if self.numerics != "eager" and x.is_cuda and x.ndim == 2 and x.dtype in _KERNEL_DTYPES:
-            impl = "kernel"
-        else:
-            impl = "compiled" if self.compiled_on(x) else "reference"
+        impl = self._outside_graphs(hadamard_impl(self.numerics, x.is_cuda, x.ndim, x.dtype))
         return hadamard_with(impl, x, block, axis=axis, seed=seed)
 
     def values(self, x: torch.Tensor, fmt: str, kw: dict, *, axis: int, seed) -> ScaledBF16 | None:
         """``quantize(x, fmt, axis=axis, seed=seed, **kw).scaled_bf16()`` for a 2D operand that a GEMM
         multiplies at once (the codes are never written): by a fake-quantization kernel, or the compiled
         reference fused into one graph; None where this quantizer has no faster way (eager numerics)."""
-        if self.kernels_on(x):
-            from .kernels import dispatch
-
-            if dispatch.values_kernel(tuple(x.shape), x.dtype, fmt, kw, axis) is not None:
-                return values_with("values kernel", x, fmt, kw, axis=axis, seed=seed)
-        if not self.compiled_on(x):
-            return None
-        return values_with("compiled values", x, fmt, kw, axis=axis, seed=seed)
+        impl = self._outside_graphs(values_impl(self.numerics, x.is_cuda, kernels_usable_on(x), tuple(x.shape), x.dtype,
+                                                fmt, kw, axis))
+        return values_with(impl, x, fmt, kw, axis=axis, seed=seed) if impl is not None else None
 
 
 # Each implementation once: what a quantizer (above) or a layer's operand plan (fp4train.linear.plan) chose runs here.

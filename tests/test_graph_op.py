@@ -276,7 +276,7 @@ def test_prepare_op_fake_layouts(recipe, kind):
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # the kernels: on the GPU, or interpreted on a CPU
     q, x = q.to(dev), torch.randn(64, 128, device=dev)
     cfg = parse(q._prep)
-    assert q._prep is not None and prep_kind(cfg.spec, cfg.backend_name) == kind and prep_fits(x, q._layer_config)
+    assert q._prep is not None and prep_kind(cfg.spec, cfg.backend_name, cfg.numerics) == kind and prep_fits(x, q._layer_config)
     for dt in (torch.float32, torch.bfloat16):
         torch.library.opcheck(torch.ops.fp4train.prepare_x.default, (x, q._prep, dt))
     if kind == graph_op.PAIR:

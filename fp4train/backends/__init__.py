@@ -45,8 +45,7 @@ def multiply(backend, a, b, out_dtype: torch.dtype, how=None) -> torch.Tensor:
     without a plan, the operands as they are, by PyTorch ops."""
     if how is not None and how.fold is not None and backend.takes_folded():
         a, b = backend.operands.for_gemm(a, b, how.fold)
-    kernels = how is not None and how.epilogue == "kernel"
-    return backend.gemm(a, b, out_dtype, kernels=kernels)
+    return backend.gemm(a, b, out_dtype, kernels=how is not None and how.kernels)
 
 
 def names() -> list[str]:

@@ -115,6 +115,7 @@ class EmulatedBackend:
 
     name = "emulated"
     fp8_gemms = False  #: no FP8 tensor-core GEMMs: packed operands are multiplied on BF16 tensor cores (CUDA) or in FP32
+    operands = None  #: no operand kernels of its own (the FP8 backend's folds and pairs)
 
     def gemm(self, a: Operand, b: Operand, out_dtype: torch.dtype, *, kernels: bool = False) -> torch.Tensor:
         """``a @ b.T``. ``kernels``: on CUDA, packed operands are split into BF16 values by the decode kernel and the

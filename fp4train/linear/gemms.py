@@ -65,7 +65,7 @@ def fprop(x2, weight, bias, spec: LinearSpec, plan: OperandPlan, backend, seed: 
     :func:`fp4train.linear.op.prepare_x`), used as they are.
     """
     g = spec.fprop
-    common = dict(seed=seed, gemm=FPROP, compute_dtype=out_dtype, operands=backend_operands(backend))
+    common = dict(seed=seed, gemm=FPROP, compute_dtype=out_dtype, operands=backend.operands)
     if g.outliers is not None:  # AdaHOP outlier extraction: nothing prepared to reuse
         y = gemm_with_outliers(x2, weight, g, (plan["fprop.a"].residual, plan["fprop.b"].residual), plan.gemms["fprop"],
                                backend=backend, out_dtype=out_dtype, **common)
@@ -89,11 +89,6 @@ def fprop(x2, weight, bias, spec: LinearSpec, plan: OperandPlan, backend, seed: 
     return y, xa, wb, x_saved
 
 
-def backend_operands(backend):
-    """The backend's own operand kernels (the FP8 backend's folds and pairs), or None."""
-    return getattr(backend, "operands", None)
-
-
 def forward(x2, weight, bias, spec: LinearSpec, plan: OperandPlan, backend, seed: int, out_dtype: torch.dtype, *,
             save_x: bool, save_w: bool, x_prepared=None):
     """The layer's forward on ``X[M, K]``: ``(Y, x_saved, w_saved)`` - Y and what backward needs
@@ -113,7 +108,7 @@ def forward(x2, weight, bias, spec: LinearSpec, plan: OperandPlan, backend, seed
         else:
             xm = pad_rows(x2, w3.transform.block) if w3.transform is not None else x2
             x_saved = make(xm, plan["wgrad.b"], w3.b, axis=0, transform=w3.transform, seed=seed, gemm=WGRAD, operand=OP_B,
-                           compute_dtype=cdt, operands=backend_operands(backend))
+                           compute_dtype=cdt, operands=backend.operands)
     if save_w and plan.saved_w is not None:
         w_saved = wb  # one 2D tiling of W serves GEMM 2 (dgrad) as well
     return y, x_saved, w_saved
@@ -125,7 +120,7 @@ def backward(dy2, weight, x_op, w_q, spec: LinearSpec, plan: OperandPlan, backen
     asks for it (X, W, bias). ``x_op``: X as :func:`forward` saved it for wgrad; ``w_q``: W as
     forward saved it for dgrad, or None (prepared here)."""
     g2, g3 = spec.dgrad, spec.wgrad
-    common = dict(seed=seed, compute_dtype=cdt, operands=backend_operands(backend))
+    common = dict(seed=seed, compute_dtype=cdt, operands=backend.operands)
     dx = dw = db = None
     dy_dgrad = dy_wgrad = None
     share_dy = plan["wgrad.a"].how == "dgrad.a"

@@ -40,9 +40,9 @@ from ..formats.quantize import FORMATS, geometry, quantize_tensors
 from ..quantizer import kernels_usable_on
 from ..recipes.spec import GemmSpec, LinearSpec
 from .layer_config import LayerConfig, config_key, parse  # noqa: F401 - re-exported
-from .gemms import X_FPROP, X_INPUT, backend_operands, backward, forward, x_from_input
+from .gemms import X_FPROP, X_INPUT, backward, forward, x_from_input
 from .operands import FPROP, OP_A, OP_B, WGRAD, make, pack_operand, pad_rows, unpack_operand
-from .plan import OperandPlan, Where, immediate, packed, plan_for, saved_x_source, saves_fprop_w, shared_x_fits, shared_x_kind
+from .plan import OperandPlan, plan_for, saved_x_source, saves_fprop_w, shared_x_fits, shared_x_kind
 
 
 # ---- shared preparation of X ------------------------------------------------------------------------------
@@ -56,7 +56,7 @@ PAIR, FP8_ROWWISE, FOLD = "mxfp4", "fp8", "fold"
 _N_XA = 2
 
 
-def prep_kind(spec: LinearSpec, backend: str, numerics: str = "triton") -> str | None:
+def prep_kind(spec: LinearSpec, backend: str, numerics: str) -> str | None:
     """Which shared X preparation this layer's specs allow, or None (X is then prepared inside the layer's own op):
     :func:`fp4train.linear.plan.shared_x_kind`."""
     return shared_x_kind(spec, backends.get(backend).fp8_gemms, numerics)
@@ -112,19 +112,15 @@ def prepare_x(x: torch.Tensor, key: str, out_dtype: torch.dtype) -> list[torch.T
     backend = cfg.backend
     g, w3 = cfg.spec.fprop, cfg.spec.wgrad
     x2 = x.reshape(-1, x.shape[-1])
-    both = backend.operands.operand_pair(x2, g.a, w3.b, seeds=(None, None)) if kind in (PAIR, FP8_ROWWISE) else None
-    if kind in (PAIR, FP8_ROWWISE) and both is None:
-        raise RuntimeError(f"fp4train: the {cfg.backend_name} backend made no operand pair for X {tuple(x2.shape)} ({x2.dtype}, {x2.device})")
-    if both is not None:
-        xa, xs = both
-    else:  # as the layer's plan prepares them unshared, seeds unused (deterministic)
-        where = Where(cfg.numerics, backend.fp8_gemms, x2.is_cuda, kernels_usable_on(x2))
-        common = dict(seed=0, compute_dtype=out_dtype, operands=backend_operands(backend))
-        xa = make(x2, immediate(g.a, g.transform, tuple(x2.shape), x2.dtype, 1, where), g.a, axis=1, transform=g.transform,
-                  gemm=FPROP, operand=OP_A, **common)
+    # what the layer's plan does with X unshared (the key's spec holds only fprop's and wgrad's X), seeds unused
+    plan = plan_for(key, x2.shape[0], x2.shape[1], 1, x2.dtype, x2.dtype, out_dtype, x2.is_cuda, kernels_usable_on(x2))
+    if plan["fprop.a"].how == "pair kernel":
+        xa, xs = backend.operands.operand_pair(x2, g.a, w3.b, seeds=(None, None))
+    else:
+        common = dict(seed=0, compute_dtype=out_dtype, operands=backend.operands)
+        xa = make(x2, plan["fprop.a"], g.a, axis=1, transform=g.transform, gemm=FPROP, operand=OP_A, **common)
         xm = pad_rows(x2, w3.transform.block) if w3.transform is not None else x2
-        xs = make(xm, packed(w3.b, w3.transform, tuple(xm.shape), xm.dtype, 0, where), w3.b, axis=0, transform=w3.transform,
-                  gemm=WGRAD, operand=OP_B, **common)
+        xs = make(xm, plan["wgrad.b"], w3.b, axis=0, transform=w3.transform, gemm=WGRAD, operand=OP_B, **common)
     xa_meta, xs_meta = prep_layouts(key, tuple(x2.shape), x2.dtype, out_dtype)
     xa_tensors = _pack_xa(xa, kind, cfg.backend_name, xa_meta)
     xs_tensors, meta = pack_operand(xs)

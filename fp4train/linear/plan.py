@@ -42,12 +42,12 @@ import torch
 
 from ..backends.fp8_operands import fold_fits, folds_1x32, fuses, pair_fits, pair_kind  # noqa: F401 - re-exported
 from ..formats.quantize import check_request
+from ..quantizer import hadamard_impl, quantize_impl, values_impl
 from ..recipes.spec import GemmSpec, LinearSpec, QuantSpec, TransformSpec
 from .layer_config import parse
 
 ROLES = ("fprop.a", "fprop.b", "dgrad.a", "dgrad.b", "wgrad.a", "wgrad.b")
 GEMMS = ("fprop", "dgrad", "wgrad")
-_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 #: how a kept (packed) operand can be made, and how one multiplied at once can be
 PACKED = ("reference", "compiled", "kernel")
@@ -79,15 +79,15 @@ class Gemm:
     kind: str
     residual: Gemm | None = None  # an outlier-extraction GEMM's: the GEMM of the residual
     fold: str | None = None  # packed MXFP4 operands folded for the FP8 GEMM by the "kernel" or the "reference"
-    split: str | None = None  # packed operands split into BF16 values by the "kernel" or "torch" (bf16 split)
-    epilogue: str | None = None  # the output's factors applied by the "kernel" or "torch" (bf16 split)
+    #: bf16 split: packed operands split into BF16 values, and the output's factors applied, by Triton kernels (else
+    #: by PyTorch ops: the same bits)
+    kernels: bool = False
 
     def __str__(self) -> str:
         if self.residual is not None:
             return f"{self.kind}, residual: {self.residual}"
         extra = [f"fold: {self.fold}"] if self.fold else []
-        extra += [f"split: {self.split}"] if self.split else []
-        extra += [f"epilogue: {self.epilogue}"] if self.epilogue else []
+        extra += [f"split and epilogue: {'kernel' if self.kernels else 'torch'}"] if self.kind == "bf16 split" else []
         return self.kind + (f" ({', '.join(extra)})" if extra else "")
 
 
@@ -129,11 +129,6 @@ class Where:
         return self.numerics == "triton" and self.kernels_usable
 
     @property
-    def compiled(self) -> bool:
-        """Do compiled reference cores quantize where no kernel covers a request?"""
-        return self.numerics == "compiled" or (self.numerics == "triton" and self.cuda)
-
-    @property
     def own_operands(self) -> bool:
         """Does the FP8 backend make its operands (folded MXFP4, FP8 rowwise) with its Triton kernels here?"""
         return self.fp8_gemms and self.kernels
@@ -142,10 +137,8 @@ class Where:
 # ---- one operand --------------------------------------------------------------------------------------------
 
 def _hadamard(where: Where, dtype: torch.dtype) -> str:
-    """How a GEMM's inner Hadamard runs on its own (:meth:`fp4train.quantizer.Quantizer.hadamard`'s rule)."""
-    if where.numerics != "eager" and where.cuda and dtype in _KERNEL_DTYPES:
-        return "kernel"
-    return "compiled" if where.compiled else "reference"
+    """How a GEMM's inner Hadamard runs on its own (a 2D operand)."""
+    return hadamard_impl(where.numerics, where.cuda, 2, dtype)
 
 
 def _check(q: QuantSpec, shape: tuple, axis: int):
@@ -164,12 +157,8 @@ def packed(q: QuantSpec, transform: TransformSpec | None, shape: tuple, dtype: t
         return Prep("bf16", t)
     block, ax = _check(q, shape, axis)
     kw = q.quantize_kwargs()
-    if where.kernels:
-        from ..kernels.dispatch import quantize_kernel
-
-        if quantize_kernel(shape, dtype, q.format, block, ax, kw["scale"], kw["rounding"], q.four_over_six) is not None:
-            return Prep("kernel", t)
-    return Prep("compiled" if where.compiled else "reference", t)
+    return Prep(quantize_impl(where.numerics, where.cuda, where.kernels_usable, shape, dtype, q.format, block, ax, kw["scale"],
+                              kw["rounding"], q.four_over_six), t)
 
 
 def immediate(q: QuantSpec, transform: TransformSpec | None, shape: tuple, dtype: torch.dtype, axis: int,
@@ -193,14 +182,9 @@ def immediate(q: QuantSpec, transform: TransformSpec | None, shape: tuple, dtype
                                              or q.format == "fp8" and not q.stochastic):
         # packed by the quantizer, then multiplied on FP8 tensor cores (MXFP4 folded by the reference)
         return packed(q, transform, shape, dtype, axis, where)
-    t = _hadamard(where, dtype) if transform is not None else None
-    if where.kernels:
-        from ..kernels.dispatch import values_kernel
-
-        if values_kernel(shape, dtype, q.format, q.quantize_kwargs(), axis) is not None:
-            return Prep("values kernel", t)
-    if where.compiled:
-        return Prep("compiled values", t)
+    how = values_impl(where.numerics, where.cuda, where.kernels_usable, shape, dtype, q.format, q.quantize_kwargs(), axis)
+    if how is not None:
+        return Prep(how, _hadamard(where, dtype) if transform is not None else None)
     return packed(q, transform, shape, dtype, axis, where)
 
 
@@ -305,7 +289,7 @@ def _form(prep: Prep, q: QuantSpec, inner: int, outer: int) -> str:
 
 
 def gemm(a: tuple, b: tuple, inner: int, where: Where) -> Gemm:
-    """The GEMM for operands ``a`` and ``b``, each ``(prep, spec, outer size, inner dim along the stored rows)``."""
+    """The GEMM for operands ``a`` and ``b``, each ``(prep, spec, outer size)``, multiplied along ``inner``."""
     (pa, qa, outer_a), (pb, qb, outer_b) = a, b
     if pa.how == "outliers":
         return Gemm("outlier extraction", residual=gemm((pa.residual, qa, outer_a), (pb.residual, qb, outer_b), inner, where))
@@ -321,10 +305,7 @@ def gemm(a: tuple, b: tuple, inner: int, where: Where) -> Gemm:
             return Gemm("fp8 blockwise", fold=fold if needs_fold else None)
         if fa == fb == "fp8" and inner % 16 == 0 and outer_b % 16 == 0:
             return Gemm("fp8 rowwise")
-    packed_ops = any(p.how in PACKED or p.how.startswith(("fprop", "dgrad", "pair", "shared")) for p in (pa, pb))
-    kernel = where.kernels
-    return Gemm("bf16 split", split=("kernel" if kernel else "torch") if packed_ops else None,
-                epilogue="kernel" if kernel else "torch")
+    return Gemm("bf16 split", kernels=where.kernels)
 
 
 # ---- the plan -----------------------------------------------------------------------------------------------
@@ -363,14 +344,14 @@ def make_plan(spec: LinearSpec, where: Where, m: int, k: int, n: int, x_dtype: t
         prep_w = packed if keep_w else immediate
         preps["fprop.b"] = prep_w(g.b, g.transform, (n, k), w_dtype, 1, where)
 
-    # what forward keeps of X for wgrad
-    if source == "input":
-        preps["wgrad.b"] = Prep("input") if g3.outliers is None else None
+    # what forward keeps of X for wgrad (under outlier extraction: X itself, its preparation the GEMM's own, below)
+    if source == "input" and g3.outliers is None:
+        preps["wgrad.b"] = Prep("input")
     elif source == "fprop.a":
         preps["wgrad.b"] = Prep("fprop.a")
-    elif preps.get("fprop.a") is not None and preps["fprop.a"].how in ("shared X", "pair kernel"):
+    elif preps["fprop.a"].how in ("shared X", "pair kernel"):
         preps["wgrad.b"] = preps["fprop.a"]
-    else:
+    elif source == "wgrad.b":
         preps["wgrad.b"] = packed(g3.b, g3.transform, (mp, k), x_dtype, 0, where)
 
     # dgrad, and dY for wgrad
@@ -393,19 +374,19 @@ def make_plan(spec: LinearSpec, where: Where, m: int, k: int, n: int, x_dtype: t
 
     def operand(role: str, q: QuantSpec, outer: int):
         prep = preps[role]
-        if prep.how == "fprop.a" or prep.how == "fprop.b" or prep.how == "dgrad.a":
+        if prep.how in ROLES:  # another role's operand
             prep = preps[prep.how]
         return prep, q, outer
 
     gemms = {
         "fprop": gemm(operand("fprop.a", g.a, m), operand("fprop.b", g.b, n), k, where),
         "dgrad": gemm(operand("dgrad.a", g2.a, m), operand("dgrad.b", g2.b, k), n, where),
-        "wgrad": gemm(operand("wgrad.a", g3.a, n), _wgrad_x(preps["wgrad.b"], g3.b, k, where), mp, where),
+        "wgrad": gemm(operand("wgrad.a", g3.a, n), _wgrad_x(preps["wgrad.b"], g3.b, k), mp, where),
     }
     return OperandPlan(preps, gemms, shared, source, "fprop.b" if keep_w else None)
 
 
-def _wgrad_x(prep: Prep, q: QuantSpec, k: int, where: Where):
+def _wgrad_x(prep: Prep, q: QuantSpec, k: int):
     """wgrad's X as its GEMM sees it: what forward kept, packed (a pair's or the shared preparation's along-M half
     is packed MXFP4/FP8, as a kept operand is)."""
     if prep.how in ("shared X", "pair kernel"):
