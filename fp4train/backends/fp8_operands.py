@@ -228,8 +228,7 @@ class Fp8Operands:
         folded = fold(stored, 1 if role == 0 else 128, count_on_device=True)
         counter = self.counter(q.device)
         counter.add_(folded.inexact.to(counter.dtype))
-        folded = replace(folded, codes=folded.codes[: q.shape[0]] if rows != q.shape[0] else folded.codes, inexact=counter)
-        return FoldedOperand(folded)
+        return FoldedOperand(replace(folded, inexact=counter))  # as the kernels' operands: the device counter
 
     def fold(self, op, role: int, how: str) -> FoldedOperand:
         """``op`` as the FP8 blockwise GEMM's operand ``role``, folded by ``how`` (``"kernel"`` or ``"reference"``)."""

@@ -68,21 +68,21 @@ def finite_amax_along(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Te
     red = dim % 2
     n_out, n_in = x.shape[1 - red], x.shape[red]
     s_out, s_in = x.stride(1 - red), x.stride(red)
-    amax = torch.empty(n_out, dtype=torch.float32, device=x.device)
-    bad = torch.empty(n_out, dtype=torch.int32, device=x.device)
-    if n_out:
-        if n_in == 0:
-            return amax.zero_(), bad.zero_().bool()
-        if red == 1:  # along the rows: one program per 4 rows, the contiguous dim wide in the tile (~50-60 registers)
+    if red == 1 and n_in:  # along the rows: one program per 4 rows, the contiguous dim wide in the tile (~50-60 registers)
+        amax = torch.empty(n_out, dtype=torch.float32, device=x.device)
+        bad = torch.empty(n_out, dtype=torch.int32, device=x.device)
+        if n_out:
             _amax_kernel[(triton.cdiv(n_out, 4),)](x, amax, bad, n_out, n_in, s_out, s_in, OB=4, IB=1024, num_warps=4)
-        else:  # along the columns: 128 columns a program and the rows split in chunks, so that every SM has work
-            # (one program per 64 columns left 32 programs for a 2048-wide weight: the FP8 rowwise profile's largest pass)
-            chunk = 256
-            bits = torch.zeros(2, n_out, dtype=torch.int32, device=x.device)
-            _amax_split_kernel[(triton.cdiv(n_out, 128), triton.cdiv(n_in, chunk))](
-                x, bits[0], bits[1], n_out, n_in, s_out, s_in, OB=128, IB=32, CHUNK=chunk, num_warps=4)
-            return bits[0].view(torch.float32), bits[1].bool()
-    return amax, bad.bool()
+        return amax, bad.bool()
+    # along the columns: 128 columns a program and the rows split in chunks of 256, merged by atomic max into zeroed
+    # buffers (which are also the answer for no rows), so that every SM has work: one program per column block alone
+    # leaves most of them idle on a 2048-wide weight
+    bits = torch.zeros(2, n_out, dtype=torch.int32, device=x.device)
+    if n_out and n_in:
+        chunk = 256
+        _amax_split_kernel[(triton.cdiv(n_out, 128), triton.cdiv(n_in, chunk))](
+            x, bits[0], bits[1], n_out, n_in, s_out, s_in, OB=128, IB=32, CHUNK=chunk, num_warps=4)
+    return bits[0].view(torch.float32), bits[1].bool()
 
 
 def finite_amax(x: torch.Tensor) -> torch.Tensor:

@@ -46,7 +46,7 @@ def robust_part(u: torch.Tensor, quantile: float) -> torch.Tensor:
     pos = quantile * (a.numel() - 1)
     lo, hi = math.floor(pos), math.ceil(pos)
     lo_v = a.kthvalue(lo + 1).values
-    eps = lo_v if hi == lo else torch.lerp(lo_v, a.kthvalue(hi + 1).values, torch.tensor(pos - lo, device=a.device))
+    eps = lo_v if hi == lo else torch.lerp(lo_v, a.kthvalue(hi + 1).values, pos - lo)
     eps = (eps + 1e-9).to(u.dtype)
     return torch.maximum(torch.minimum(u, eps), -eps)
 
