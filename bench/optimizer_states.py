@@ -36,7 +36,7 @@ from fp4train.train import TrainConfig, Trainer
 BETAS = (0.9, 0.95)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from test_optim import _stored_moments, _twin_run  # noqa: E402 - the twin runs the tests assert on, not a copy
+from test_optim import _stored_moments, stopped_gradient_drift, variance_drop_ratios  # noqa: E402 - the tests' own cases, not a copy
 
 
 def _rel(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
@@ -110,29 +110,12 @@ class Twins(Feature):
 
 
 def synthetic() -> dict:
-    """The two synthetic cases of tests/test_optim.py, at their settings (see there)."""
-    g = torch.Generator().manual_seed(0)
-    warm = [torch.randn(32, 32, generator=g) for _ in range(10)]
-    live = torch.zeros(32, 32)
-    live[:, ::16] = 1.0
-    after = [torch.randn(32, 32, generator=g).abs() * 30 * live for _ in range(100)]
+    """The two synthetic cases of tests/test_optim.py, by its own functions (see there)."""
     out = {}
     for sr in (False, True):
-        q0, f0, *_ = _twin_run(warm, stochastic=sr)
-        q, f, *_ = _twin_run(warm + after, stochastic=sr)
-        dead = live == 0
-        out[f"stopped_gradient_moved_{'stochastic' if sr else 'nearest'}"] = (q - q0).detach()[dead].abs().mean().item()
-        out["stopped_gradient_moved_fp32"] = (f - f0).detach()[dead].abs().mean().item()
-    g = torch.Generator().manual_seed(1)
-    scale = torch.ones(32, 32)
-    grads = [torch.randn(32, 32, generator=g) for _ in range(50)]
-    scale[:, 16:] = 0.1
-    grads += [torch.randn(32, 32, generator=g) * scale for _ in range(3000)]
-    for sr in (False, True):
-        q, f, oq, of = _twin_run(grads, stochastic=sr, betas=(0.9, 0.999))
-        vq, vf = _stored_moments(oq, q)[1], _stored_moments(of, f)[1]
-        out[f"variance_drop_v_ratio_{'stochastic' if sr else 'nearest'}"] = (vq[:, 16:].mean() / vq[:, :16].mean()).item()
-        out["variance_drop_v_ratio_fp32"] = (vf[:, 16:].mean() / vf[:, :16].mean()).item()
+        rounding = "stochastic" if sr else "nearest"
+        out[f"stopped_gradient_moved_{rounding}"], out["stopped_gradient_moved_fp32"] = stopped_gradient_drift(sr)
+        out[f"variance_drop_v_ratio_{rounding}"], out["variance_drop_v_ratio_fp32"] = variance_drop_ratios(sr)
     return out
 
 

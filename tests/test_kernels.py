@@ -928,7 +928,7 @@ def test_nvfp4_kernels_take_the_next_block_scale_under_sr_where_the_nearest_satu
 @pytest.mark.parametrize("factors", ["divisors", "row_scales", "all", "none"])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 def test_gemm_output_factors_in_one_pass_equal_the_reference_ops(factors, out_dtype):
-    """The triton backend's BF16-GEMM epilogue: A's and B's row scales, then the two divisors, one rounding each, then
+    """Triton numerics' BF16-GEMM epilogue: A's and B's row scales, then the two divisors, one rounding each, then
     the cast (round to nearest even: every tie and its neighbours, NaN, inf, -0, values that overflow BF16)."""
     from fp4train.backends.emulated import scale_output as reference
     from fp4train.kernels.gemm_epilogue import scale_output
