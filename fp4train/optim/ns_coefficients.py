@@ -11,8 +11,8 @@ Root tunes the coefficients to each weight shape. Two sources here:
   ``1e-4`` to 1 (an update's small singular values sit far below its largest), and minimizes the mean squared
   distance from 1 after ``steps`` iterations, plus the same over 1 to 1.1 and a penalty on values leaving
   ``[-1.3, 1.3]``; a grid search over ``a in [2, 4.5], b in [-7, -2], c in [0.5, 3.5]`` starts it, Adam refines it.
-  Measured (``bench/root_orthogonality.py``): Gaussian matrices land 1.4-5x nearer their orthogonal factor than with
-  Muon's coefficients, but rank-8-plus-noise matrices - closer to what a momentum is - land 1.2-1.3x farther
+  Measured (``bench/root_orthogonality.py``): Gaussian matrices land 1.1-5x nearer their orthogonal factor than with
+  Muon's coefficients, but rank-8-plus-noise matrices - closer to what a momentum is - land 1.1-1.3x farther
   (no quintic of 5 steps lifts both a spread spectrum and values 1e-3 under the largest). Hence not the default.
 """
 
