@@ -113,6 +113,17 @@ def values_impl(numerics: str, cuda: bool, kernels_usable: bool, shape: tuple, d
     return "compiled values" if compiled_cores(numerics, cuda) else None
 
 
+def fuses_hadamard(numerics: str, kernels_usable: bool, shape: tuple, dtype: torch.dtype, fmt: str, kw: dict, axis: int,
+                   transform_block: int, packed: bool) -> bool:
+    """Does a Triton kernel quantize the operand together with its GEMM's block Hadamard transform (``"triton"``
+    numerics; :func:`fp4train.kernels.dispatch.hadamard_quantize_kernel`)?"""
+    if numerics != "triton" or not kernels_usable:
+        return False
+    from .kernels import dispatch
+
+    return dispatch.hadamard_quantize_kernel(shape, dtype, fmt, kw, axis, transform_block, packed) is not None
+
+
 @dataclass(frozen=True)
 class Quantizer:
     """Reference, compiled or Triton-kernel quantization (``numerics``), one result bit for bit."""

@@ -338,6 +338,60 @@ def test_nvfp4_values_kernel_is_the_scaled_reference(axis, rounding, dtype):
     assert torch.equal(got.divisor, ref.divisor)
 
 
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("random_signs", [True, False])
+@pytest.mark.parametrize("data", ["special", "gaussian"])
+def test_nvfp4_with_fused_hadamard_is_the_reference_of_the_transformed_tensor(packed, rounding, dtype, random_signs, data):
+    """NVIDIA's wgrad operands: NVFP4 along dim 0 of the 16-point (randomized) Hadamard transform, in one kernel -
+    codes or values, tensor scale and the transform's rounding to the input dtype all the reference's."""
+    from fp4train.kernels import nvfp4_values
+    from fp4train.kernels.amax import hadamard_finite_amax
+    from fp4train.kernels.nvfp4_quantize import quantize_nvfp4_columns
+    from fp4train.transforms.hadamard import signs
+
+    big = DEV == "cuda"
+    shape = (512, 1024) if big else (64, 100)  # 100: a partial last program
+    if data == "special":
+        x = _special(*shape, 9).to(dtype)
+        x[16:32] *= 1e-30  # a block whose E4M3 scale underflows to zero
+    else:  # one magnitude: the transform's rounding to the input dtype decides ties and the amax
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(3)).to(dtype)
+    t_seed = 1234 if random_signs else None
+    d = signs(t_seed, 16) if random_signs else None
+    h = fp4train.hadamard(x, 16, axis=0, seed=t_seed)
+    assert torch.equal(hadamard_finite_amax(x.to(DEV), d, 16).cpu(), h.float().nan_to_num(0, 0, 0).abs().amax())
+    seed = 99 if rounding == "stochastic" else None
+    ref = fp4train.quantize(h, "nvfp4", axis=0, rounding=rounding, seed=seed)
+    if packed:
+        got = quantize_nvfp4_columns(x.to(DEV), rounding=rounding, seed=seed, hadamard=True, signs=d)
+        assert got.layout == ref.layout and torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
+        assert torch.equal(got.tensor_scale.cpu(), ref.tensor_scale)
+    else:
+        got = nvfp4_values(x.to(DEV), axis=0, rounding=rounding, seed=seed, hadamard=True, signs=d)
+        want = ref.scaled_bf16()
+        torch.testing.assert_close(got.values.cpu(), want.values, rtol=0, atol=0, equal_nan=True)
+        assert torch.equal(got.divisor.cpu(), want.divisor)
+
+
+def test_nvfp4_fused_hadamard_refuses_what_it_does_not_cover():
+    from fp4train.kernels import nvfp4_values
+    from fp4train.kernels.dispatch import hadamard_quantize_kernel
+
+    with pytest.raises(ValueError, match="axis 0 only"):
+        nvfp4_values(torch.randn(32, 32, device=DEV), axis=1, hadamard=True)
+    with pytest.raises(ValueError, match="float32/bfloat16, got torch.float16"):
+        nvfp4_values(torch.randn(32, 32, device=DEV).half(), axis=0, hadamard=True)
+    kw = dict(rounding="stochastic")
+    assert hadamard_quantize_kernel((32, 64), torch.bfloat16, "nvfp4", kw, 0, 16, False) is not None
+    for args in (((32, 64), torch.bfloat16, "nvfp4", kw, 1, 16), ((32, 64), torch.bfloat16, "nvfp4", kw, 0, 32),
+                 ((32, 64), torch.float16, "nvfp4", kw, 0, 16), ((32, 64), torch.bfloat16, "mxfp4", kw, 0, 16),
+                 ((24, 64), torch.bfloat16, "nvfp4", kw, 0, 16),
+                 ((32, 64), torch.bfloat16, "nvfp4", dict(kw, four_over_six=True), 0, 16)):
+        assert hadamard_quantize_kernel(*args, packed=True) is None, args
+
+
 @pytest.mark.parametrize("axis", [1, 0])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fp8_rowwise_values_kernel_is_the_scaled_reference(axis, dtype):

@@ -9,7 +9,7 @@ import torch.nn as nn
 import fp4train
 from fp4train.adahop.calibration import gemm_spec
 from fp4train.adahop.strategy import Strategy
-from fp4train.linear.plan import GEMMS, IMMEDIATE, PACKED, ROLES, Where, make_plan
+from fp4train.linear.plan import GEMMS, IMMEDIATE, PACKED, ROLES, Prep, Where, make_plan
 from fp4train.recipes import LinearSpec
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -85,6 +85,21 @@ def test_print_layer_shows_its_plan():
     assert "fprop GEMM: fp32" in text and "saved for backward: X as wgrad.b, W as fprop.b" in text
     plain = fp4train.convert(nn.Sequential(nn.Linear(256, 384)), "bf16")[0]
     assert plain.plan() is None and "fprop.a" not in repr(plain)  # nothing quantized: F.linear, nothing to plan
+
+
+def test_nvfp4_wgrad_operands_have_their_hadamard_fused_on_a_gpu():
+    """NVIDIA's recipe on a GPU with Triton numerics: both wgrad operands (dY values, X kept packed) take their RHT
+    inside the NVFP4 kernel; eager numerics transform first, by the reference."""
+    spec = fp4train.recipes.get("nvfp4").linear
+
+    def plan(numerics):
+        return make_plan(spec, Where(numerics, True, True, True), 2048, 256, 384, torch.bfloat16, torch.float32, torch.bfloat16)
+
+    fast, eager = plan("triton"), plan("eager")
+    assert fast["wgrad.a"] == Prep("values kernel", "fused") and fast["wgrad.b"] == Prep("kernel", "fused")
+    assert fast["fprop.a"] == Prep("values kernel") and fast["dgrad.a"] == Prep("values kernel")
+    assert eager["wgrad.a"].transform == eager["wgrad.b"].transform == "reference"
+    assert "wgrad.a: values kernel (Hadamard fused)" in fast.describe()
 
 
 @pytest.fixture

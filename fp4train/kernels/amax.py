@@ -10,9 +10,13 @@ exact in any order, so the results equal the reference's bit for bit.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
+
+from .hadamard import norm, transform_cols
 
 
 @triton.jit
@@ -90,3 +94,38 @@ def finite_amax(x: torch.Tensor) -> torch.Tensor:
     if x.numel() == 0:
         return torch.zeros((), dtype=torch.float32, device=x.device)
     return finite_amax_along(x, 1)[0].amax()
+
+
+@triton.jit
+def _hadamard_amax_kernel(x_ptr, d_ptr, amax_ptr, M, K, sx, HAS_D: tl.constexpr, B: tl.constexpr, LOG_B: tl.constexpr,
+                          NORM: tl.constexpr, ROUND_BF16: tl.constexpr, BK: tl.constexpr, RB: tl.constexpr):
+    """Program (i, j): row blocks i*RB .. +RB (B rows each) x columns j*BK .. +BK, each block transformed down its
+    columns as :func:`.hadamard.block_hadamard` does it, merged by atomic max into one int32 (the FP32 bits)."""
+    c = tl.program_id(1) * BK + tl.arange(0, BK)
+    acc = tl.zeros([BK, B], tl.float32)
+    for i in range(RB):
+        r = (tl.program_id(0) * RB + i) * B + tl.arange(0, B)
+        x = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=(r < M)[:, None] & (c < K)[None, :], other=0.0)
+        a, _ = finite_abs(transform_cols(x, d_ptr, HAS_D, B, BK, LOG_B, NORM, ROUND_BF16))
+        acc = tl.maximum(acc, a)
+    tl.atomic_max(amax_ptr, tl.max(tl.max(acc, axis=1), axis=0).to(tl.int32, bitcast=True))
+
+
+def hadamard_finite_amax(x: torch.Tensor, d: torch.Tensor | None, block: int) -> torch.Tensor:
+    """:func:`finite_amax` of ``fp4train.hadamard(x, block, axis=0)`` with signs ``d`` (float32 ``[block]`` or None) for
+    a 2D float32/bfloat16 ``x`` whose dim 0 is a multiple of ``block``, without the transformed tensor written: the
+    transform is recomputed in registers (the same bits as the Triton transform, rounded to ``x``'s dtype)."""
+    if x.ndim != 2 or x.dtype not in (torch.float32, torch.bfloat16) or block < 2 or block & (block - 1) or x.shape[0] % block:
+        raise ValueError(f"hadamard_finite_amax takes a 2D float32/bfloat16 tensor whose dim 0 is a multiple of the "
+                         f"power-of-two block {block}, got {x.dtype} {tuple(x.shape)}")
+    x = x.contiguous()
+    bits = torch.zeros(1, dtype=torch.int32, device=x.device)
+    m, k = x.shape
+    if m and k:
+        bk, rb = 128, 4  # 4 row blocks of 16 a program: 1.1-1.4x faster than one on the H200 (16384 x 2048/8192 BF16)
+        if d is not None:
+            d = d.to(device=x.device, dtype=torch.float32).contiguous()
+        _hadamard_amax_kernel[(triton.cdiv(m // block, rb), triton.cdiv(k, bk))](
+            x, d if d is not None else x, bits, m, k, x.stride(0), HAS_D=d is not None, B=block,
+            LOG_B=int(math.log2(block)), NORM=norm(block), ROUND_BF16=x.dtype == torch.bfloat16, BK=bk, RB=rb, num_warps=4)
+    return bits.view(torch.float32).reshape(())

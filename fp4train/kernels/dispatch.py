@@ -83,6 +83,23 @@ def values_kernel(shape: tuple, dtype: torch.dtype, fmt: str, kw: dict, axis: in
     return None
 
 
+def hadamard_quantize_kernel(shape: tuple, dtype: torch.dtype, fmt: str, kw: dict, axis: int, transform_block: int,
+                             packed: bool):
+    """The kernel that quantizes an operand together with its GEMM's block Hadamard transform (the transformed
+    tensor never written): a function ``(x, seed, signs) -> QuantizedTensor`` (``packed``) or ``ScaledBF16``, or None
+    where none covers the request. Covered: NVFP4 in 1x16 blocks along dim 0 of a 2D float32/bfloat16 tensor (no 4/6
+    selection) under a 16-point transform - NVIDIA's recipe's RHT on the wgrad GEMM's operands."""
+    if (len(shape) != 2 or fmt != "nvfp4" or transform_block != 16 or kw.get("four_over_six") or axis % 2 != 0
+            or kw.get("block") not in (None, 16) or kw.get("scale", "floor") != "floor" or shape[0] % 16 or 0 in shape
+            or dtype not in (torch.float32, torch.bfloat16)):
+        return None
+    rounding = kw.get("rounding", "nearest")
+    if packed:
+        return lambda x, seed, signs: nvfp4_quantize.quantize_nvfp4_columns(x, rounding=rounding, seed=seed, hadamard=True,
+                                                                            signs=signs)
+    return lambda x, seed, signs: nvfp4_values(x, axis=0, rounding=rounding, seed=seed, hadamard=True, signs=signs)
+
+
 def fake_quantize_values(x: torch.Tensor, fmt: str, kw: dict, axis: int, seed) -> ScaledBF16 | None:
     """The fake-quantization kernel's :class:`ScaledBF16` for ``x``, or None where none covers the request
     (:func:`values_kernel`)."""

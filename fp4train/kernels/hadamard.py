@@ -46,6 +46,40 @@ def _butterfly_sums(y, ROWS: tl.constexpr, B: tl.constexpr, H: tl.constexpr):
 
 
 @triton.jit
+def transform_rows(y, d_ptr, HAS_D: tl.constexpr, ROWS: tl.constexpr, B: tl.constexpr, LOG_B: tl.constexpr,
+                   NORM: tl.constexpr):
+    """The reference's transform of each row of a float32 ``[ROWS, B]`` tile: signs ``d`` (if any), the
+    butterflies, the FP32 normalization (before the cast back to the input dtype)."""
+    if HAS_D:
+        y = y * tl.load(d_ptr + tl.arange(0, B))[None, :]
+    for s in tl.static_range(LOG_B):
+        y = _butterfly(y, ROWS, B, 1 << s)
+    return y * NORM
+
+
+@triton.jit
+def bf16_bits(y):
+    """Float32 ``y`` rounded to BF16 (nearest even, in integers: the interpreter's float cast truncates), as
+    the 16 bits; NaN stays NaN."""
+    bits = y.to(tl.uint32, bitcast=True)
+    rne = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    return tl.where(is_nan, (bits >> 16) | 0x40, rne)
+
+
+@triton.jit
+def transform_cols(x, d_ptr, HAS_D: tl.constexpr, B: tl.constexpr, BK: tl.constexpr, LOG_B: tl.constexpr,
+                   NORM: tl.constexpr, ROUND_BF16: tl.constexpr):
+    """A ``[B, BK]`` tile transformed down its columns (one block each) as the reference does it along dim 0 -
+    rounded to BF16 where the input is BF16 - returned transposed, ``[BK, B]`` float32: one block per row, the
+    layout the column quantization kernels work in."""
+    y = transform_rows(tl.trans(x.to(tl.float32)), d_ptr, HAS_D, BK, B, LOG_B, NORM)
+    if ROUND_BF16:
+        y = (bf16_bits(y) << 16).to(tl.float32, bitcast=True)
+    return y
+
+
+@triton.jit
 def _hadamard_kernel(
     x_ptr, d_ptr, y_ptr, n_rows, n_cols, sx_r, sx_c, sy_r, sy_c,
     HAS_D: tl.constexpr, B: tl.constexpr, LOG_B: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr,
@@ -56,23 +90,17 @@ def _hadamard_kernel(
     c = tl.program_id(1) * B + tl.arange(0, B)
     mask = (r < n_rows)[:, None] & (c < n_cols)[None, :]
     x = tl.load(x_ptr + r[:, None] * sx_r + c[None, :] * sx_c, mask=mask, other=0.0)
-    y = x.to(tl.float32)
-    if HAS_D:
-        y = y * tl.load(d_ptr + tl.arange(0, B))[None, :]
-    for s in tl.static_range(LOG_B):
-        y = _butterfly(y, ROWS, B, 1 << s)
-    y = y * NORM
-    if OUT_BF16:  # round to nearest even in integers (the interpreter's float cast truncates)
-        bits = y.to(tl.uint32, bitcast=True)
-        rne = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
-        out = tl.where(is_nan, (bits >> 16) | 0x40, rne).to(tl.uint16)
-    else:
-        out = y
+    y = transform_rows(x.to(tl.float32), d_ptr, HAS_D, ROWS, B, LOG_B, NORM)
+    out = bf16_bits(y).to(tl.uint16) if OUT_BF16 else y
     tl.store(y_ptr + r[:, None] * sy_r + c[None, :] * sy_c, out, mask=mask)
 
 
-def block_hadamard(x: torch.Tensor, d: torch.Tensor | None, *, block: int, axis: int, rows_per_program: int = 32) -> torch.Tensor:
+def norm(block: int) -> float:
+    """The reference's FP32 normalization constant ``1/sqrt(block)``."""
+    return float(torch.tensor(1.0 / math.sqrt(block), dtype=torch.float32))
+
+
+def block_hadamard(x: torch.Tensor, d: torch.Tensor | None, *, block: int, axis: int, rows_per_program: int | None = None) -> torch.Tensor:
     """``fp4train.hadamard`` of a 2D float32/bfloat16/float16 tensor along ``axis`` with sign
     vector ``d`` (float32 ``[block]`` or None); same dtype and layout as ``x``."""
     if x.ndim != 2 or axis not in (0, 1, -1, -2):
@@ -91,10 +119,10 @@ def block_hadamard(x: torch.Tensor, d: torch.Tensor | None, *, block: int, axis:
         n_rows, n_cols, sx, sy = x.shape[1], x.shape[0], x.stride()[::-1], y.stride()[::-1]
     if d is not None:
         d = d.to(device=x.device, dtype=torch.float32).contiguous()
-    norm = float(torch.tensor(1.0 / math.sqrt(block), dtype=torch.float32))  # the reference's FP32 constant
+    rows_per_program = rows_per_program or (128 if block <= 16 else 32)
     grid = (triton.cdiv(n_rows, rows_per_program), n_cols // block)
     if n_rows and n_cols:
         _hadamard_kernel[grid](x, d if d is not None else x, y_store, n_rows, n_cols, sx[0], sx[1], sy[0], sy[1],
-                               HAS_D=d is not None, B=block, LOG_B=int(math.log2(block)), ROWS=rows_per_program, NORM=norm,
+                               HAS_D=d is not None, B=block, LOG_B=int(math.log2(block)), ROWS=rows_per_program, NORM=norm(block),
                                OUT_BF16=out_bf16)
     return y.to(x.dtype)

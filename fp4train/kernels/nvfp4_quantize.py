@@ -22,7 +22,8 @@ import triton.language as tl
 from ..formats import nvfp4 as ref_nvfp4
 from ..formats.layout import BlockLayout
 from ..formats.qtensor import QuantizedTensor
-from .amax import finite_amax
+from .amax import finite_amax, hadamard_finite_amax
+from .hadamard import norm, transform_cols
 from .e4m3 import e4m3_rtne, e4m3_value
 from .mx_quantize import _e2m1_codes, _kernel_keys, _keys, _uniforms
 
@@ -85,11 +86,25 @@ def _nvfp4_kernel(
     tl.store(scales_ptr + row * stride_s + blk, tl.where(nan_block, 0x7F, sb_code).to(tl.uint8), mask=bmask)
 
 
-def device_tensor_scale(x: torch.Tensor) -> torch.Tensor:
+def device_tensor_scale(x: torch.Tensor, hadamard: bool = False, signs: torch.Tensor | None = None) -> torch.Tensor:
     """NVFP4's ``s_enc`` of ``x`` (``formats.nvfp4.scale_from_amax`` of the finite amax, taken in one
     pass by :func:`.amax.finite_amax`) as a 1-element FP32 tensor on ``x``'s device, which the kernels
-    load: no host synchronisation."""
-    return ref_nvfp4.scale_from_amax(finite_amax(x)).reshape(1).contiguous()
+    load: no host synchronisation. ``hadamard``: of ``x``'s 16-row block Hadamard transform with ``signs``
+    (:func:`.amax.hadamard_finite_amax`: the transform recomputed, not written)."""
+    amax = hadamard_finite_amax(x, signs, 16) if hadamard else finite_amax(x)
+    return ref_nvfp4.scale_from_amax(amax).reshape(1).contiguous()
+
+
+def check_hadamard(name: str, x: torch.Tensor, signs: torch.Tensor | None) -> torch.Tensor:
+    """The signs as the fused transform loads them (float32 ``[16]`` on ``x``'s device, or ``x`` as an unused
+    pointer), after checking that the fused transform takes ``x`` (float32/bfloat16: the transform rounds to it)."""
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"{name}: the fused Hadamard transform takes float32/bfloat16, got {x.dtype}")
+    if signs is None:
+        return x
+    if signs.numel() != 16:
+        raise ValueError(f"{name}: the fused Hadamard transform takes 16 signs, got {signs.numel()}")
+    return signs.to(device=x.device, dtype=torch.float32).contiguous()
 
 
 def _check(name: str, x: torch.Tensor, dim: int, rounding: str) -> torch.Tensor:
@@ -123,15 +138,22 @@ def quantize_nvfp4(x: torch.Tensor, *, rounding: str = "nearest", seed: int | No
 
 @triton.jit(do_not_specialize=["key", "key2"])
 def _nvfp4_cols_kernel(x_ptr, s_enc_ptr, cc_ptr, cs_ptr, M, K, stride_x, stride_cc, stride_cs, key, key2,
-                       SR: tl.constexpr, BK: tl.constexpr, KEYS_PTR: tl.constexpr = False):
-    """A [16, BK] tile of X -> NVFP4 along M (16x1 blocks down the columns), stored as X^T packed."""
+                       SR: tl.constexpr, BK: tl.constexpr, KEYS_PTR: tl.constexpr = False, d_ptr=None,
+                       H: tl.constexpr = False, HAS_D: tl.constexpr = False, NORM: tl.constexpr = 0.25,
+                       ROUND_BF16: tl.constexpr = False):
+    """A [16, BK] tile of X -> NVFP4 along M (16x1 blocks down the columns), stored as X^T packed; ``H``: of
+    the tile's 16-row Hadamard transform (signs at ``d_ptr`` if ``HAS_D``), computed here."""
     key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     pm = tl.program_id(0)
     m = pm * 16 + tl.arange(0, 16)
     kk = tl.program_id(1) * BK + tl.arange(0, BK)
     kmask = kk < K
-    x = tl.load(x_ptr + m[:, None] * stride_x + kk[None, :], mask=kmask[None, :], other=0.0).to(tl.float32)
-    v, sb_code, sb, nan_block = _nvfp4_blocks(tl.trans(x), tl.load(s_enc_ptr), SR)  # [BK, 16]: one block per row, as stored
+    x = tl.load(x_ptr + m[:, None] * stride_x + kk[None, :], mask=kmask[None, :], other=0.0)
+    if H:
+        xt = transform_cols(x, d_ptr, HAS_D, 16, BK, 4, NORM, ROUND_BF16)
+    else:
+        xt = tl.trans(x.to(tl.float32))
+    v, sb_code, sb, nan_block = _nvfp4_blocks(xt, tl.load(s_enc_ptr), SR)  # [BK, 16]: one block per row, as stored
     u = v
     if SR:
         u = _uniforms(kk[:, None] * M + m[None, :], key, key2)  # blocked index along axis 0: k * M + m
@@ -143,17 +165,23 @@ def _nvfp4_cols_kernel(x_ptr, s_enc_ptr, cc_ptr, cs_ptr, M, K, stride_x, stride_
 
 
 def quantize_nvfp4_columns(x: torch.Tensor, *, rounding: str = "nearest", seed: int | None = None,
-                           block_cols: int = 64) -> QuantizedTensor:
+                           block_cols: int = 64, hadamard: bool = False, signs: torch.Tensor | None = None) -> QuantizedTensor:
     """NVFP4 along dim 0 of a 2D tensor (``quantize(x, "nvfp4", axis=0, ...)`` bit for bit; dim 0 a
-    multiple of 16) straight from ``x``'s row-major layout - no transposed copy of ``x``."""
+    multiple of 16) straight from ``x``'s row-major layout - no transposed copy of ``x``. ``hadamard``: of
+    ``fp4train.hadamard(x, 16, axis=0)`` with random ``signs`` (float32 ``[16]``; None: the plain transform),
+    computed in the kernel's registers - the tensor scale's amax and the quantization each recompute it, so the
+    transformed tensor is never written (float32/bfloat16 ``x``). Two warps a program: 2x faster than four on the
+    H200 (16384 x 2048/8192 BF16)."""
     x = _check("quantize_nvfp4_columns", x, 0, rounding)
     M, K = x.shape
-    s_enc = device_tensor_scale(x)
+    d = check_hadamard("quantize_nvfp4_columns", x, signs) if hadamard else None
+    s_enc = device_tensor_scale(x, hadamard, signs)
     cc = torch.empty(K, M // 2, dtype=torch.uint8, device=x.device)
     cs = torch.empty(K, M // 16, dtype=torch.uint8, device=x.device)
     sr, key, key2, kp = _keys(rounding, seed, x.device)
     if M and K:
         _nvfp4_cols_kernel[(M // 16, triton.cdiv(K, block_cols))](x, s_enc, cc, cs, M, K, x.stride(0), cc.stride(0), cs.stride(0),
-                                                                   key, key2, SR=sr, BK=block_cols,
-                                                                   KEYS_PTR=kp)
+                                                                   key, key2, SR=sr, BK=block_cols, KEYS_PTR=kp,
+                                                                   d_ptr=d, H=hadamard, HAS_D=signs is not None, NORM=norm(16),
+                                                                   ROUND_BF16=x.dtype == torch.bfloat16, num_warps=2)
     return QuantizedTensor("nvfp4", cc, cs, s_enc.reshape(()), BlockLayout((M, K), (16,), 0), x.dtype)

@@ -22,7 +22,8 @@ import triton.language as tl
 from ..formats.qtensor import ScaledBF16
 from .mx_quantize import _e2m1_codes, _kernel_keys, _keys, _uniforms
 from .mx_values import _e2m1_value
-from .nvfp4_quantize import _nvfp4_blocks, device_tensor_scale
+from .hadamard import norm, transform_cols
+from .nvfp4_quantize import _nvfp4_blocks, check_hadamard, device_tensor_scale
 
 
 @triton.jit(do_not_specialize=["key", "key2"])
@@ -45,14 +46,20 @@ def _rows_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.conste
 
 @triton.jit(do_not_specialize=["key", "key2"])
 def _cols_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.constexpr, BK: tl.constexpr,
-                 KEYS_PTR: tl.constexpr = False):
-    """Tile [16 rows, BK columns]: 16x1 blocks down each column."""
+                 KEYS_PTR: tl.constexpr = False, d_ptr=None, H: tl.constexpr = False, HAS_D: tl.constexpr = False,
+                 NORM: tl.constexpr = 0.25, ROUND_BF16: tl.constexpr = False):
+    """Tile [16 rows, BK columns]: 16x1 blocks down each column; ``H``: of the tile's 16-row Hadamard transform
+    (signs at ``d_ptr`` if ``HAS_D``), computed here."""
     key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     r = tl.program_id(0) * 16 + tl.arange(0, 16)
     c = tl.program_id(1) * BK + tl.arange(0, BK)
     mask = (c < K)[None, :]
-    x = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=mask, other=0.0).to(tl.float32)
-    v, _, sb, nan_block = _nvfp4_blocks(tl.trans(x), tl.load(s_enc_ptr), SR)  # [BK, 16]: one block per row
+    x = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=mask, other=0.0)
+    if H:
+        xt = transform_cols(x, d_ptr, HAS_D, 16, BK, 4, NORM, ROUND_BF16)
+    else:
+        xt = tl.trans(x.to(tl.float32))
+    v, _, sb, nan_block = _nvfp4_blocks(xt, tl.load(s_enc_ptr), SR)  # [BK, 16]: one block per row
     u = v
     if SR:
         u = _uniforms(c[:, None] * M + r[None, :], key, key2)  # blocked index along axis 0: k * M + m
@@ -60,18 +67,25 @@ def _cols_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.conste
     tl.store(y_ptr + r[:, None] * sy + c[None, :], tl.trans(val).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def nvfp4_values(x: torch.Tensor, *, axis: int, rounding: str = "nearest", seed: int | None = None) -> ScaledBF16:
+def nvfp4_values(x: torch.Tensor, *, axis: int, rounding: str = "nearest", seed: int | None = None,
+                 hadamard: bool = False, signs: torch.Tensor | None = None) -> ScaledBF16:
     """``quantize(x, "nvfp4", axis=axis, rounding=..., seed=...).scaled_bf16()`` for a 2D tensor
-    whose ``axis`` is a multiple of 16 (1x16 blocks, no 4/6 selection)."""
+    whose ``axis`` is a multiple of 16 (1x16 blocks, no 4/6 selection). ``hadamard`` (``axis=0``,
+    float32/bfloat16): of ``fp4train.hadamard(x, 16, axis=0)`` with random ``signs`` (float32 ``[16]``;
+    None: the plain transform), recomputed in registers by the amax pass and the quantization pass instead
+    of written (see :func:`.nvfp4_quantize.quantize_nvfp4_columns`)."""
     if x.ndim != 2 or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"nvfp4_values takes a 2D float32/bfloat16/float16 tensor, got {x.dtype} {tuple(x.shape)}")
     if axis % 2 not in (0, 1) or x.shape[axis] % 16:
         raise ValueError(f"nvfp4_values: dim {axis} of {tuple(x.shape)} must be a multiple of 16")
     if rounding not in ("nearest", "stochastic"):
         raise ValueError(f"bad rounding {rounding!r}")
+    if hadamard and axis % 2 != 0:
+        raise ValueError("nvfp4_values: the fused Hadamard transform runs along axis 0 only")
     x = x.contiguous()
     M, K = x.shape
-    s_enc = device_tensor_scale(x)
+    d = check_hadamard("nvfp4_values", x, signs) if hadamard else None
+    s_enc = device_tensor_scale(x, hadamard, signs)
     y = torch.empty(M, K, dtype=torch.bfloat16, device=x.device)
     sr, key, key2, kp = _keys(rounding, seed, x.device)
     if M and K:
@@ -80,6 +94,8 @@ def nvfp4_values(x: torch.Tensor, *, axis: int, rounding: str = "nearest", seed:
             _rows_kernel[(triton.cdiv(M, rb), triton.cdiv(K, 16 * nb))](x, s_enc, y, M, K, x.stride(0), y.stride(0),
                                                                          key, key2, SR=sr, RB=rb, NB=nb, KEYS_PTR=kp)
         else:
-            bk = 64
-            _cols_kernel[(M // 16, triton.cdiv(K, bk))](x, s_enc, y, M, K, x.stride(0), y.stride(0), key, key2, SR=sr, BK=bk, KEYS_PTR=kp)
+            bk = 64  # 64 columns on two warps: 1.3-1.8x faster than on four on the H200 (16384 x 2048/8192 BF16)
+            _cols_kernel[(M // 16, triton.cdiv(K, bk))](x, s_enc, y, M, K, x.stride(0), y.stride(0), key, key2, SR=sr, BK=bk,
+                                                        KEYS_PTR=kp, d_ptr=d, H=hadamard, HAS_D=signs is not None,
+                                                        NORM=norm(16), ROUND_BF16=x.dtype == torch.bfloat16, num_warps=2)
     return ScaledBF16(y, None, s_enc.reshape(()), axis % 2)

@@ -19,6 +19,7 @@ from ..formats.qtensor import QuantizedTensor, ScaledBF16
 from ..formats.quantize import check_request
 from ..quantizer import Quantizer, hadamard_with, quantize_with, values_with
 from ..recipes.spec import QuantSpec, TransformSpec
+from ..transforms.hadamard import signs
 from .plan import Prep, shares_quantization  # noqa: F401 - shares_quantization: re-exported
 
 Operand = torch.Tensor | QuantizedTensor | ScaledBF16
@@ -109,10 +110,20 @@ def make(
             raise RuntimeError(f"fp4train: the fold kernel does not take {tuple(x.shape)} {x.dtype} along axis {axis} "
                                "(the layer's operand plan chose it)")
         return op
+    kw = q.quantize_kwargs()
+    if prep.transform == "fused":  # NVFP4 with its Hadamard in one kernel (the transformed tensor never written)
+        from ..kernels import dispatch
+
+        kernel = dispatch.hadamard_quantize_kernel(tuple(x.shape), x.dtype, q.format, kw, axis, transform.block,
+                                                   packed=prep.how == "kernel")
+        if kernel is None:
+            raise RuntimeError(f"fp4train: no Triton kernel quantizes {q.format} with a fused Hadamard for "
+                               f"{tuple(x.shape)} {x.dtype} along axis {axis} (the layer's operand plan chose one)")
+        t_seed = transform_seed(transform, seed, gemm)
+        return kernel(x.detach(), op_seed, signs(t_seed, transform.block, device=x.device) if t_seed is not None else None)
     x = _transform_with(prep, x, transform, axis=axis, seed=seed, gemm=gemm)
     if prep.how == "bf16":
         return x.to(compute_dtype)
-    kw = q.quantize_kwargs()
     if prep.how in ("values kernel", "compiled values"):
         return values_with(prep.how, x, q.format, kw, axis=axis, seed=op_seed)
     block, ax = check_request(x, q.format, axis=axis, block=kw["block"], scale=kw["scale"], rounding=kw["rounding"],

@@ -12,7 +12,8 @@ The six roles (``C = A B^T``, both operands blocked along the GEMM's inner dimen
 * ``"values kernel"``, ``"compiled values"``: quantized and split into the BF16 values and factors the BF16
   GEMM reads, without the codes ever written - for operands multiplied at once;
 * ``"fold kernel"``: MXFP4 quantized and folded into FP8 with power-of-two group scales in one pass (the FP8
-  blockwise GEMM's operand), the block Hadamard fused where the plan says ``transform="fused"``;
+  blockwise GEMM's operand), the block Hadamard fused where the plan says ``transform="fused"`` (as it is into
+  NVFP4's ``"kernel"`` and ``"values kernel"`` along dim 0 under a 16-point transform);
 * ``"pair kernel"``: X (or dY) read once for both of its GEMMs (MXFP4: folded along K + packed along M; FP8
   rowwise: both orientations), ``"shared X"``: that made once for every layer that reads the same X
   (:func:`fp4train.linear.op.prepare_x`);
@@ -42,7 +43,7 @@ import torch
 
 from ..backends.fp8_operands import fold_fits, folds_1x32, fuses, pair_fits, pair_kind  # noqa: F401 - re-exported
 from ..formats.quantize import check_request
-from ..quantizer import hadamard_impl, quantize_impl, values_impl
+from ..quantizer import fuses_hadamard, hadamard_impl, quantize_impl, values_impl
 from ..recipes.spec import GemmSpec, LinearSpec, QuantSpec, TransformSpec
 from .layer_config import parse
 
@@ -157,6 +158,9 @@ def packed(q: QuantSpec, transform: TransformSpec | None, shape: tuple, dtype: t
         return Prep("bf16", t)
     block, ax = _check(q, shape, axis)
     kw = q.quantize_kwargs()
+    if transform is not None and fuses_hadamard(where.numerics, where.kernels_usable, shape, dtype, q.format, kw, axis,
+                                                transform.block, packed=True):
+        return Prep("kernel", "fused")
     return Prep(quantize_impl(where.numerics, where.cuda, where.kernels_usable, shape, dtype, q.format, block, ax, kw["scale"],
                               kw["rounding"], q.four_over_six), t)
 
@@ -182,6 +186,9 @@ def immediate(q: QuantSpec, transform: TransformSpec | None, shape: tuple, dtype
                                              or q.format == "fp8" and not q.stochastic):
         # packed by the quantizer, then multiplied on FP8 tensor cores (MXFP4 folded by the reference)
         return packed(q, transform, shape, dtype, axis, where)
+    if transform is not None and fuses_hadamard(where.numerics, where.kernels_usable, shape, dtype, q.format,
+                                                q.quantize_kwargs(), axis, transform.block, packed=False):
+        return Prep("values kernel", "fused")
     how = values_impl(where.numerics, where.cuda, where.kernels_usable, shape, dtype, q.format, q.quantize_kwargs(), axis)
     if how is not None:
         return Prep(how, _hadamard(where, dtype) if transform is not None else None)
