@@ -49,9 +49,11 @@ def train_table(runs: list[dict]) -> str:
             if r is None or "error" in r:
                 cells += ["—" if r is None else "failed", "—"]
                 continue
-            bf16 = d["results"][0]["tokens_per_s"]
+            # a row from another call (other code) is set against the BF16 of its own call and says which commit ran
+            bf16 = r.get("bf16_tokens_per_s_same_call") or d["results"][0]["tokens_per_s"]
+            other = f" [{r['commit']}]" if r.get("commit") not in (None, d["commit"]) else ""
             peak = f"{r['peak_mem_gib']:.1f}" if r.get("peak_mem_gib") else "—"
-            cells += [f"{r['tokens_per_s'] / 1e3:,.1f}k ({r['tokens_per_s'] / bf16:.2f}×)", peak]
+            cells += [f"{r['tokens_per_s'] / 1e3:,.1f}k ({r['tokens_per_s'] / bf16:.2f}×){other}", peak]
         lines.append(f"| {rec} | " + " | ".join(cells) + " |")
     settings = runs[0]
     mode = settings.get("compile_mode", "default") if settings.get("compile") else "eager"
@@ -62,7 +64,9 @@ def train_table(runs: list[dict]) -> str:
         key = f"{_provenance(d)}, {how}"
         runs_by_source.setdefault(key, []).append(d["model"])
     sources = [f"{', '.join(ms)}: {key}" if len(runs_by_source) > 1 else key for key, ms in runs_by_source.items()]
+    mixed = any(r.get("commit") not in (None, d["commit"]) for d in runs for r in d["results"])
     lines.append(f"_Batch {settings['batch_size']} × sequence {settings['seq_len']}, compiled ({mode}); " + "; ".join(sources)
+                 + ("; [commit]: a row from a later call, against that call's BF16" if mixed else "")
                  + "; `python bench/train_speed.py`._")
     failed = [f"{d['model']} {r['recipe']}: {r['error']}" for d in runs for r in d["results"] if "error" in r]
     if failed:
