@@ -10,7 +10,11 @@ compares, against the exact products:
 
 with Q NVFP4 round-to-nearest along each GEMM's inner dim (1x16 blocks, W in 16x16 tiles as the nvfp4 recipe
 has it). The weight gradient is the same GEMM in both (``G = dY^T X``), so it is not compared. Reported: the
-relative error (sum of squared errors over layers, over the sum of squares) of each, and its reduction.
+relative error (sum of squared errors over layers, over the sum of squares) of each, and its reduction. Three
+settings, each a results entry: the defaults of earlier versions (``base``: no SVD oversampling, NVFP4 scales map
+each block's largest element to 6), ``oversample``: the range finder samples ``r + 8`` directions (fullstack's
+default), ``four_over_six``: NVFP4 with 4/6 adaptive block scaling on every operand (Cook et al., arXiv
+2512.02010; the recipe option ``four_over_six``), plain and LoRA-SVD alike.
 
     fp4train train --model 20m --optimizer adamw --max-steps 60 --seq-len 128 --batch-size 8 --out runs/20m
     python bench/lora_svd_sqnr.py --run runs/20m --rank 32
@@ -32,8 +36,8 @@ from fp4train.train import TrainConfig, Trainer
 from fp4train.checkpoint import Checkpoints
 
 
-def q(x: torch.Tensor, axis: int = 1, block=None) -> torch.Tensor:
-    return fake_quantize(x.float(), "nvfp4", axis=axis, **({"block": block} if block else {}))
+def q(x: torch.Tensor, axis: int = 1, block=None, four_over_six: bool = False) -> torch.Tensor:
+    return fake_quantize(x.float(), "nvfp4", axis=axis, four_over_six=four_over_six, **({"block": block} if block else {}))
 
 
 def record(trainer: Trainer) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -53,7 +57,7 @@ def record(trainer: Trainer) -> dict[str, tuple[torch.Tensor, torch.Tensor, torc
             for n in xs}
 
 
-def compare(layers: dict, rank: int) -> dict:
+def compare(layers: dict, rank: int, oversample: int = 0, four_over_six: bool = False) -> dict:
     sums: dict[str, float] = {}
 
     def add(key, err, ref):
@@ -61,16 +65,17 @@ def compare(layers: dict, rank: int) -> dict:
         sums[key + "_ref"] = sums.get(key + "_ref", 0.0) + ref.square().sum().item()
 
     for i, (w, x, dy) in enumerate(layers.values()):
-        b, a = svd_factors(w, rank, 1.0, seed=i)
+        b, a = svd_factors(w, rank, 1.0, seed=i, oversample=oversample)
         w_res = w - b @ a
         y, dx = x @ w.T, dy @ w
-        qx, qdy = q(x), q(dy)
-        add("w_plain", q(w, block=(16, 16)), w)
-        add("w_lora", q(w_res, block=(16, 16)) + b @ a, w)
-        add("y_plain", qx @ q(w, block=(16, 16)).T, y)
-        add("y_lora", qx @ q(w_res, block=(16, 16)).T + (x @ a.T) @ b.T, y)
-        add("dx_plain", qdy @ q(w, block=(16, 16)), dx)
-        add("dx_lora", qdy @ q(w_res, block=(16, 16)) + (dy @ b) @ a, dx)
+        qx, qdy = q(x, four_over_six=four_over_six), q(dy, four_over_six=four_over_six)
+        qw, qw_res = (q(t, block=(16, 16), four_over_six=four_over_six) for t in (w, w_res))
+        add("w_plain", qw, w)
+        add("w_lora", qw_res + b @ a, w)
+        add("y_plain", qx @ qw.T, y)
+        add("y_lora", qx @ qw_res.T + (x @ a.T) @ b.T, y)
+        add("dx_plain", qdy @ qw, dx)
+        add("dx_lora", qdy @ qw_res + (dy @ b) @ a, dx)
     out = {}
     for what in ("w", "y", "dx"):
         for how in ("plain", "lora"):
@@ -90,9 +95,12 @@ def main(argv=None):
                                  "progress": False, "tensorboard": False, "compile": False, "recipe": "bf16"})
     trainer = Trainer(cfg, log=lambda m: None, checkpoints=False)
     trainer.model.load_state_dict(ck["model"])
-    res = compare(record(trainer), args.rank)
-    res["rank"] = args.rank
-    print(", ".join(f"{k}: {v:.4f}" for k, v in res.items() if isinstance(v, float)))
+    layers = record(trainer)
+    res = {}
+    for name, kw in (("base", {}), ("oversample", {"oversample": 8}), ("four_over_six", {"four_over_six": True})):
+        res[name] = {**compare(layers, args.rank, **kw), "rank": args.rank, "oversample": kw.get("oversample", 0),
+                     "four_over_six": kw.get("four_over_six", False)}
+        print(f"{name}: " + ", ".join(f"{k}: {v:.4f}" for k, v in res[name].items() if isinstance(v, float)), flush=True)
     write_results(args.json, res, model=cfg.model, steps=ck.get("step"), data=data_label(cfg.data))
 
 

@@ -31,3 +31,9 @@ def test_lora_svd_sqnr_finds_the_split_helps_on_a_low_rank_plus_noise_weight():
     assert res["y_error_reduction"] > 0.3 and res["dx_error_reduction"] > 0.3
     none = lora_svd_sqnr.compare({"l": (torch.randn(64, 128, generator=g), x, dy)}, rank=8)  # no low-rank part
     assert abs(none["w_error_reduction"]) < 0.2
+    # 4/6 scaling reaches every operand (X's error, hence Y's, falls on Gaussian data), and oversampling the SVD
+    adaptive = lora_svd_sqnr.compare({"l": (w, x, dy)}, rank=8, four_over_six=True)
+    assert adaptive["y_rel_error_plain"] < 0.985 * res["y_rel_error_plain"]
+    assert adaptive["dx_rel_error_plain"] < 0.985 * res["dx_rel_error_plain"]
+    over = lora_svd_sqnr.compare({"l": (w, x, dy)}, rank=8, oversample=8)
+    assert over["w_rel_error_lora"] <= 1.02 * res["w_rel_error_lora"] and over["w_rel_error_plain"] == res["w_rel_error_plain"]

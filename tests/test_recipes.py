@@ -1,6 +1,7 @@
 """Recipes: presets as docs/methods.md defines them, serialization, lookup, custom recipes."""
 
 import pytest
+import torch
 
 import fp4train
 from fp4train.recipes import GemmSpec, LinearSpec, Override, QuantSpec, Recipe, TransformSpec
@@ -111,3 +112,22 @@ def test_shape_problems():
     assert any("in_features (K)=40" in p for p in lin.shape_problems(40, 64))
     assert any("out_features (N)=48" in p for p in lin.shape_problems(64, 48))
     assert fp4train.recipes.get("fp8_rowwise").linear.shape_problems(7, 9) == []
+
+
+def test_four_over_six_is_a_recipe_option_on_every_nvfp4_operand():
+    r = fp4train.recipes.get("fullstack").replace(four_over_six=True)
+    spec = r.spec_for("layers.0.attention.wq", 0, 4)
+    ops = [q for g in (spec.fprop, spec.dgrad, spec.wgrad) for q in (g.a, g.b)]
+    assert all(q.four_over_six for q in ops) and not any(q.four_over_six for g in (r.linear.fprop,) for q in (g.a, g.b))
+    assert Recipe.from_dict(r.to_dict()) == r and "four_over_six = true" in r.to_toml()
+    plain = fp4train.recipes.get("fullstack").spec_for("layers.0.attention.wq", 0, 4)
+    assert not any(q.four_over_six for g in (plain.fprop, plain.dgrad, plain.wgrad) for q in (g.a, g.b))
+    # it changes the layer's numerics: 4/6 picks per block the scale with the smaller error
+    lin = torch.nn.Linear(64, 32)
+    x = torch.randn(48, 64, generator=torch.Generator().manual_seed(0))
+    outs = [fp4train.convert(torch.nn.Sequential(lin), fp4train.recipes.get("nvfp4").replace(four_over_six=f), backend="emulated",
+                             numerics="eager")(x) for f in (False, True)]
+    exact = lin(x)
+    assert (outs[1] - exact).square().sum() < (outs[0] - exact).square().sum()
+    with pytest.raises(ValueError, match="four_over_six applies to NVFP4 operands"):
+        fp4train.recipes.get("mxfp4").replace(four_over_six=True)

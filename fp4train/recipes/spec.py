@@ -293,6 +293,9 @@ class Recipe:
     attention: str | None = None
     #: the optimizer this recipe is meant to train with, when the user names none (None: AdamW)
     optimizer: str | None = None
+    #: NVFP4 operands of the linears with "4/6" adaptive block scaling (Cook et al., arXiv 2512.02010): per block the
+    #: scale that maps its largest element to 6 or to 4, whichever errs less (QuantSpec.four_over_six on each of them)
+    four_over_six: bool = False
 
     def __post_init__(self):
         if isinstance(self.lora_svd, dict):
@@ -307,17 +310,32 @@ class Recipe:
             object.__setattr__(self, "overrides", tuple(self.overrides))
         if not 0.0 <= self.keep_last_blocks <= 1.0:
             raise ValueError(f"keep_last_blocks is a fraction in [0, 1], got {self.keep_last_blocks}")
+        if self.four_over_six and not any(q.quantized and q.format == "nvfp4" for spec in (self.linear, *(o.linear for o in self.overrides))
+                                          if spec is not None for g in (spec.fprop, spec.dgrad, spec.wgrad) for q in (g.a, g.b)):
+            raise ValueError(f"recipe {self.name!r}: four_over_six applies to NVFP4 operands, and its linears have none "
+                             "(use an NVFP4 recipe such as nvfp4 or fullstack)")
 
     def spec_for(self, name: str, block_index: int | None = None, num_blocks: int | None = None) -> LinearSpec | None:
         """The spec for the module called ``name`` (``None``: keep it high precision)."""
         for o in self.overrides:
             if fnmatch.fnmatchcase(name, o.pattern):
-                return o.linear
+                return self._options(o.linear)
         if self.keep_last_blocks > 0 and block_index is not None and num_blocks:
             n_keep = round(self.keep_last_blocks * num_blocks)
             if block_index >= num_blocks - n_keep:
                 return None
-        return self.linear
+        return self._options(self.linear)
+
+    def _options(self, spec: LinearSpec | None) -> LinearSpec | None:
+        """``spec`` with the recipe-wide options applied (4/6 scaling on its NVFP4 operands)."""
+        if spec is None or not self.four_over_six:
+            return spec
+
+        def adaptive(q: QuantSpec) -> QuantSpec:
+            return dataclasses.replace(q, four_over_six=True) if q.quantized and q.format == "nvfp4" else q
+
+        return LinearSpec(**{g: dataclasses.replace(getattr(spec, g), a=adaptive(getattr(spec, g).a), b=adaptive(getattr(spec, g).b))
+                             for g in ("fprop", "dgrad", "wgrad")})
 
     def replace(self, **changes) -> Recipe:
         return dataclasses.replace(self, **changes)
