@@ -193,3 +193,18 @@ def test_hugging_face_llama_runs_the_nvfp4_attention(sqnr, monkeypatch):
         got = model(idx).logits
     assert len(calls) == 2  # each layer's attention ran ours
     assert 10 < sqnr(want, got) < 60
+
+
+def test_attention_is_one_op_inside_a_compiled_graph():
+    """The attention is a torch.library op with a fake implementation and registered autograd: a compiled model keeps
+    it in its graph (fullgraph: no break), with the eager call's values and gradients; opcheck checks the op."""
+    from fp4train.attention import attention_op
+
+    q, k, v, do = _inputs(t=48, d=32)
+    want = _grads(lambda *a: nvfp4_attention(*a, impl="reference"), q, k, v, do)
+    compiled = torch.compile(lambda *a: nvfp4_attention(*a, impl="reference"), fullgraph=True, backend="aot_eager")
+    got = _grads(compiled, q, k, v, do)
+    for w, g in zip(want, got):
+        assert torch.equal(w, g)
+    torch.library.opcheck(attention_op, (q.bfloat16(), k.bfloat16(), v.bfloat16(), True, 0.125, "reference"),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))

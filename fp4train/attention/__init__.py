@@ -29,32 +29,68 @@ def _use_triton(impl: str, q: torch.Tensor) -> bool:
     return impl == "auto" and q.is_cuda and kernels_usable_on(q)
 
 
-class _NVFP4Attention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, causal: bool, scale: float, impl: str):
-        (qv, dq), (kv, dk), (vv, dv) = quantize_heads(q), quantize_heads(k), quantize_heads(v)
-        qv, kv, vv = qv.contiguous(), kv.contiguous(), vv.contiguous()
-        triton_ = _use_triton(impl, q)
-        if triton_:
-            from ..kernels import attention as kernel
+# The attention as torch.library ops (as the quantized linear is): eager calls and torch.compile run the same code,
+# and a compiled model keeps its attention inside the graph (no graph break, CUDA graphs across it). The forward
+# returns what the backward reads - the quantized Q, K, V with their divisors, the output and the log-sum-exp - so
+# the backward sees the numbers the forward used (the paper's tensor reuse).
 
-            o, lse = kernel.forward(qv, kv, vv, dq, dk, dv, causal=causal, scale=scale)
-        else:
-            o, lse = reference.forward(qv, kv, vv, dq, dk, dv, causal=causal, scale=scale)
-        ctx.save_for_backward(qv, kv, vv, dq, dk, dv, o, lse)
-        ctx.causal, ctx.scale, ctx.triton, ctx.dtypes = causal, scale, triton_, (q.dtype, k.dtype, v.dtype)
-        return o.to(q.dtype)
+@torch.library.custom_op("fp4train::nvfp4_attention", mutates_args=())
+def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, impl: str) -> list[torch.Tensor]:
+    """``[O (bf16), LSE, Q^, K^, V^, s_q, s_k, s_v]`` of :func:`nvfp4_attention` (checked arguments)."""
+    (qv, dq), (kv, dk), (vv, dv) = quantize_heads(q), quantize_heads(k), quantize_heads(v)
+    qv, kv, vv = qv.contiguous(), kv.contiguous(), vv.contiguous()
+    if _use_triton(impl, q):
+        from ..kernels import attention as kernel
 
-    @staticmethod
-    def backward(ctx, do):
-        qv, kv, vv, dq, dk, dv, o, lse = ctx.saved_tensors
-        if ctx.triton:
-            from ..kernels import attention as kernel
+        o, lse = kernel.forward(qv, kv, vv, dq, dk, dv, causal=causal, scale=scale)
+    else:
+        o, lse = reference.forward(qv, kv, vv, dq, dk, dv, causal=causal, scale=scale)
+    return [o, lse, qv, kv, vv, dq.clone(), dk.clone(), dv.clone()]
 
-            grads = kernel.backward(do, o, lse, qv, kv, vv, dq, dk, dv, causal=ctx.causal, scale=ctx.scale)
-        else:
-            grads = reference.backward(do, o, lse, qv, kv, vv, dq, dk, dv, causal=ctx.causal, scale=ctx.scale)
-        return tuple(g.to(dt) for g, dt in zip(grads, ctx.dtypes)) + (None, None, None)
+
+@attention_op.register_fake
+def _(q, k, v, causal, scale, impl):
+    b, h, t, d = q.shape
+    scalar = q.new_empty((), dtype=torch.float32)
+    return [q.new_empty(q.shape, dtype=torch.bfloat16), q.new_empty((b, h, t), dtype=torch.float32),
+            q.new_empty(q.shape, dtype=torch.bfloat16), k.new_empty(k.shape, dtype=torch.bfloat16),
+            v.new_empty(v.shape, dtype=torch.bfloat16), scalar, torch.empty_like(scalar), torch.empty_like(scalar)]
+
+
+@torch.library.custom_op("fp4train::nvfp4_attention_backward", mutates_args=())
+def attention_backward_op(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, qv: torch.Tensor, kv: torch.Tensor,
+                          vv: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, causal: bool, scale: float,
+                          impl: str) -> list[torch.Tensor]:
+    """``[dQ, dK, dV]`` in FP32 from what :func:`attention_op` returned."""
+    if _use_triton(impl, qv):
+        from ..kernels import attention as kernel
+
+        grads = kernel.backward(do, o, lse, qv, kv, vv, dq, dk, dv, causal=causal, scale=scale)
+    else:
+        grads = reference.backward(do, o, lse, qv, kv, vv, dq, dk, dv, causal=causal, scale=scale)
+    return [g.float().contiguous() for g in grads]
+
+
+@attention_backward_op.register_fake
+def _(do, o, lse, qv, kv, vv, dq, dk, dv, causal, scale, impl):
+    return [qv.new_empty(qv.shape, dtype=torch.float32), kv.new_empty(kv.shape, dtype=torch.float32),
+            vv.new_empty(vv.shape, dtype=torch.float32)]
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, scale, impl = inputs
+    ctx.save_for_backward(*output)
+    ctx.causal, ctx.scale, ctx.impl, ctx.dtypes = causal, scale, impl, (q.dtype, k.dtype, v.dtype)
+
+
+def _backward(ctx, grads_out):
+    do = grads_out[0]  # only O carries a gradient: the other outputs are what the backward reads
+    o, lse, qv, kv, vv, dq, dk, dv = ctx.saved_tensors
+    grads = torch.ops.fp4train.nvfp4_attention_backward(do, o, lse, qv, kv, vv, dq, dk, dv, ctx.causal, ctx.scale, ctx.impl)
+    return tuple(g.to(dt) for g, dt in zip(grads, ctx.dtypes)) + (None, None, None)
+
+
+torch.library.register_autograd("fp4train::nvfp4_attention", _backward, setup_context=_setup_context)
 
 
 def nvfp4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True, scale: float | None = None,
@@ -74,13 +110,8 @@ def nvfp4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
         raise ValueError(f"head dim {d} is not a multiple of 16 (NVFP4 blocks)")
     if _use_triton(impl, q) and d not in HEAD_DIMS:
         raise ValueError(f"the Triton attention kernel takes head dims {HEAD_DIMS}, got {d}; use impl='reference'")
-    return _apply(q, k, v, causal, default_scale(d) if scale is None else float(scale), impl)
-
-
-@torch.compiler.disable
-def _apply(q, k, v, causal: bool, scale: float, impl: str) -> torch.Tensor:
-    """The attention call runs outside ``torch.compile``'s graphs (the Triton kernels launch as they are)."""
-    return _NVFP4Attention.apply(q, k, v, causal, scale, impl)
+    o = torch.ops.fp4train.nvfp4_attention(q, k, v, causal, default_scale(d) if scale is None else float(scale), impl)[0]
+    return o.to(q.dtype)
 
 
 def set_attention(model: nn.Module, kind: str) -> int:
