@@ -10,7 +10,8 @@ summation order (online softmax, tiled accumulation, atomic dQ adds - or, under
 
 Layout: ``q [B, H, T, D]``, ``k, v [B, Hkv, T, D]`` contiguous, ``H = G * Hkv``. Forward: one program per
 (64 queries, batch x head). Backward: one program per (64 keys, batch x kv head), looping over the group's
-query heads and query tiles: dK and dV accumulate in registers, dQ through FP32 atomic adds (whose order, and so
+query heads and query tiles (``delta = rowsum(dO * O)`` computed once beforehand, as in FlashAttention-2): dK and
+dV accumulate in registers, dQ through FP32 atomic adds (whose order, and so
 whose last bits, vary from run to run). When PyTorch is asked for deterministic algorithms, each program stores
 its dQ contribution in its own slice of a ``[T / BN, B, H, T, D]`` buffer instead, summed over the key tiles
 afterwards: the same bits on every run, for ``T / BN`` times dQ's memory while the backward runs.
@@ -97,7 +98,7 @@ def _nvfp4_tile(ds, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _bwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, dqacc_ptr, dk_ptr, dv_ptr, dq_div_ptr, dk_div_ptr, dv_div_ptr,
+def _bwd_kernel(q_ptr, k_ptr, v_ptr, delta_ptr, do_ptr, lse_ptr, dqacc_ptr, dk_ptr, dv_ptr, dq_div_ptr, dk_div_ptr, dv_div_ptr,
                 scale, T, H, G, D: tl.constexpr, CAUSAL: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, F32: tl.constexpr,
                 DET: tl.constexpr):
     pid_n = tl.program_id(0)
@@ -126,8 +127,8 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, dqacc_ptr, dk_ptr, 
             qmask = rm < T
             q = tl.load(q_ptr + q_base + rm[:, None] * D + rd[None, :], mask=qmask[:, None], other=0.0)
             do = tl.load(do_ptr + q_base + rm[:, None] * D + rd[None, :], mask=qmask[:, None], other=0.0)
-            o = tl.load(o_ptr + q_base + rm[:, None] * D + rd[None, :], mask=qmask[:, None], other=0.0)
             lse = tl.load(lse_ptr + bh.to(tl.int64) * T + rm, mask=qmask, other=0.0)
+            delta = tl.load(delta_ptr + bh.to(tl.int64) * T + rm, mask=qmask, other=0.0)
             s = _mm(q, tl.trans(k), F32) * qk_scale
             valid = qmask[:, None] & kmask[None, :]
             if CAUSAL:
@@ -135,7 +136,6 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, dqacc_ptr, dk_ptr, 
             p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
             dv += _mm(tl.trans(p.to(tl.bfloat16)), do, F32)
             dp = _mm(do, tl.trans(v), F32) / div_v
-            delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), axis=1)
             ds = p * (dp - delta[:, None])
             dsv, s_enc = _nvfp4_tile(ds, BM, BN)
             dsv16 = dsv.to(tl.bfloat16)  # exact: E2M1 x E4M3
@@ -166,11 +166,14 @@ def backward(do, o, lse, qv, kv, vv, dq, dk, dv, *, causal: bool, scale: float):
     B, H, T, D = qv.shape
     hkv = kv.shape[1]
     det = torch.are_deterministic_algorithms_enabled()
+    do = do.to(torch.bfloat16).contiguous()
+    # delta = rowsum(dO * O) once for every query row, as the reference computes it (not once per key tile)
+    delta = (do.float() * o.float()).sum(-1).contiguous()
     tiles = triton.cdiv(T, BN)
     d_q = torch.zeros(*((tiles,) if det else ()), B, H, T, D, dtype=torch.float32, device=qv.device)
     d_k = torch.empty(B, hkv, T, D, dtype=torch.float32, device=qv.device)
     d_v = torch.empty_like(d_k)
-    _bwd_kernel[(tiles, B * hkv)](qv, kv, vv, o, do.to(torch.bfloat16).contiguous(), lse, d_q, d_k, d_v,
+    _bwd_kernel[(tiles, B * hkv)](qv, kv, vv, delta, do, lse, d_q, d_k, d_v,
                                                dq.reshape(1), dk.reshape(1), dv.reshape(1), scale, T, H, H // hkv,
                                                D=D, CAUSAL=causal, BM=BM, BN=BN, F32=INTERPRETED, DET=det)
     return (d_q.sum(0) if det else d_q), d_k, d_v
