@@ -206,5 +206,70 @@ def test_attention_is_one_op_inside_a_compiled_graph():
     got = _grads(compiled, q, k, v, do)
     for w, g in zip(want, got):
         assert torch.equal(w, g)
-    torch.library.opcheck(attention_op, (q.bfloat16(), k.bfloat16(), v.bfloat16(), True, 0.125, "reference"),
+    torch.library.opcheck(attention_op, (q.bfloat16(), k.bfloat16(), v.bfloat16(), None, True, 0.125, "reference"),
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+
+def _unquantized(monkeypatch):
+    """The NVFP4 attention with quantization off: Q, K, V as their BF16 values, unit divisors."""
+    import fp4train.attention as attention
+
+    monkeypatch.setattr(attention, "quantize_heads", lambda x: (x.to(torch.bfloat16), torch.ones((), device=x.device)))
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_hugging_face_masks_are_honoured(arch, sqnr, monkeypatch):
+    """Padding (Llama, left-padded) and a sliding window (Mistral, window 8): with quantization off the NVFP4 attention
+    is SDPA's up to P's BF16 rounding, and tokens a query may not see change nothing of its output, bit for bit."""
+    transformers = pytest.importorskip("transformers")
+    kw = dict(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64)
+    if arch == "llama":
+        model_cls, cfg = transformers.LlamaForCausalLM, transformers.LlamaConfig(**kw)
+    else:
+        model_cls, cfg = transformers.MistralForCausalLM, transformers.MistralConfig(sliding_window=8, **kw)
+    torch.manual_seed(0)
+    model = model_cls(cfg).eval()
+    idx = torch.randint(0, 128, (2, 24))
+    am = torch.ones(2, 24, dtype=torch.long)
+    if arch == "llama":
+        am[0, :5] = 0  # left padding of the first row
+    unseen = (0, slice(0, 5)) if arch == "llama" else (1, slice(0, 1))  # padded tokens; token 0, outside the last query's window
+    seen = (slice(None), slice(5, None)) if arch == "llama" else (slice(None), slice(23, None))
+    with torch.no_grad():
+        want = model(idx, attention_mask=am).logits
+    set_attention(model, "nvfp4")
+    _unquantized(monkeypatch)
+    other = idx.clone()
+    other[unseen] = (other[unseen] + 1) % 128
+    with torch.no_grad():
+        got, got_other = (model(x, attention_mask=am).logits for x in (idx, other))
+    row = unseen[0]
+    assert sqnr(want[row][seen[1]], got[row][seen[1]]) > 35
+    assert torch.equal(got[row][seen[1]], got_other[row][seen[1]])
+
+
+def test_masked_attention_gives_padding_rows_zeros_not_nans():
+    q, k, v, do = _inputs(t=16, d=32)
+    mask = torch.ones(1, 1, 16, 16, dtype=torch.bool)
+    mask[..., :4] = False  # keys 0-3 padding: queries 0-3 see nothing (causal)
+    o, *grads = _grads(lambda *a: nvfp4_attention(*a, mask=mask), q, k, v, do)
+    assert torch.isfinite(o).all() and all(torch.isfinite(g).all() for g in grads)
+    assert (o[:, :, :4] == 0).all() and (grads[1][:, :, :4] == 0).all()  # padded keys get no gradient
+    with pytest.raises(ValueError, match="mask must be a bool tensor"):
+        nvfp4_attention(q, k, v, mask=mask.float())
+    with pytest.raises(ValueError, match="take no mask"):
+        nvfp4_attention(q, k, v, mask=mask, impl="triton")
+
+
+def test_hugging_face_attention_refuses_what_it_does_not_implement():
+    from fp4train.attention import _hf_attention
+
+    q, k, v, _ = _inputs(t=16, d=32)
+    module = torch.nn.Module()
+    with pytest.raises(ValueError, match="attention dropout to 0 .attention_dropout, attn_pdrop"):
+        _hf_attention(module, q, k, v, None, dropout=0.1)
+    with pytest.raises(ValueError, match=r"does not implement the attention argument\(s\) \['softcap'\]"):
+        _hf_attention(module, q, k, v, None, softcap=30.0)
+    out, _ = _hf_attention(module, q, k, v, None, position_ids=torch.arange(16), sliding_window=None)
+    assert out.shape == (1, 16, 4, 32)

@@ -11,6 +11,9 @@ to it with :func:`set_attention` (fp4train's Llama and Hugging Face Llama-style 
 
 from __future__ import annotations
 
+import warnings
+from typing import Optional
+
 import torch
 import torch.nn as nn
 
@@ -35,21 +38,22 @@ def _use_triton(impl: str, q: torch.Tensor) -> bool:
 # the backward sees the numbers the forward used (the paper's tensor reuse).
 
 @torch.library.custom_op("fp4train::nvfp4_attention", mutates_args=())
-def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float, impl: str) -> list[torch.Tensor]:
+def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], causal: bool, scale: float,
+                 impl: str) -> list[torch.Tensor]:
     """``[O (bf16), LSE, Q^, K^, V^, s_q, s_k, s_v]`` of :func:`nvfp4_attention` (checked arguments)."""
     (qv, dq), (kv, dk), (vv, dv) = quantize_heads(q), quantize_heads(k), quantize_heads(v)
     qv, kv, vv = qv.contiguous(), kv.contiguous(), vv.contiguous()
-    if _use_triton(impl, q):
+    if mask is None and _use_triton(impl, q):
         from ..kernels import attention as kernel
 
         o, lse = kernel.forward(qv, kv, vv, dq, dk, dv, causal=causal, scale=scale)
     else:
-        o, lse = reference.forward(qv, kv, vv, dq, dk, dv, causal=causal, scale=scale)
+        o, lse = reference.forward(qv, kv, vv, dq, dk, dv, causal=causal, scale=scale, mask=mask)
     return [o, lse, qv, kv, vv, dq.clone(), dk.clone(), dv.clone()]
 
 
 @attention_op.register_fake
-def _(q, k, v, causal, scale, impl):
+def _(q, k, v, mask, causal, scale, impl):
     b, h, t, d = q.shape
     scalar = q.new_empty((), dtype=torch.float32)
     return [q.new_empty(q.shape, dtype=torch.bfloat16), q.new_empty((b, h, t), dtype=torch.float32),
@@ -59,44 +63,48 @@ def _(q, k, v, causal, scale, impl):
 
 @torch.library.custom_op("fp4train::nvfp4_attention_backward", mutates_args=())
 def attention_backward_op(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, qv: torch.Tensor, kv: torch.Tensor,
-                          vv: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, causal: bool, scale: float,
-                          impl: str) -> list[torch.Tensor]:
+                          vv: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, mask: Optional[torch.Tensor],
+                          causal: bool, scale: float, impl: str) -> list[torch.Tensor]:
     """``[dQ, dK, dV]`` in FP32 from what :func:`attention_op` returned."""
-    if _use_triton(impl, qv):
+    if mask is None and _use_triton(impl, qv):
         from ..kernels import attention as kernel
 
         grads = kernel.backward(do, o, lse, qv, kv, vv, dq, dk, dv, causal=causal, scale=scale)
     else:
-        grads = reference.backward(do, o, lse, qv, kv, vv, dq, dk, dv, causal=causal, scale=scale)
+        grads = reference.backward(do, o, lse, qv, kv, vv, dq, dk, dv, causal=causal, scale=scale, mask=mask)
     return [g.float().contiguous() for g in grads]
 
 
 @attention_backward_op.register_fake
-def _(do, o, lse, qv, kv, vv, dq, dk, dv, causal, scale, impl):
+def _(do, o, lse, qv, kv, vv, dq, dk, dv, mask, causal, scale, impl):
     return [qv.new_empty(qv.shape, dtype=torch.float32), kv.new_empty(kv.shape, dtype=torch.float32),
             vv.new_empty(vv.shape, dtype=torch.float32)]
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, impl = inputs
-    ctx.save_for_backward(*output)
+    q, k, v, mask, causal, scale, impl = inputs
+    ctx.save_for_backward(*output, mask)
     ctx.causal, ctx.scale, ctx.impl, ctx.dtypes = causal, scale, impl, (q.dtype, k.dtype, v.dtype)
 
 
 def _backward(ctx, grads_out):
     do = grads_out[0]  # only O carries a gradient: the other outputs are what the backward reads
-    o, lse, qv, kv, vv, dq, dk, dv = ctx.saved_tensors
-    grads = torch.ops.fp4train.nvfp4_attention_backward(do, o, lse, qv, kv, vv, dq, dk, dv, ctx.causal, ctx.scale, ctx.impl)
-    return tuple(g.to(dt) for g, dt in zip(grads, ctx.dtypes)) + (None, None, None)
+    o, lse, qv, kv, vv, dq, dk, dv, mask = ctx.saved_tensors
+    grads = torch.ops.fp4train.nvfp4_attention_backward(do, o, lse, qv, kv, vv, dq, dk, dv, mask, ctx.causal, ctx.scale,
+                                                        ctx.impl)
+    return tuple(g.to(dt) for g, dt in zip(grads, ctx.dtypes)) + (None, None, None, None)
 
 
 torch.library.register_autograd("fp4train::nvfp4_attention", _backward, setup_context=_setup_context)
 
 
 def nvfp4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True, scale: float | None = None,
-                    impl: str = "auto") -> torch.Tensor:
+                    impl: str = "auto", mask: torch.Tensor | None = None) -> torch.Tensor:
     """Attention with Full-Stack FP4's numerics (module docstring of :mod:`.reference`); output ``[B, H, T, D]``
-    in ``q``'s dtype. ``impl``: ``"auto"`` (Triton on CUDA, the reference elsewhere), ``"reference"``, ``"triton"``."""
+    in ``q``'s dtype. ``impl``: ``"auto"`` (Triton on CUDA, the reference elsewhere), ``"reference"``, ``"triton"``.
+    ``mask``: bool, broadcastable to ``[B, H, T, T]``, True where a query may attend to a key (padding, sliding
+    windows; on top of ``causal``); a query with no key to attend to gets a zero output. The Triton kernels take no
+    mask: a masked call runs the reference (plain PyTorch, T x T scores in memory), and says so once."""
     if impl not in _IMPLS:
         raise ValueError(f"impl must be one of {_IMPLS}, got {impl!r}")
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4 or k.shape != v.shape:
@@ -108,9 +116,18 @@ def nvfp4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
                          "a multiple of k's (grouped-query attention)")
     if d % 16:
         raise ValueError(f"head dim {d} is not a multiple of 16 (NVFP4 blocks)")
-    if _use_triton(impl, q) and d not in HEAD_DIMS:
+    if mask is not None:
+        if mask.dtype != torch.bool or mask.ndim != 4 or any(m not in (1, n) for m, n in zip(mask.shape, (b, h, t, t))):
+            raise ValueError(f"mask must be a bool tensor broadcastable to [B, H, T, T] = {[b, h, t, t]}, got "
+                             f"{mask.dtype} {tuple(mask.shape)}")
+        if impl == "triton":
+            raise ValueError("the Triton attention kernels take no mask; use impl='auto' or 'reference' for masked attention")
+        if q.is_cuda:
+            warnings.warn("fp4train: masked NVFP4 attention (padding or a sliding window) runs the plain-PyTorch reference, "
+                          "which holds the T x T scores in memory; unpadded causal batches run the Triton kernels", stacklevel=2)
+    elif _use_triton(impl, q) and d not in HEAD_DIMS:
         raise ValueError(f"the Triton attention kernel takes head dims {HEAD_DIMS}, got {d}; use impl='reference'")
-    o = torch.ops.fp4train.nvfp4_attention(q, k, v, causal, default_scale(d) if scale is None else float(scale), impl)[0]
+    o = torch.ops.fp4train.nvfp4_attention(q, k, v, mask, causal, default_scale(d) if scale is None else float(scale), impl)[0]
     return o.to(q.dtype)
 
 
@@ -146,19 +163,45 @@ def switchable(module: nn.Module) -> bool:
 HF_NAME = "fp4train_nvfp4"
 
 
+#: attention arguments Hugging Face models pass that need nothing from the NVFP4 attention: bookkeeping, and
+#: ``sliding_window``, which the mask (built as for SDPA, :func:`register_hf`) already holds
+_HF_HANDLED = frozenset({"position_ids", "use_cache", "cache_position", "sliding_window", "output_attentions", "past_key_values",
+                         "is_causal"})
+
+
 def _hf_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Hugging Face's attention interface: ``[B, H, T, D]`` in, ``([B, T, H, D], None)`` out (causal, no padding mask)."""
+    """Hugging Face's attention interface: ``[B, H, T, D]`` in, ``([B, T, H, D], None)`` out. The mask comes as
+    transformers builds it for SDPA: None for plain causal attention (the Triton kernels), else a bool mask
+    (padding, sliding windows: the reference). Arguments it cannot honour are refused, naming them."""
     if dropout:
-        raise ValueError("fp4train's NVFP4 attention has no dropout; set attention_dropout=0")
-    o = nvfp4_attention(query, key, value, causal=getattr(module, "is_causal", True), scale=scaling)
+        raise ValueError(f"{type(module).__name__}: fp4train's NVFP4 attention has no dropout, and this model asks for "
+                         f"{dropout}: set the config's attention dropout to 0 (attention_dropout, attn_pdrop or "
+                         "attention_probs_dropout_prob, whichever the model has)")
+    unsupported = sorted(k for k, v in kwargs.items() if v is not None and v is not False and k not in _HF_HANDLED)
+    if unsupported:
+        raise ValueError(f"{type(module).__name__}: fp4train's NVFP4 attention does not implement the attention "
+                         f"argument(s) {unsupported} this model passes; keep its attention in high precision "
+                         "(a recipe without attention='nvfp4')")
+    if query.shape[2] != key.shape[2]:
+        raise ValueError(f"{type(module).__name__}: fp4train's NVFP4 attention takes as many keys as queries (training "
+                         f"without a cache), got {query.shape[2]} queries and {key.shape[2]} keys")
+    mask = attention_mask
+    if mask is not None and mask.dtype != torch.bool:  # an additive float mask: 0 where attended
+        mask = mask == 0
+    causal = bool(kwargs.get("is_causal", getattr(module, "is_causal", True)))
+    o = nvfp4_attention(query, key, value, causal=causal, scale=scaling, mask=mask)
     return o.transpose(1, 2).contiguous(), None
 
 
 def register_hf() -> None:
-    """Register :func:`nvfp4_attention` with transformers' ``AttentionInterface`` as ``"fp4train_nvfp4"``."""
+    """Register :func:`nvfp4_attention` with transformers' ``AttentionInterface`` as ``"fp4train_nvfp4"``, and SDPA's mask
+    builder for it (``AttentionMaskInterface``: no mask for plain causal attention, a bool mask for padding and sliding
+    windows)."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(HF_NAME, _hf_attention)
+    AttentionMaskInterface.register(HF_NAME, sdpa_mask)
 
 
 __all__ = ["HF_NAME", "KINDS", "TILE", "nvfp4_attention", "quantize_ds", "quantize_heads", "register_hf", "set_attention"]

@@ -79,30 +79,40 @@ def _expand(kv: torch.Tensor, vv: torch.Tensor, heads: int) -> tuple[torch.Tenso
     return tuple(x.repeat_interleave(g, dim=1).float() if g > 1 else x.float() for x in (kv, vv))
 
 
-def _scores(qv, k, dq, dk, *, causal: bool, scale: float) -> torch.Tensor:
-    """``S = Q^ K^^T * scale`` in FP32 (the divisors folded into the scale), -inf above the causal diagonal."""
+def _scores(qv, k, dq, dk, *, causal: bool, scale: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """``S = Q^ K^^T * scale`` in FP32 (the divisors folded into the scale), -inf above the causal diagonal and where
+    ``mask`` (bool, broadcast to ``[B, H, Tq, Tk]``, True: attend) is False."""
     s = (qv.float() @ k.mT) * (scale / (dq * dk))
     if causal:
         tq, tk = s.shape[-2:]
         s = s.masked_fill(~torch.ones(tq, tk, dtype=torch.bool, device=s.device).tril(tk - tq), float("-inf"))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
     return s
 
 
-def forward(qv, kv, vv, dq, dk, dv, *, causal: bool, scale: float):
-    """``(O [B, H, T, D] bf16, LSE [B, H, T] fp32)`` of quantized values and their divisors (see the module docstring)."""
+def _probs(s: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """``P = exp(S - LSE)``; a query that may attend to no key (a padding row of a mask) gets P = 0, so its output
+    and its gradients are 0, not NaN."""
+    return torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+
+
+def forward(qv, kv, vv, dq, dk, dv, *, causal: bool, scale: float, mask: torch.Tensor | None = None):
+    """``(O [B, H, T, D] bf16, LSE [B, H, T] fp32)`` of quantized values and their divisors (see the module docstring);
+    ``mask``: bool ``[B or 1, H or 1, Tq, Tk]``, True where a query may attend to a key (padding, sliding windows)."""
     k, v = _expand(kv, vv, qv.shape[1])
-    s = _scores(qv, k, dq, dk, causal=causal, scale=scale)
+    s = _scores(qv, k, dq, dk, causal=causal, scale=scale, mask=mask)
     lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse[..., None])
+    p = _probs(s, lse)
     o = (p.to(torch.bfloat16).float() @ v) / dv
     return o.to(torch.bfloat16), lse
 
 
-def backward(do, o, lse, qv, kv, vv, dq, dk, dv, *, causal: bool, scale: float):
+def backward(do, o, lse, qv, kv, vv, dq, dk, dv, *, causal: bool, scale: float, mask: torch.Tensor | None = None):
     """``(dQ, dK, dV)`` in FP32 for the upstream gradient ``do`` (see the module docstring)."""
     g = qv.shape[1] // kv.shape[1]
     k, v = _expand(kv, vv, qv.shape[1])
-    p = torch.exp(_scores(qv, k, dq, dk, causal=causal, scale=scale) - lse[..., None])
+    p = _probs(_scores(qv, k, dq, dk, causal=causal, scale=scale, mask=mask), lse)
     do16 = do.to(torch.bfloat16).float()
     d_v = p.to(torch.bfloat16).float().mT @ do16
     dp = (do16 @ v.mT) / dv
