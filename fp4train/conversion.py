@@ -8,6 +8,7 @@ All shape problems are collected first and reported together, before anything is
 
 from __future__ import annotations
 
+import logging
 import re
 import warnings
 from typing import Callable
@@ -17,6 +18,9 @@ import torch.nn as nn
 
 from . import backends
 from . import recipes as _recipes
+from .conversion_report import (CONVERTED, HIGH_PRECISION, SKIPPED, ConversionReport, Entry, describe_spec, unhandled_reason,
+                                weight_bearing)
+from .linear.conv1d import QuantizedConv1D, is_conv1d
 from .linear.lora_svd import LoRASVDLinear
 from .linear.module import QuantizedLinear
 from .linear.shared_input import SharedInput
@@ -36,6 +40,7 @@ def convert(
     numerics: str | None = None,
     device_seeds: bool = False,
     calibrating: bool = False,
+    strict: bool = False,
 ) -> nn.Module:
     """Swap ``model``'s ``nn.Linear`` layers for :class:`QuantizedLinear` as ``recipe`` says.
 
@@ -57,9 +62,14 @@ def convert(
 
         calibrating: for a recipe that calibrates (AdaHOP), say that a calibration follows (the trainer
             records one over the first steps); without it converting warns that the layers stay BF16.
+        strict: refuse (``ValueError``, before changing anything) a model with a weight-bearing module that
+            fp4train has no quantized layer for; without it such modules stay as they are, with a warning.
 
-    Returns ``model``. Raises ``ValueError`` naming every layer whose shape the recipe cannot
-    run, with the fix, before changing anything.
+    Converted: ``nn.Linear`` and transformers' ``Conv1D`` (GPT-2's transposed linear, kept transposed). Returns
+    ``model``, with ``model.fp4train_conversion`` (:class:`~fp4train.conversion_report.ConversionReport`): every
+    weight-bearing module converted (and its spec), kept in high precision (and why) or skipped; its summary goes
+    to the ``fp4train`` logger. Raises ``ValueError`` naming every layer whose shape the recipe cannot run, with
+    the fix, before changing anything.
 
     A recipe that calibrates (``recipe.calibrate``, AdaHOP) has no FP4 strategy until calibration gives
     one: its layers run in BF16 and say so (``QuantizedLinear.uncalibrated``). Calibrate with
@@ -80,38 +90,65 @@ def convert(
     if isinstance(model, nn.Linear):
         raise TypeError("convert() swaps submodules in place; wrap a bare nn.Linear, e.g. nn.Sequential(linear)")
 
-    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) or is_conv1d(m)]
     indices = {n: block_index(n) for n, _ in linears}
     known = [i for i in indices.values() if i is not None]
     num_blocks = max(known) + 1 if known else None
 
+    report = ConversionReport(recipe.name)
     plan, problems = [], []
     for name, mod in linears:
+        kind = type(mod).__name__
         if filter is not None and not filter(name, mod):
+            report.entries.append(Entry(name, kind, HIGH_PRECISION, "left out by convert()'s filter"))
             continue
         spec = recipe.spec_for(name, indices[name], num_blocks)
         if spec is None:
+            report.entries.append(Entry(name, kind, HIGH_PRECISION,
+                                        "the recipe keeps it in high precision (its overrides or keep_last_blocks)"))
             if isinstance(mod, QuantizedLinear):  # a previous convert(): back to high precision
                 plan.append((name, mod, None))
             continue
+        n_in, n_out = _dims(mod)
         if not mod.weight.dtype.is_floating_point:
             problems.append(f"  {name}: weight dtype {mod.weight.dtype} is not floating point")
             continue
-        for p in spec.shape_problems(mod.in_features, mod.out_features):
-            problems.append(f"  {name} (Linear {mod.in_features}->{mod.out_features}): {p}")
+        transposed = is_conv1d(mod) or isinstance(mod, QuantizedConv1D)
+        if recipe.lora_svd is not None and spec.quantized and transposed:
+            problems.append(f"  {name} ({kind} {n_in}->{n_out}): LoRA-SVD splits nn.Linear weights, not Conv1D's "
+                            "transposed ones")
+            continue
+        for p in spec.shape_problems(n_in, n_out):
+            problems.append(f"  {name} ({kind} {n_in}->{n_out}): {p}")
+        lora = " (LoRA-SVD)" if recipe.lora_svd is not None else ""
+        report.entries.append(Entry(name, kind, CONVERTED, describe_spec(spec) + lora) if spec.quantized
+                              else Entry(name, kind, HIGH_PRECISION, "its spec quantizes nothing"))
         plan.append((name, mod, spec))
+    handled = {n for n, _ in linears}
+    for name, mod in model.named_modules():
+        if name in handled or not weight_bearing(mod) or isinstance(mod, (nn.Linear, QuantizedLinear)):
+            continue
+        status = HIGH_PRECISION if isinstance(mod, nn.Embedding) else SKIPPED
+        report.entries.append(Entry(name, type(mod).__name__, status, unhandled_reason(mod)))
+    skipped = report.of(SKIPPED)
+    if strict and skipped:
+        problems += [f"  {e}" for e in skipped]
     if problems:
         raise ValueError(
             f"recipe {recipe.name!r} cannot run these layers:\n"
             + "\n".join(problems)
             + "\nFix: exclude them with convert(..., filter=lambda name, m: name not in {...}), add an "
-            "Override(pattern, None) to the recipe, or give the model dimensions that are multiples of the block size."
+            "Override(pattern, None) to the recipe, or give the model dimensions that are multiples of the block size"
+            + ("; skipped modules: convert without strict=True to leave them in high precision" if strict and skipped else "")
+            + "."
         )
 
     shared = SharedInput()  # the layers of this model that read one input prepare it once
     for i, (name, mod, spec) in enumerate(plan):
         if spec is None and isinstance(mod, LoRASVDLinear):
             new = mod.to_linear()  # one weight again: W_res + beta * B A
+        elif spec is None and isinstance(mod, QuantizedConv1D):
+            new = mod.to_conv1d()
         elif spec is None:
             new = nn.Linear.__new__(nn.Linear)
             nn.Module.__init__(new)
@@ -120,6 +157,13 @@ def convert(
         elif isinstance(mod, LoRASVDLinear):  # converted before: its split stays, the numerics follow the recipe
             mod._configure(spec, backend, numerics, device_seeds, recipe.name, shared)
             new = mod
+        elif isinstance(mod, QuantizedConv1D):  # converted before: the numerics follow the recipe
+            mod._configure(spec, backend, numerics, device_seeds, recipe.name, shared)
+            new = mod
+        elif is_conv1d(mod):
+            new = QuantizedConv1D.from_conv1d(mod, spec, backend=backend, numerics=numerics, device_seeds=device_seeds,
+                                              recipe_name=recipe.name, shared_input=shared)
+            new.uncalibrated = recipe.calibrate is not None
         elif recipe.lora_svd is not None and spec.quantized:
             new = LoRASVDLinear.from_linear(mod, spec, lora=recipe.lora_svd, seed=i, backend=backend, numerics=numerics,
                                             device_seeds=device_seeds, recipe_name=recipe.name, shared_input=shared)
@@ -135,6 +179,12 @@ def convert(
             set_attention(model, recipe.attention)
         except ValueError as e:  # the linears are converted all the same: a part of a model may have no attention
             warnings.warn(f"recipe {recipe.name!r} quantizes attention, but {e}", UserWarning, stacklevel=2)
+    model.fp4train_conversion = report
+    logging.getLogger("fp4train").info("%s", report.summary())
+    if skipped:
+        warnings.warn(f"{report.summary()}: the skipped modules stay in high precision ({'; '.join(map(str, skipped[:3]))}"
+                      f"{'; ...' if len(skipped) > 3 else ''}). convert(..., strict=True) refuses such a model; "
+                      "model.fp4train_conversion lists every module", UserWarning, stacklevel=2)
     return model
 
 
@@ -144,6 +194,8 @@ def unconvert(model: nn.Module) -> nn.Module:
     for name, mod in [(n, m) for n, m in model.named_modules() if isinstance(m, QuantizedLinear)]:
         if isinstance(mod, LoRASVDLinear):
             new = mod.to_linear()
+        elif isinstance(mod, QuantizedConv1D):
+            new = mod.to_conv1d()
         else:
             new = nn.Linear.__new__(nn.Linear)
             nn.Module.__init__(new)
@@ -156,6 +208,13 @@ def unconvert(model: nn.Module) -> nn.Module:
         if switchable(m):
             m.attention = "sdpa"
     return model
+
+
+def _dims(mod: nn.Module) -> tuple[int, int]:
+    """``(in_features, out_features)`` of a linear layer or a transformers ``Conv1D`` (weight ``[in, out]``)."""
+    if is_conv1d(mod):
+        return mod.weight.shape[0], mod.weight.shape[1]
+    return mod.in_features, mod.out_features
 
 
 def block_index(name: str) -> int | None:

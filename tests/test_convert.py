@@ -97,3 +97,62 @@ def test_refuses_bare_linear_unknown_recipe_and_backend():
         fp4train.convert(Tiny(), "mxfp5")
     with pytest.raises(ValueError, match="unknown GEMM backend 'cuda'"):
         fp4train.convert(Tiny(), "mxfp4", backend="cuda")
+
+
+class _Experts(nn.Module):
+    """A mixture of experts' stacked expert weights, as transformers 5 keeps them."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate_up = nn.Parameter(torch.randn(4, 64, 32))
+
+
+def test_convert_reports_every_weight_bearing_module_and_strict_refuses_what_it_skips():
+    def model():
+        torch.manual_seed(0)
+        return nn.ModuleDict(dict(embed=nn.Embedding(10, 32), proj=nn.Linear(32, 64), head=nn.Linear(64, 10),
+                                  conv=nn.Conv2d(3, 8, 3), experts=_Experts()))
+
+    m = model()
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    with pytest.raises(ValueError, match=r"conv \(Conv2d\): skipped(.|\n)*experts \(_Experts\): skipped - weights of 3"):
+        fp4train.convert(m, "mxfp4", filter=lambda n, _: n != "head", strict=True)
+    assert all(type(x) is nn.Linear for x in (m.proj, m.head))  # refused before anything changed
+    assert all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())
+    with pytest.warns(UserWarning, match=r"1 layers converted, 2 kept in high precision, 2 skipped \(Conv2d x1, _Experts x1\)"):
+        fp4train.convert(m, "mxfp4", filter=lambda n, _: n != "head")
+    status = {e.name: e.status for e in m.fp4train_conversion.entries}
+    assert status == {"proj": "converted", "head": "high precision", "embed": "high precision", "conv": "skipped",
+                      "experts": "skipped"}
+    assert "fprop mxfp4 x mxfp4" in str(m.fp4train_conversion)
+
+
+def test_gpt2_conv1d_is_converted_as_the_transposed_linear_it_is():
+    transformers = pytest.importorskip("transformers")
+    from fp4train.linear.conv1d import QuantizedConv1D
+    from fp4train.linear.module import QuantizedLinear
+
+    conv = transformers.pytorch_utils.Conv1D(48, 32)  # 32 -> 48, weight [32, 48]
+    m = fp4train.convert(nn.Sequential(conv), "nvfp4")
+    layer = m[0]
+    assert isinstance(layer, QuantizedConv1D) and layer.weight is conv.weight and m.fp4train_conversion.of("converted")
+    lin = nn.Linear(32, 48)
+    with torch.no_grad():
+        lin.weight.copy_(conv.weight.T)
+        lin.bias.copy_(conv.bias)
+    ql = QuantizedLinear.from_linear(lin, layer.spec)
+    x = torch.randn(2, 16, 32, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    torch.manual_seed(5)
+    y = layer(x)
+    torch.manual_seed(5)
+    y2 = ql(x2)
+    assert torch.equal(y, y2)  # the same quantized GEMMs, the same bits
+    y.square().sum().backward()
+    y2.square().sum().backward()
+    assert torch.equal(conv.weight.grad, lin.weight.grad.T) and torch.equal(x.grad, x2.grad)
+    assert set(m.state_dict()) == {"0.weight", "0.bias"} and m.state_dict()["0.weight"].shape == (32, 48)
+    fp4train.unconvert(m)
+    assert type(m[0]) is type(conv) and m[0].weight is conv.weight
+    with pytest.raises(ValueError, match="LoRA-SVD splits nn.Linear weights, not Conv1D"):
+        fp4train.convert(nn.Sequential(transformers.pytorch_utils.Conv1D(48, 32)), "fullstack")

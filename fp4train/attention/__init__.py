@@ -147,7 +147,8 @@ def set_attention(model: nn.Module, kind: str) -> int:
         if kind == "nvfp4":
             register_hf()
         config._attn_implementation = HF_NAME if kind == "nvfp4" else "sdpa"
-        n = sum(1 for name, _ in model.named_modules() if name.endswith("self_attn"))
+        # Hugging Face attention modules say whether they are causal (Llama's self_attn, GPT-2's attn, BERT's self)
+        n = sum(1 for m in model.modules() if m is not model and isinstance(getattr(m, "is_causal", None), bool))
     if n == 0:
         raise ValueError(f"{type(model).__name__} has no attention fp4train can switch: it knows fp4train's Llama and Hugging "
                          "Face models with an attention interface; call fp4train.attention.nvfp4_attention in your own")
