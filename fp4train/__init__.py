@@ -18,11 +18,11 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "FORMATS": "formats", "QuantizedTensor": "formats", "dequantize": "formats", "fake_quantize": "formats",
     "quantize": "formats", "convert": "conversion", "unconvert": "conversion", "QuantizedLinear": "linear",
-    "Quantizer": "quantizer", "Recipe": "recipes", "hadamard": "transforms",
+    "Quantizer": "quantizer", "Recipe": "recipes", "hadamard": "transforms", "calibrate": "adahop.calibration",
 }
 _MODULES = ("backends", "formats", "recipes", "transforms")
 
-__all__ = ["FORMATS", "QuantizedLinear", "QuantizedTensor", "Quantizer", "Recipe", "backends", "convert", "dequantize",
+__all__ = ["FORMATS", "QuantizedLinear", "QuantizedTensor", "Quantizer", "Recipe", "backends", "calibrate", "convert", "dequantize",
            "fake_quantize", "formats", "hadamard", "quantize", "recipes", "transforms", "unconvert"]
 
 

@@ -73,14 +73,16 @@ def convert(
 
     A recipe that calibrates (``recipe.calibrate``, AdaHOP) has no FP4 strategy until calibration gives
     one: its layers run in BF16 and say so (``QuantizedLinear.uncalibrated``). Calibrate with
+    :func:`fp4train.calibrate` (any model), with
     ``fp4train train`` (its first ``calibration_steps`` steps) or convert with the calibrated recipe,
     ``Calibration.load(file).recipe()``.
     """
     recipe = _recipes.get(recipe)
     if recipe.calibrate and not calibrating:
         warnings.warn(f"recipe {recipe.name!r} needs a calibration: until one is applied its layers run in BF16, not FP4. "
-                      "Train with `fp4train train --recipe adahop` (it calibrates over the first "
-                      f"{recipe.calibration_steps} steps) or convert with Calibration.load(FILE).recipe()",
+                      "Calibrate any model with fp4train.calibrate(model, batches) (it converts the model to the "
+                      "calibrated recipe), train with `fp4train train --recipe adahop` (it calibrates over the first "
+                      f"{recipe.calibration_steps} steps), or convert with Calibration.load(FILE).recipe()",
                       UserWarning, stacklevel=2)
     backend = backends.resolve(backend or recipe.backend)  # "auto": fp8_blockwise on a GPU machine, emulated elsewhere
     if numerics is None:

@@ -156,3 +156,23 @@ def test_gpt2_conv1d_is_converted_as_the_transposed_linear_it_is():
     assert type(m[0]) is type(conv) and m[0].weight is conv.weight
     with pytest.raises(ValueError, match="LoRA-SVD splits nn.Linear weights, not Conv1D"):
         fp4train.convert(nn.Sequential(transformers.pytorch_utils.Conv1D(48, 32)), "fullstack")
+
+
+def test_adahop_calibrates_any_model_through_one_public_entry():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    ids = [torch.randint(0, 128, (2, 32)) for _ in range(3)]
+    with pytest.warns(UserWarning, match=r"fp4train.calibrate\(model, batches\)"):
+        fp4train.convert(transformers.LlamaForCausalLM(cfg), "adahop")  # uncalibrated: the warning names the entry
+    cal = fp4train.calibrate(model, ids)
+    assert cal.steps == 3 and all(p.grad is None for p in model.parameters())
+    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    assert len(layers) == 14 and not any(m.uncalibrated for m in layers) and all(m.spec.quantized for m in layers)
+    model(ids[0], labels=ids[0]).loss.backward()  # trains in FP4 now
+    with pytest.raises(ValueError, match="does not calibrate"):
+        fp4train.calibrate(model, ids, recipe="mxfp4")
+    with pytest.raises(ValueError, match="got no batches"):
+        fp4train.calibrate(transformers.LlamaForCausalLM(cfg), [])

@@ -234,3 +234,59 @@ def calibrate_in_place(model: nn.Module, recipe, train_step, steps: int, *, back
     cal = rec.result()
     convert(model, cal.recipe(recipe.name, base=recipe), backend=backend, numerics=numerics, device_seeds=device_seeds)
     return cal
+
+
+def calibrate(model: nn.Module, batches, recipe="adahop", *, loss=None, backend: str | None = None,
+              numerics: str | None = None) -> Calibration:
+    """AdaHOP on any model: record the outlier patterns of ``model``'s linears over ``batches`` (forward and backward in
+    the model's own precision, no optimizer step, the gradients cleared after each), then convert ``model`` in place to
+    the calibrated recipe. Returns the :class:`Calibration` (``.save(path)`` keeps it for later runs).
+
+    ``batches``: an iterable of what ``loss(model, batch)`` takes (the calibration records one step per batch; the
+    recipe's ``calibration_steps`` is what ``fp4train train`` uses). Without ``loss``: a dict batch is the model's
+    keyword arguments and its output's ``.loss`` the loss (Hugging Face models: give ``labels``); a tensor batch is
+    token ids, and the model is called as ``model(ids, labels=ids)`` (Hugging Face causal LMs).
+    ``recipe``: ``"adahop"``, ``"adahop_measured"`` or a calibrating Recipe; ``backend``, ``numerics`` as
+    :func:`fp4train.convert` takes them."""
+    from .. import recipes
+
+    recipe = recipes.get(recipe)
+    if not recipe.calibrate:
+        raise ValueError(f"recipe {recipe.name!r} does not calibrate; use 'adahop' or 'adahop_measured' (or convert() "
+                         "for other recipes)")
+    loss = loss or _default_loss
+    rec = PatternRecorder.for_recipe(model, recipe).attach()
+    try:
+        for batch in batches:
+            value = loss(model, batch)
+            if not isinstance(value, torch.Tensor) or value.ndim != 0:
+                raise TypeError(f"calibrate(): the loss must be a 0-d tensor, got {type(value).__name__}")
+            if not torch.isfinite(value):
+                raise FloatingPointError(f"calibrate(): the loss of calibration batch {rec.steps} is {value.item()}")
+            value.backward()
+            model.zero_grad(set_to_none=True)
+            rec.steps += 1
+    finally:
+        rec.detach()
+    if rec.steps == 0:
+        raise ValueError("calibrate() got no batches: give at least one (fp4train train uses the recipe's "
+                         f"calibration_steps = {recipe.calibration_steps})")
+    cal = rec.result()
+    from ..conversion import convert
+
+    convert(model, cal.recipe(recipe.name, base=recipe), backend=backend, numerics=numerics)
+    return cal
+
+
+def _default_loss(model: nn.Module, batch) -> torch.Tensor:
+    if isinstance(batch, dict):
+        out = model(**batch)
+    elif isinstance(batch, torch.Tensor):
+        out = model(batch, labels=batch)
+    else:
+        raise TypeError(f"calibrate(): a batch is a dict of model arguments or a tensor of token ids, got "
+                        f"{type(batch).__name__}; pass loss=fn(model, batch) for other batches")
+    value = getattr(out, "loss", out)
+    if value is None:
+        raise ValueError("calibrate(): the model returned no loss; give labels in the batch or pass loss=fn(model, batch)")
+    return value
