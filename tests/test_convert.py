@@ -176,3 +176,12 @@ def test_adahop_calibrates_any_model_through_one_public_entry():
         fp4train.calibrate(model, ids, recipe="mxfp4")
     with pytest.raises(ValueError, match="got no batches"):
         fp4train.calibrate(transformers.LlamaForCausalLM(cfg), [])
+
+
+def test_a_calibrating_recipe_refuses_layers_it_could_not_run_before_calibrating():
+    """AdaHOP's layers run BF16 until calibration picks their strategies; a layer no strategy can run (a 64 -> 1 gate)
+    is refused at convert time, not after the calibration steps."""
+    m = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 1))
+    with pytest.raises(ValueError, match=r"1 \(Linear 64->1\)"):
+        fp4train.convert(m, "adahop", calibrating=True)
+    assert all(type(x) is nn.Linear for x in m)
