@@ -204,11 +204,13 @@ def unconvert(model: nn.Module) -> nn.Module:
             new.in_features, new.out_features, new.weight, new.bias = mod.in_features, mod.out_features, mod.weight, mod.bias
         new.train(mod.training)
         _set_submodule(model, name, new)
-    from .attention import switchable
+    from .attention import HF_NAME, set_attention, switchable
 
     for m in model.modules():  # attention back to the model's own
         if switchable(m):
             m.attention = "sdpa"
+    if getattr(getattr(model, "config", None), "_attn_implementation", None) == HF_NAME:
+        set_attention(model, "sdpa")  # a Hugging Face model: the implementation it had before
     return model
 
 

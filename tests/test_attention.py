@@ -273,3 +273,22 @@ def test_hugging_face_attention_refuses_what_it_does_not_implement():
         _hf_attention(module, q, k, v, None, softcap=30.0)
     out, _ = _hf_attention(module, q, k, v, None, position_ids=torch.arange(16), sliding_window=None)
     assert out.shape == (1, 16, 4, 32)
+
+
+def test_unconvert_gives_a_hugging_face_model_its_attention_back():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    idx = torch.randint(0, 128, (1, 32))
+    with torch.no_grad():
+        want = model(idx).logits
+    fp4train.convert(model, "fullstack")
+    assert model.config._attn_implementation == "fp4train_nvfp4"
+    fp4train.unconvert(model)
+    assert model.config._attn_implementation == "eager"  # what it had, not SDPA
+    with torch.no_grad():
+        got = model(idx).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)  # LoRA-SVD merged back: W_res + B A

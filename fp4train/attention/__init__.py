@@ -132,7 +132,8 @@ def nvfp4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
 
 
 def set_attention(model: nn.Module, kind: str) -> int:
-    """Give ``model``'s attention ``kind``'s numerics (``"sdpa"``: the model's own, ``"nvfp4"``): fp4train's Llama
+    """Give ``model``'s attention ``kind``'s numerics (``"sdpa"``: the model's own - on a Hugging Face model the
+    implementation it had before ``"nvfp4"`` - or ``"nvfp4"``): fp4train's Llama
     (its ``Attention`` modules), and Hugging Face models with an attention interface (``config._attn_implementation``).
     Returns the number of attention modules switched; raises if ``model`` has none that it can switch."""
     if kind not in KINDS:
@@ -146,7 +147,11 @@ def set_attention(model: nn.Module, kind: str) -> int:
     if n == 0 and config is not None and hasattr(config, "_attn_implementation"):
         if kind == "nvfp4":
             register_hf()
-        config._attn_implementation = HF_NAME if kind == "nvfp4" else "sdpa"
+            if config._attn_implementation != HF_NAME:  # what "sdpa" switches back to (eager, flash, ...), kept on the
+                model.fp4train_attn_before = config._attn_implementation  # model, not in its saved config
+            config._attn_implementation = HF_NAME
+        else:
+            config._attn_implementation = getattr(model, "fp4train_attn_before", None) or "sdpa"
         # Hugging Face attention modules say whether they are causal (Llama's self_attn, GPT-2's attn, BERT's self)
         n = sum(1 for m in model.modules() if m is not model and isinstance(getattr(m, "is_causal", None), bool))
     if n == 0:
