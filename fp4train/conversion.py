@@ -99,10 +99,19 @@ def convert(
 
     report = ConversionReport(recipe.name)
     plan, problems = [], []
+    # an LM head found by structure: a linear whose weight is an input embedding's (tied), whatever its name
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    head_kept = recipe.spec_for("lm_head") is None
     for name, mod in linears:
         kind = type(mod).__name__
         if filter is not None and not filter(name, mod):
             report.entries.append(Entry(name, kind, HIGH_PRECISION, "left out by convert()'s filter"))
+            continue
+        if head_kept and id(mod.weight) in embeddings:
+            report.entries.append(Entry(name, kind, HIGH_PRECISION, "an LM head tied to the input embedding: the recipe "
+                                                                    "keeps the LM head in high precision"))
+            if isinstance(mod, QuantizedLinear):
+                plan.append((name, mod, None))
             continue
         spec = recipe.spec_for(name, indices[name], num_blocks)
         if spec is None:

@@ -185,3 +185,17 @@ def test_a_calibrating_recipe_refuses_layers_it_could_not_run_before_calibrating
     with pytest.raises(ValueError, match=r"1 \(Linear 64->1\)"):
         fp4train.convert(m, "adahop", calibrating=True)
     assert all(type(x) is nn.Linear for x in m)
+
+
+def test_a_tied_lm_head_stays_in_high_precision_whatever_its_name():
+    """BERT's MLM decoder is called cls.predictions.decoder: found by its weight, tied to the word embeddings."""
+    emb = nn.Embedding(64, 32)
+    decoder = nn.Linear(32, 64)
+    decoder.weight = emb.weight
+    m = nn.ModuleDict(dict(embeddings=emb, body=nn.Linear(32, 32), decoder=decoder))
+    fp4train.convert(m, "mxfp4")
+    assert type(m["decoder"]) is nn.Linear and isinstance(m["body"], QuantizedLinear)
+    assert "tied to the input embedding" in str(m.fp4train_conversion)
+    untied = nn.ModuleDict(dict(embeddings=nn.Embedding(64, 32), decoder=nn.Linear(32, 64)))
+    fp4train.convert(untied, "mxfp4")
+    assert isinstance(untied["decoder"], QuantizedLinear)  # not tied, not named lm_head: an ordinary layer
