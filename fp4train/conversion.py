@@ -129,7 +129,7 @@ def convert(
             problems.append(f"  {name} ({kind} {n_in}->{n_out}): LoRA-SVD splits nn.Linear weights, not Conv1D's "
                             "transposed ones")
             continue
-        for p in (spec if spec.quantized or not recipe.calibrate else _calibrated_bound(recipe)).shape_problems(n_in, n_out):
+        for p in spec.shape_problems(n_in, n_out):
             problems.append(f"  {name} ({kind} {n_in}->{n_out}): {p}")
         lora = " (LoRA-SVD)" if recipe.lora_svd is not None else ""
         report.entries.append(Entry(name, kind, CONVERTED, describe_spec(spec) + lora) if spec.quantized
@@ -221,17 +221,6 @@ def unconvert(model: nn.Module) -> nn.Module:
     if getattr(getattr(model, "config", None), "_attn_implementation", None) == HF_NAME:
         set_attention(model, "sdpa")  # a Hugging Face model: the implementation it had before
     return model
-
-
-def _calibrated_bound(recipe: Recipe):
-    """What a calibrating recipe's layers may become (AdaHOP: MXFP4 with the inner Hadamard transform on every GEMM,
-    the strategy with the most shape needs): checked before the calibration steps run, not after them."""
-    from .adahop.calibration import GEMMS, gemm_spec
-    from .adahop.patterns import Relative
-    from .adahop.strategy import Strategy
-    from .recipes.spec import LinearSpec
-
-    return LinearSpec(**{g: gemm_spec(Strategy.IHT, Relative.NONE, Relative.NONE, recipe.calibration_k) for g in GEMMS})
 
 
 def _dims(mod: nn.Module) -> tuple[int, int]:

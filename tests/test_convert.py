@@ -180,11 +180,18 @@ def test_adahop_calibrates_any_model_through_one_public_entry():
 
 def test_a_calibrating_recipe_refuses_layers_it_could_not_run_before_calibrating():
     """AdaHOP's layers run BF16 until calibration picks their strategies; a layer no strategy can run (a 64 -> 1 gate)
-    is refused at convert time, not after the calibration steps."""
+    is refused before the first calibration step, not after the calibration."""
     m = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 1))
+    taken = []
+
+    def batches():
+        for _ in range(3):
+            taken.append(1)
+            yield torch.randn(4, 64)
+
     with pytest.raises(ValueError, match=r"1 \(Linear 64->1\)"):
-        fp4train.convert(m, "adahop", calibrating=True)
-    assert all(type(x) is nn.Linear for x in m)
+        fp4train.calibrate(m, batches(), loss=lambda model, x: model(x).sum())
+    assert not taken and all(type(x) is nn.Linear for x in m)
 
 
 def test_a_tied_lm_head_stays_in_high_precision_whatever_its_name():

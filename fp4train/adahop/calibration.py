@@ -126,6 +126,20 @@ class Calibration:
         return cls.from_dict(json.loads(p.read_text()))
 
 
+def check_calibratable(model: nn.Module, recipe) -> None:
+    """Refuse (one ``ValueError`` naming every layer and the fix) a model whose layers the calibrated recipe could not
+    run - checked before any calibration step: the inner Hadamard transform on every GEMM is the strategy with the
+    most shape needs."""
+    bound = LinearSpec(**{g: gemm_spec(Strategy.IHT, Relative.NONE, Relative.NONE, recipe.calibration_k) for g in GEMMS})
+    problems = [f"  {n} (Linear {m.in_features}->{m.out_features}): {p}" for n, m in model.named_modules()
+                if isinstance(m, nn.Linear) and recipe.spec_for(n) is not None
+                for p in bound.shape_problems(m.in_features, m.out_features)]
+    if problems:
+        raise ValueError(f"recipe {recipe.name!r} could not run these layers after calibrating them:\n" + "\n".join(problems)
+                         + "\nFix: keep them in high precision with an Override(pattern, None) in the recipe (or "
+                         "convert(..., filter=...)), or give the model dimensions that are multiples of 32.")
+
+
 class PatternRecorder:
     """Hooks the given linears and records W / X / dY patterns (and, measured mode, GEMM errors)."""
 
@@ -255,6 +269,7 @@ def calibrate(model: nn.Module, batches, recipe="adahop", *, loss=None, backend:
         raise ValueError(f"recipe {recipe.name!r} does not calibrate; use 'adahop' or 'adahop_measured' (or convert() "
                          "for other recipes)")
     loss = loss or _default_loss
+    check_calibratable(model, recipe)
     rec = PatternRecorder.for_recipe(model, recipe).attach()
     try:
         for batch in batches:

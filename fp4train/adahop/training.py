@@ -20,7 +20,7 @@ from typing import ClassVar
 import torch
 
 from ..features import Feature
-from .calibration import Calibration, PatternRecorder
+from .calibration import Calibration, PatternRecorder, check_calibratable
 
 CALIBRATION_FILE = "adahop_calibration.json"
 
@@ -61,6 +61,7 @@ class AdaHOPCalibration(Feature):
         else:
             # the calibration steps run eagerly: the recorder's hooks (one per layer, each reading its tensors on the
             # host) would make the compiler trace and recompile the model once per layer; it compiles once, after
+            check_calibratable(run.model, self.recipe)  # before the first calibration step, not after the last
             self.recorder = PatternRecorder.for_recipe(run.model, self.recipe).attach()
 
     def after_step(self, run) -> None:
