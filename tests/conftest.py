@@ -23,6 +23,22 @@ def sqnr():
     return sqnr_db
 
 
+#: a two-layer Hugging Face Llama-style model small enough for CPU tests (transformers' config arguments)
+TINY_HF = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2)
+
+
+@pytest.fixture
+def tiny_hf_config():
+    """``make(config_class_name="LlamaConfig", **overrides)``: a tiny Hugging Face config (skips without transformers)."""
+    transformers = pytest.importorskip("transformers")
+
+    def make(name: str = "LlamaConfig", **overrides):
+        return getattr(transformers, name)(**{**TINY_HF, **overrides})
+
+    return make
+
+
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", help="also run the slow checks (marked slow: ahead-of-time compiles)")
 

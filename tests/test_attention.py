@@ -218,16 +218,16 @@ def _unquantized(monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral"])
-def test_hugging_face_masks_are_honoured(arch, sqnr, monkeypatch):
+def test_hugging_face_masks_are_honoured(arch, sqnr, monkeypatch, tiny_hf_config):
     """Padding (Llama, left-padded) and a sliding window (Mistral, window 8): with quantization off the NVFP4 attention
     is SDPA's up to P's BF16 rounding, and tokens a query may not see change nothing of its output, bit for bit."""
-    transformers = pytest.importorskip("transformers")
-    kw = dict(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64)
+    import transformers
+
+    kw = dict(hidden_size=128, intermediate_size=256, max_position_embeddings=64)
     if arch == "llama":
-        model_cls, cfg = transformers.LlamaForCausalLM, transformers.LlamaConfig(**kw)
+        model_cls, cfg = transformers.LlamaForCausalLM, tiny_hf_config(**kw)
     else:
-        model_cls, cfg = transformers.MistralForCausalLM, transformers.MistralConfig(sliding_window=8, **kw)
+        model_cls, cfg = transformers.MistralForCausalLM, tiny_hf_config("MistralConfig", sliding_window=8, **kw)
     torch.manual_seed(0)
     model = model_cls(cfg).eval()
     idx = torch.randint(0, 128, (2, 24))
@@ -275,10 +275,10 @@ def test_hugging_face_attention_refuses_what_it_does_not_implement():
     assert out.shape == (1, 16, 4, 32)
 
 
-def test_unconvert_gives_a_hugging_face_model_its_attention_back():
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2)
+def test_unconvert_gives_a_hugging_face_model_its_attention_back(tiny_hf_config):
+    import transformers
+
+    cfg = tiny_hf_config()
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).eval()

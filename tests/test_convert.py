@@ -158,10 +158,10 @@ def test_gpt2_conv1d_is_converted_as_the_transposed_linear_it_is():
         fp4train.convert(nn.Sequential(transformers.pytorch_utils.Conv1D(48, 32)), "fullstack")
 
 
-def test_adahop_calibrates_any_model_through_one_public_entry():
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2)
+def test_adahop_calibrates_any_model_through_one_public_entry(tiny_hf_config):
+    import transformers
+
+    cfg = tiny_hf_config()
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg)
     ids = [torch.randint(0, 128, (2, 32)) for _ in range(3)]

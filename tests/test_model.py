@@ -50,10 +50,10 @@ def test_every_recipe_converts_and_trains_the_model():
         assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
 
 
-def test_convert_on_hugging_face_llama():
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2)
+def test_convert_on_hugging_face_llama(tiny_hf_config):
+    import transformers
+
+    cfg = tiny_hf_config(vocab_size=256)
     torch.manual_seed(0)
     hf = transformers.LlamaForCausalLM(cfg)
     keys = list(hf.state_dict())

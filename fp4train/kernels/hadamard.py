@@ -80,6 +80,16 @@ def transform_cols(x, d_ptr, HAS_D: tl.constexpr, B: tl.constexpr, BK: tl.conste
 
 
 @triton.jit
+def cols_as_rows(x, d_ptr, H: tl.constexpr, HAS_D: tl.constexpr, B: tl.constexpr, BK: tl.constexpr, LOG_B: tl.constexpr,
+                 NORM: tl.constexpr, ROUND_BF16: tl.constexpr):
+    """A ``[B, BK]`` tile as ``[BK, B]`` float32 (one column a row, the column quantization kernels' layout),
+    transformed down its columns first where ``H`` (:func:`transform_cols`)."""
+    if H:
+        return transform_cols(x, d_ptr, HAS_D, B, BK, LOG_B, NORM, ROUND_BF16)
+    return tl.trans(x.to(tl.float32))
+
+
+@triton.jit
 def _hadamard_kernel(
     x_ptr, d_ptr, y_ptr, n_rows, n_cols, sx_r, sx_c, sy_r, sy_c,
     HAS_D: tl.constexpr, B: tl.constexpr, LOG_B: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr,

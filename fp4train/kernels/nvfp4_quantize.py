@@ -23,7 +23,7 @@ from ..formats import nvfp4 as ref_nvfp4
 from ..formats.layout import BlockLayout
 from ..formats.qtensor import QuantizedTensor
 from .amax import finite_amax, hadamard_finite_amax
-from .hadamard import norm, transform_cols
+from .hadamard import cols_as_rows, norm
 from .e4m3 import e4m3_rtne, e4m3_value
 from .mx_quantize import _e2m1_codes, _kernel_keys, _keys, _uniforms
 
@@ -149,10 +149,7 @@ def _nvfp4_cols_kernel(x_ptr, s_enc_ptr, cc_ptr, cs_ptr, M, K, stride_x, stride_
     kk = tl.program_id(1) * BK + tl.arange(0, BK)
     kmask = kk < K
     x = tl.load(x_ptr + m[:, None] * stride_x + kk[None, :], mask=kmask[None, :], other=0.0)
-    if H:
-        xt = transform_cols(x, d_ptr, HAS_D, 16, BK, 4, NORM, ROUND_BF16)
-    else:
-        xt = tl.trans(x.to(tl.float32))
+    xt = cols_as_rows(x, d_ptr, H, HAS_D, 16, BK, 4, NORM, ROUND_BF16)
     v, sb_code, sb, nan_block = _nvfp4_blocks(xt, tl.load(s_enc_ptr), SR)  # [BK, 16]: one block per row, as stored
     u = v
     if SR:

@@ -22,7 +22,7 @@ import triton.language as tl
 from ..formats.qtensor import ScaledBF16
 from .mx_quantize import _e2m1_codes, _kernel_keys, _keys, _uniforms
 from .mx_values import _e2m1_value
-from .hadamard import norm, transform_cols
+from .hadamard import cols_as_rows, norm
 from .nvfp4_quantize import _nvfp4_blocks, check_hadamard, device_tensor_scale
 
 
@@ -55,10 +55,7 @@ def _cols_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.conste
     c = tl.program_id(1) * BK + tl.arange(0, BK)
     mask = (c < K)[None, :]
     x = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=mask, other=0.0)
-    if H:
-        xt = transform_cols(x, d_ptr, HAS_D, 16, BK, 4, NORM, ROUND_BF16)
-    else:
-        xt = tl.trans(x.to(tl.float32))
+    xt = cols_as_rows(x, d_ptr, H, HAS_D, 16, BK, 4, NORM, ROUND_BF16)
     v, _, sb, nan_block = _nvfp4_blocks(xt, tl.load(s_enc_ptr), SR)  # [BK, 16]: one block per row
     u = v
     if SR:
