@@ -205,6 +205,8 @@ def tables(gpu: str) -> dict[str, str]:
         out["train_20m"] = train_table([d])
     if d := _load(f"profile_step-1b-{gpu}.json"):
         out["profile"] = profile_table(d)
+    if d := _load(f"profile_step-20m-{gpu}.json"):  # Full-Stack FP4 at the comparison protocol's size
+        out["profile_20m"] = profile_table(d)
     if d := _load(f"gemm_speed-{gpu}.json"):
         out["gemm"] = gemm_table(d)
     if d := _load(f"attention_speed-{gpu}.json"):

@@ -184,12 +184,14 @@ def _quantized_update(p, g, moments: tuple[dict, dict] | None, amax_over=None, k
 
 
 #: per-step scalars, given to the compiled update as tensors (a Python float would be compiled in as a constant)
-_STEP_SCALARS = ("decay", "step_size", "bias2_sqrt")
+_STEP_SCALARS = ("decay", "step_size", "bias2_sqrt", "step_lr")
 
 
-def _as_tensors(scalars: dict, device: torch.device) -> dict:
-    vals = torch.tensor([scalars[k] for k in _STEP_SCALARS], dtype=torch.float32).to(device, non_blocking=True)
-    return {**scalars, **dict(zip(_STEP_SCALARS, vals.unbind()))}
+def _as_tensors(scalars: dict, device: torch.device, names=_STEP_SCALARS) -> dict:
+    """``scalars`` with the per-step ones among ``names`` as FP32 device tensors (one copy to the device)."""
+    names = [k for k in names if k in scalars]
+    vals = torch.tensor([scalars[k] for k in names], dtype=torch.float32).to(device, non_blocking=True)
+    return {**scalars, **dict(zip(names, vals.unbind()))}
 
 
 #: The codec's layout is a function of the shape, so the update compiles once per state shape (a model has about

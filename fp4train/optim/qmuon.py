@@ -23,6 +23,7 @@ orthogonalizes the whole update, gathered, and applies its own rows of it.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -32,7 +33,7 @@ from ..row_shards import local
 from . import state_codec
 from .newton_schulz import BF16_COEFFICIENTS, NVFP4_COEFFICIENTS, newton_schulz
 from .ns_coefficients import fitted_coefficients, shape_coefficients
-from .qadamw import QAdamW, _put, _sub
+from .qadamw import QAdamW, _as_tensors, _compile_limit, _put, _sub
 
 _BUF = "momentum_buffer"
 ADJUST_LR = ("original", "match_rms_adamw")
@@ -45,10 +46,30 @@ def robust_part(u: torch.Tensor, quantile: float) -> torch.Tensor:
     a = u.detach().abs().flatten().float()
     pos = quantile * (a.numel() - 1)
     lo, hi = math.floor(pos), math.ceil(pos)
-    lo_v = a.kthvalue(lo + 1).values
-    eps = lo_v if hi == lo else torch.lerp(lo_v, a.kthvalue(hi + 1).values, pos - lo)
+    lo_v, hi_v = _order_statistics(a, lo, hi)
+    eps = lo_v if hi == lo else torch.lerp(lo_v, hi_v, pos - lo)
     eps = (eps + 1e-9).to(u.dtype)
     return torch.maximum(torch.minimum(u, eps), -eps)
+
+
+@torch.compiler.disable
+def _order_statistics(a: torch.Tensor, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``lo``-th and ``hi``-th smallest entries of the 1-D ``a`` (from 0; ``hi`` is ``lo`` or ``lo + 1``): by
+    selection on the CPU, through the largest entries on a GPU, where ``kthvalue`` runs one thread block over the
+    whole tensor (about a millisecond per million entries) and ``topk`` a radix sort over all of the device. Left
+    out of a compiled update: with ``topk`` inside, Inductor's graph partitioning failed on a GPU."""
+    return (_by_selection if a.device.type == "cpu" else _by_largest)(a, lo, hi)
+
+
+def _by_selection(a: torch.Tensor, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+    lo_v = a.kthvalue(lo + 1).values
+    return lo_v, (lo_v if hi == lo else a.kthvalue(hi + 1).values)
+
+
+def _by_largest(a: torch.Tensor, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+    top = a.topk(a.numel() - lo, sorted=False).values  # a's entries from its lo-th smallest up
+    two = top.topk(min(2, top.numel()), largest=False).values  # ascending
+    return two[0], two[hi - lo]
 
 
 def adjust_lr(lr: float, how: str, shape: torch.Size) -> float:
@@ -102,38 +123,77 @@ class QMuon(QAdamW):
             self._adamw_group(group)
 
     def _muon_group(self, group: dict) -> None:
-        lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            pl, g = local(p), local(p.grad)  # a sharded parameter: this process's rows
-            state = self.state[p]
-            quantized = group["quantize_states"] and state_codec.fits(p.shape)
-            step = int(state.get("step", 0)) + 1
-            if quantized:
-                buf = (state_codec.decode_signed(_sub(state, _BUF), pl.shape) if _BUF + ".codes" in state
-                       else torch.zeros_like(g, dtype=torch.float32))
-            else:
-                buf = local(state[_BUF]) if _BUF in state else torch.zeros_like(g, memory_format=torch.preserve_format)
-            buf.lerp_(g, 1 - mu)
-            update = row_shards.whole(g.lerp(buf, mu) if group["nesterov"] else buf, p)
-            if group["robust_quantile"] is not None:  # Root: the outliers soft-thresholded away before orthogonalizing
-                update = robust_part(update, group["robust_quantile"])
-            coefficients = group["ns_coefficients"]
-            if isinstance(coefficients, str):  # Root: chosen for this weight's shape
-                pick = shape_coefficients if coefficients == "shape" else fitted_coefficients
-                coefficients = pick(p.shape[0], p.shape[1], group["ns_steps"])
-            update = newton_schulz(update, coefficients, group["ns_steps"], matmul=group["ns_matmul"])
-            pl.mul_(1 - lr * wd)
-            pl.add_(row_shards.own_rows(update, p), alpha=-adjust_lr(lr, group["adjust_lr_fn"], p.shape))
-            if quantized:
-                stored = state_codec.encode_signed(buf, amax_over=row_shards.amax_over(p), keys=self.state_keys(p, step, 0),
-                                                   offset=row_shards.element_offset(p))
+        lr, wd = group["lr"], group["weight_decay"]
+        with _compile_limit(self.compiled):
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                pl, g = local(p), local(p.grad)  # a sharded parameter: this process's rows
+                state = self.state[p]
+                quantized = group["quantize_states"] and state_codec.fits(p.shape)
+                step = int(state.get("step", 0)) + 1
+                settings = _muon_settings(group, p.shape)
+                scalars = dict(decay=1 - lr * wd, step_lr=adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+                if not quantized:
+                    buf = local(state[_BUF]) if _BUF in state else torch.zeros_like(g, memory_format=torch.preserve_format)
+                    _muon_update(pl, g, buf, p=p, **settings, **scalars)
+                    state[_BUF] = row_shards.like(buf, p)
+                    continue
+                stored = _sub(state, _BUF) if _BUF + ".codes" in state else None
+                keys = self.state_keys(p, step, 0)
+                if stored is not None and self.compiled and not row_shards.is_sharded(p):  # the first step runs eagerly
+                    keys = keys.to(p.device, non_blocking=True) if keys is not None else None
+                    scalars = _as_tensors(scalars, p.device)
+                    stored = _compiled_quantized_muon_update()(pl, g, stored, keys=keys, **settings, **scalars)
+                else:
+                    stored = _quantized_muon_update(pl, g, stored, keys=keys, p=p, **settings, **scalars)
                 state.clear()
                 _put(state, _BUF, {k: row_shards.by_rows(x, p) for k, x in stored.items()})
                 state["step"] = torch.tensor(float(step))  # the count the stochastic-rounding keys derive from
-            else:
-                state[_BUF] = row_shards.like(buf, p)
+
+
+def _muon_settings(group: dict, shape: torch.Size) -> dict:
+    """The per-shape constants of a Muon group's update (the coefficients picked for the shape where Root's are)."""
+    coefficients = group["ns_coefficients"]
+    if isinstance(coefficients, str):  # Root: chosen for this weight's shape
+        pick = shape_coefficients if coefficients == "shape" else fitted_coefficients
+        coefficients = pick(shape[0], shape[1], group["ns_steps"])
+    return dict(mu=group["momentum"], nesterov=group["nesterov"], robust_quantile=group["robust_quantile"],
+                coefficients=tuple(coefficients), ns_steps=group["ns_steps"], ns_matmul=group["ns_matmul"])
+
+
+def _muon_update(pl, g, buf, *, p=None, mu, nesterov, robust_quantile, coefficients, ns_steps, ns_matmul, decay, step_lr):
+    """One Muon (Root with ``robust_quantile``) step of ``pl`` from the FP32 momentum ``buf`` (updated in place).
+    ``p``: the whole parameter when ``pl`` is this process's rows of a sharded one (None: ``pl`` is whole)."""
+    buf.lerp_(g, 1 - mu)
+    update = g.lerp(buf, mu) if nesterov else buf
+    if p is not None:
+        update = row_shards.whole(update, p)
+    if robust_quantile is not None:  # Root: the outliers soft-thresholded away before orthogonalizing
+        update = robust_part(update, robust_quantile)
+    update = newton_schulz(update, coefficients, ns_steps, matmul=ns_matmul)
+    pl.mul_(decay)
+    if p is not None:
+        update = row_shards.own_rows(update, p)
+    if isinstance(step_lr, torch.Tensor):  # compiled: a tensor, which add's alpha cannot be
+        pl.sub_(update * step_lr)
+    else:
+        pl.add_(update, alpha=-step_lr)
+
+
+def _quantized_muon_update(pl, g, stored: dict | None, *, keys, p=None, **kwargs) -> dict:
+    """:func:`_muon_update` from the NVFP4-stored momentum (``None``: zero, the first step); returns it stored again."""
+    buf = (state_codec.decode_signed(stored, pl.shape) if stored is not None
+           else torch.zeros_like(g, dtype=torch.float32))
+    _muon_update(pl, g, buf, p=p, **kwargs)
+    whole = p is None  # compiled: a whole parameter
+    return state_codec.encode_signed(buf, amax_over=None if whole else row_shards.amax_over(p), keys=keys,
+                                     offset=0 if whole else row_shards.element_offset(p))
+
+
+@functools.cache
+def _compiled_quantized_muon_update():
+    return torch.compile(_quantized_muon_update, dynamic=False)
 
 
 def muon_groups(model: torch.nn.Module, weight_decay: float, *, exclude=()) -> list[dict]:
