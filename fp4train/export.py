@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from .linear.lora_svd import RESIDUAL
+from . import models
 from .models.llama import Llama, LlamaConfig
 
 
@@ -40,20 +42,23 @@ def load_checkpoint(run: str | Path, checkpoint: str | Path | None = None, *, tr
 
 
 def merged_state_dict(ck: dict) -> dict[str, torch.Tensor]:
-    """The checkpoint's model weights with every LoRA-SVD layer merged: ``weight <- weight + beta * lora_b @ lora_a``."""
+    """The checkpoint's model weights with every LoRA-SVD layer merged: its ``weight`` holds ``W`` (the residual and
+    the factors dropped); in a checkpoint from before the residual had a key of its own, ``weight`` is the residual:
+    ``weight <- weight + beta * lora_b @ lora_a``."""
     sd = dict(ck["model"])
     beta = ((ck.get("recipe") or {}).get("lora_svd") or {}).get("beta", 1.0)
     for key in [k for k in sd if k.endswith(".lora_a")]:
         base = key[: -len(".lora_a")]
         a, b = sd.pop(key), sd.pop(base + ".lora_b")
-        w = sd[base + ".weight"]
-        sd[base + ".weight"] = (w.float() + beta * (b.float() @ a.float())).to(w.dtype)
+        if sd.pop(base + "." + RESIDUAL, None) is None:
+            w = sd[base + ".weight"]
+            sd[base + ".weight"] = (w.float() + beta * (b.float() @ a.float())).to(w.dtype)
     return sd
 
 
 def plain_model(ck: dict) -> Llama:
     """The checkpoint's model with plain linears and the trained weights (LoRA-SVD merged), FP32, in eval mode."""
-    model = Llama(LlamaConfig(**ck["model_config"]))
+    model = models.from_config_dict(ck["model_config"])
     model.load_state_dict({k: v.float() for k, v in merged_state_dict(ck).items()})
     return model.eval()
 
@@ -105,12 +110,15 @@ def export_hf(run: str | Path, out: str | Path, *, checkpoint: str | Path | None
         tok = load_tokenizer(ck["config"].get("tokenizer"))
         if tok.vocab_size > model.config.vocab_size:
             raise ValueError(f"the run's tokenizer has {tok.vocab_size} tokens but the model {model.config.vocab_size}")
-        hf = LlamaForCausalLM(hf_config(model.config, tok.eot_id))
-        sd = {k if k.startswith("lm_head") else f"model.{k}": v for k, v in model.state_dict().items()}
-        missing, unexpected = hf.load_state_dict(sd, strict=False)
-        missing = [k for k in missing if not (model.config.tie_embeddings and k == "lm_head.weight")]
-        if missing or unexpected:
-            raise RuntimeError(f"export: the Hugging Face model does not match fp4train's (missing {missing}, unexpected {unexpected})")
+        if isinstance(model, Llama):
+            hf = LlamaForCausalLM(hf_config(model.config, tok.eot_id))
+            sd = {k if k.startswith("lm_head") else f"model.{k}": v for k, v in model.state_dict().items()}
+            missing, unexpected = hf.load_state_dict(sd, strict=False)
+            missing = [k for k in missing if not (model.config.tie_embeddings and k == "lm_head.weight")]
+            if missing or unexpected:
+                raise RuntimeError(f"export: the Hugging Face model does not match fp4train's (missing {missing}, unexpected {unexpected})")
+        else:  # trained from --hf-config: the model is a Hugging Face one already
+            hf = model.hf
         hf.to(getattr(torch, dtype))
         hf.save_pretrained(tmp, safe_serialization=True)
         eot = tok.tok.id_to_token(tok.eot_id)

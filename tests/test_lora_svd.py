@@ -125,7 +125,7 @@ def test_state_dict_round_trips_and_unconvert_merges():
     m = _model()
     fp4train.convert(m, _lora_recipe())
     sd = {k: v.clone() for k, v in m.state_dict().items()}
-    assert {"0.weight", "0.bias", "0.lora_a", "0.lora_b"} <= set(sd)
+    assert {"0.weight", "0.weight_residual", "0.bias", "0.lora_a", "0.lora_b"} <= set(sd)
     m2 = fp4train.convert(_model(seed=5), _lora_recipe())
     m2.load_state_dict(sd)
     x = torch.randn(4, 64)
@@ -133,6 +133,31 @@ def test_state_dict_round_trips_and_unconvert_merges():
     merged = m[0].merged_weight()
     fp4train.unconvert(m)
     assert type(m[0]) is nn.Linear and torch.allclose(m[0].weight, merged)
+
+
+def test_state_dict_gives_a_plain_model_the_merged_weight_and_a_converted_one_its_residual():
+    """The state dict holds W under ``weight`` (what a plain linear holds) and W_res under ``weight_residual``: a
+    plain model loading it with strict=False gets the trained weight, never the residual; strict=True names the
+    extra keys; a converted model gets its residual back bit for bit; a state dict from before the residual had
+    its own key (``weight`` = W_res) still loads as it was saved."""
+    m = _model()
+    fp4train.convert(m, _lora_recipe())
+    sd = {k: v.clone() for k, v in m.state_dict().items()}
+    assert torch.equal(sd["0.weight"], m[0].merged_weight().to(sd["0.weight"].dtype))
+    assert torch.equal(sd["0.weight_residual"], m[0].weight.detach())
+    plain = _model(seed=5)
+    missing, unexpected = plain.load_state_dict(sd, strict=False)
+    assert not missing and set(unexpected) == {"0.weight_residual", "0.lora_a", "0.lora_b"}
+    assert torch.equal(plain[0].weight, m[0].merged_weight())
+    with pytest.raises(RuntimeError, match="weight_residual"):
+        _model(seed=5).load_state_dict(sd)
+    conv = fp4train.convert(_model(seed=6), _lora_recipe())
+    conv.load_state_dict(sd)
+    assert all(torch.equal(getattr(conv[0], n), getattr(m[0], n)) for n in ("weight", "lora_a", "lora_b", "bias"))
+    earlier = {k: v for k, v in sd.items() if k != "0.weight_residual"} | {"0.weight": sd["0.weight_residual"]}
+    old = fp4train.convert(_model(seed=7), _lora_recipe())
+    old.load_state_dict(earlier)
+    assert torch.equal(old[0].weight, m[0].weight)
 
 
 def test_reconvert_to_high_precision_merges_the_split():
@@ -191,3 +216,21 @@ def test_bad_lora_svd_fields_are_refused(bad):
 def test_recipe_with_lora_svd_round_trips_through_json():
     r = _lora_recipe()
     assert Recipe.from_json(r.to_json()) == r
+
+
+def test_export_merges_checkpoints_of_either_state_dict_format():
+    """``export.merged_state_dict``: W from a checkpoint whose ``weight`` is W already (with ``weight_residual``) and
+    from an earlier one whose ``weight`` is the residual."""
+    from fp4train.export import merged_state_dict
+
+    m = _model()
+    fp4train.convert(m, _lora_recipe())
+    sd = m.state_dict()
+    recipe = {"lora_svd": {"beta": 0.5}}
+    want = m[0].merged_weight()
+    now = merged_state_dict({"model": sd, "recipe": recipe})
+    earlier = merged_state_dict({"model": {k: v for k, v in sd.items() if k != "0.weight_residual"}
+                                 | {"0.weight": sd["0.weight_residual"]}, "recipe": recipe})
+    for got in (now, earlier):
+        assert set(got) == {"0.weight", "0.bias"}
+        torch.testing.assert_close(got["0.weight"], want, rtol=0, atol=1e-6)

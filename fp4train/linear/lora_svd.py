@@ -23,11 +23,13 @@ same (seeded) split and keeps its own rows.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn as nn
 
 from ..recipes.spec import LinearSpec, LoRASVDSpec
-from ..row_shards import assign, full
+from ..row_shards import assign, full, is_sharded
 from .module import QuantizedLinear
 from .shared_input import SharedInput
 
@@ -88,12 +90,24 @@ class _LowRankInput(torch.autograd.Function):
         return dx.to(ctx.x_dtype), None, None, None, None
 
 
+#: the state-dict key of a LoRA-SVD layer's residual ``W_res`` (its ``weight`` key holds ``W``, as a plain linear's)
+RESIDUAL = "weight_residual"
+
+
 class LoRASVDLinear(QuantizedLinear):
     """A :class:`QuantizedLinear` whose ``weight`` is the residual ``W_res`` of ``W = W_res + beta * B A``.
 
     ``lora_a [r, in]`` and ``lora_b [out, r]`` are parameters in the master dtype; ``weight`` keeps its
     identity (an optimizer made before the swap still holds it). :meth:`merged_weight` gives ``W``;
     :meth:`to_linear` a plain ``nn.Linear`` with it.
+
+    Its state dict holds ``W`` under ``weight`` - what a plain ``nn.Linear`` holds, so that loading it into the
+    unconverted model gives the trained weights, never the residual - and ``W_res`` under ``weight_residual``,
+    from which a converted model loads its residual exactly (a state dict without that key is an earlier one,
+    whose ``weight`` is the residual). A plain model refuses the extra keys with ``strict=True``. A sharded layer
+    (FSDP2) keeps that earlier form, its residual under ``weight``: merging would gather the factors from every
+    process, a collective that a state dict taken on one process would wait on forever (``fp4train export``
+    merges a sharded run's checkpoint).
     """
 
     def __init__(self, *args, **kwargs):  # made with from_linear
@@ -115,14 +129,22 @@ class LoRASVDLinear(QuantizedLinear):
         new.realign(seed=seed)
         return new
 
+    #: state dicts in the earlier form, the residual under ``weight`` (:func:`residual_state_dicts`)
+    residual_form = False
+
     @property
     def beta(self) -> float:
         return self.lora.beta
 
     def merged_weight(self) -> torch.Tensor:
-        """``W_res + beta * B A`` in FP32 (no gradient)."""
+        """``W_res + beta * B A`` ``[out, in]`` in FP32 (no gradient)."""
         with torch.no_grad():
-            return full(self.weight).float() + self.beta * (full(self.lora_b).float() @ full(self.lora_a).float())
+            return self._as_out_in(full(self.weight)).float() + self.beta * (full(self.lora_b).float() @ full(self.lora_a).float())
+
+    @staticmethod
+    def _as_out_in(stored: torch.Tensor) -> torch.Tensor:
+        """The weight as ``[out, in]`` from its stored layout (a linear's own; a Conv1D's is transposed)."""
+        return stored
 
     @torch.no_grad()
     def realign(self, *, seed: int | None = None) -> None:
@@ -133,10 +155,23 @@ class LoRASVDLinear(QuantizedLinear):
         b, a = b.to(self.lora_b.dtype), a.to(self.lora_a.dtype)  # as stored
         assign(self.lora_b, b)
         assign(self.lora_a, a)
-        assign(self.weight, w - self.beta * (b.float() @ a.float()))
+        assign(self.weight, self._as_out_in(w - self.beta * (b.float() @ a.float())))  # [out, in] <-> stored: a transpose
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if is_sharded(self.weight) or self.residual_form:  # sharded: merging would gather the factors, a collective
+            return  # a state dict must not make
+        destination[prefix + RESIDUAL] = destination[prefix + "weight"]
+        with torch.no_grad():
+            destination[prefix + "weight"] = self._as_out_in(self.merged_weight()).to(self.weight.dtype)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        if prefix + RESIDUAL in state_dict:  # else an earlier state dict: its weight is the residual
+            state_dict[prefix + "weight"] = state_dict.pop(prefix + RESIDUAL)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = _SubspaceGrad.apply(self.weight, self.lora_a, self.lora_b, self.beta)
+        w = _SubspaceGrad.apply(self._as_out_in(self.weight), self.lora_a, self.lora_b, self.beta)
         y = self._linear(x, w)
         return y + _LowRankInput.apply(x, self.lora_a, self.lora_b, self.beta, y.dtype)
 
@@ -152,6 +187,72 @@ class LoRASVDLinear(QuantizedLinear):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", lora_svd=(rank={self.lora_a.shape[0]}, beta={self.beta})"
+
+
+class LoRASVDConv1D(LoRASVDLinear):
+    """LoRA-SVD on transformers' ``Conv1D`` (GPT-2's transposed linear): ``weight`` stays ``[in, out]``, as the
+    original's, and holds the residual; the factors are a linear's (``lora_b [out, r]``, ``lora_a [r, in]``)."""
+
+    @classmethod
+    def from_conv1d(cls, conv: nn.Module, spec: LinearSpec, *, lora: LoRASVDSpec, seed: int = 0, backend: str = "emulated",
+                    numerics: str = "eager", device_seeds: bool = False, recipe_name: str = "",
+                    shared_input: SharedInput | None = None) -> LoRASVDConv1D:
+        """Split ``conv``'s weight in place (it becomes the residual, still transposed) and add the factors."""
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = conv.weight.shape
+        new.weight, new.bias = conv.weight, conv.bias
+        new.conv1d_class = type(conv)
+        new._configure(spec, backend, numerics, device_seeds, recipe_name, shared_input)
+        new.train(conv.training)
+        new.lora, new.split_seed = lora, seed
+        rank = min(lora.rank, new.in_features, new.out_features)
+        w = new.weight
+        new.lora_a = nn.Parameter(torch.zeros(rank, new.in_features, device=w.device, dtype=w.dtype))
+        new.lora_b = nn.Parameter(torch.zeros(new.out_features, rank, device=w.device, dtype=w.dtype))
+        new.realign(seed=seed)
+        return new
+
+    @staticmethod
+    def _as_out_in(stored: torch.Tensor) -> torch.Tensor:
+        return stored.mT
+
+    def to_linear(self) -> nn.Module:
+        """The original ``Conv1D`` class again, holding ``W = W_res + beta * B A`` (transposed, the same bias)."""
+        conv = self.conv1d_class.__new__(self.conv1d_class)
+        nn.Module.__init__(conv)
+        conv.nf, conv.nx = self.out_features, self.in_features
+        conv.weight = nn.Parameter(self.merged_weight().mT.to(self.weight.dtype).contiguous(), requires_grad=self.weight.requires_grad)
+        conv.bias = self.bias
+        conv.train(self.training)
+        return conv
+
+    def extra_repr(self) -> str:
+        return "transposed weight (Conv1D), " + super().extra_repr()
+
+
+@contextlib.contextmanager
+def residual_state_dicts(model: nn.Module):
+    """Within it, ``model``'s LoRA-SVD layers give state dicts in the form a sharded checkpoint holds (the residual
+    under ``weight``, no merged weight): what ``torch.distributed.checkpoint`` reads into, whose key mapping
+    takes every state-dict key for an attribute of the model."""
+    layers = [m for m in model.modules() if isinstance(m, LoRASVDLinear)]
+    for m in layers:
+        m.residual_form = True
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.residual_form = False
+
+
+def residual_form(state_dict: dict) -> dict:
+    """``state_dict`` with every LoRA-SVD layer's residual under ``weight`` (its merged ``W`` dropped): the form a
+    sharded model's state dict has, into which a single process's checkpoint is distributed."""
+    out = dict(state_dict)
+    for key in [k for k in out if k.endswith("." + RESIDUAL) or k == RESIDUAL]:
+        out[key[: -len(RESIDUAL)] + "weight"] = out.pop(key)
+    return out
 
 
 def lora_svd_layers(model: nn.Module) -> list[tuple[str, LoRASVDLinear]]:

@@ -47,7 +47,9 @@ def load_full_state(model: nn.Module, opt: torch.optim.Optimizer, msd: dict, osd
     (every rank holds the whole checkpoint and keeps its own shard of it)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    set_model_state_dict(model, msd, options=StateDictOptions(full_state_dict=True))
+    from ..linear.lora_svd import residual_form
+
+    set_model_state_dict(model, residual_form(msd), options=StateDictOptions(full_state_dict=True))
     _load_optimizer(model, opt, _ids_to_names(opt, model, osd), full=True)
 
 
@@ -69,13 +71,23 @@ def sharded_state(model: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict, l
     param groups, plain data)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    msd, osd = get_state_dict(model, opt)
+    from ..linear.lora_svd import residual_state_dicts
+
+    with residual_state_dicts(model):
+        msd, osd = get_state_dict(model, opt)
     return {"model": msd, "optimizer": osd["state"]}, osd["param_groups"]
 
 
 def load_sharded_state(model: nn.Module, opt: torch.optim.Optimizer, path, param_groups: list) -> None:
     """A sharded checkpoint (the directory ``path``, :func:`sharded_state`'s tensors) into ``model`` and ``opt``,
     sharded or not: each process reads the parts of the tensors it holds."""
+    from ..linear.lora_svd import residual_state_dicts
+
+    with residual_state_dicts(model):
+        _load_sharded_state(model, opt, path, param_groups)
+
+
+def _load_sharded_state(model, opt, path, param_groups) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict
