@@ -154,7 +154,7 @@ COMMANDS = {
              ("Evaluate a run's checkpoint on a text source (any --data that train reads): mean next-token loss and "
               "perplexity over non-overlapping windows, with the recipe's quantized forward (as trained) or as a plain "
               "BF16 model. Prints one line; --json FILE also writes it.")),
-    "export": ("write a trained run as a Hugging Face LlamaForCausalLM folder",
+    "export": ("write a trained run as a Hugging Face folder (LlamaForCausalLM, or the --hf-config architecture)",
                ("Write a run's trained weights (LoRA-SVD merged) as a Hugging Face folder: config.json, model.safetensors "
                 "and the tokenizer; transformers' from_pretrained loads it.")),
     "generate": ("continue a prompt with a trained run's model (a smoke look)",

@@ -21,7 +21,8 @@ from . import recipes as _recipes
 from .conversion_report import (CONVERTED, HIGH_PRECISION, SKIPPED, ConversionReport, Entry, describe_spec, unhandled_reason,
                                 weight_bearing)
 from .linear.conv1d import QuantizedConv1D, is_conv1d
-from .linear.lora_svd import LoRASVDLinear
+from .linear import experts as _experts
+from .linear.lora_svd import LoRASVDConv1D, LoRASVDLinear
 from .linear.module import QuantizedLinear
 from .linear.shared_input import SharedInput
 from .quantizer import Quantizer
@@ -99,13 +100,20 @@ def convert(
 
     report = ConversionReport(recipe.name)
     plan, problems = [], []
+    roles = _roles(model, recipe)
     # an LM head found by structure: a linear whose weight is an input embedding's (tied), whatever its name
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    head_kept = recipe.spec_for("lm_head") is None
+    head_kept = recipe.spec_for("lm_head", roles=frozenset({"lm_head"})) is None
+    experts, routers = _experts.mixtures_of_experts(model)
     for name, mod in linears:
         kind = type(mod).__name__
         if filter is not None and not filter(name, mod):
             report.entries.append(Entry(name, kind, HIGH_PRECISION, "left out by convert()'s filter"))
+            continue
+        if name in routers:
+            report.entries.append(Entry(name, kind, HIGH_PRECISION, routers[name]))
+            if isinstance(mod, QuantizedLinear):
+                plan.append((name, mod, None))
             continue
         if head_kept and id(mod.weight) in embeddings:
             report.entries.append(Entry(name, kind, HIGH_PRECISION, "an LM head tied to the input embedding: the recipe "
@@ -113,10 +121,13 @@ def convert(
             if isinstance(mod, QuantizedLinear):
                 plan.append((name, mod, None))
             continue
-        spec = recipe.spec_for(name, indices[name], num_blocks)
+        own = roles.get(name, frozenset()) if roles is not None else None
+        spec = recipe.spec_for(name, indices[name], num_blocks, roles=own)
         if spec is None:
-            report.entries.append(Entry(name, kind, HIGH_PRECISION,
-                                        "the recipe keeps it in high precision (its overrides or keep_last_blocks)"))
+            why = ("the LM head (its output is the vocabulary, shaped as the input embedding): the recipe keeps it in "
+                   "high precision" if own and "lm_head" in own else
+                   "the recipe keeps it in high precision (its overrides or keep_last_blocks)")
+            report.entries.append(Entry(name, kind, HIGH_PRECISION, why))
             if isinstance(mod, QuantizedLinear):  # a previous convert(): back to high precision
                 plan.append((name, mod, None))
             continue
@@ -124,18 +135,31 @@ def convert(
         if not mod.weight.dtype.is_floating_point:
             problems.append(f"  {name}: weight dtype {mod.weight.dtype} is not floating point")
             continue
-        transposed = is_conv1d(mod) or isinstance(mod, QuantizedConv1D)
-        if recipe.lora_svd is not None and spec.quantized and transposed:
-            problems.append(f"  {name} ({kind} {n_in}->{n_out}): LoRA-SVD splits nn.Linear weights, not Conv1D's "
-                            "transposed ones")
-            continue
         for p in spec.shape_problems(n_in, n_out):
             problems.append(f"  {name} ({kind} {n_in}->{n_out}): {p}")
         lora = " (LoRA-SVD)" if recipe.lora_svd is not None else ""
         report.entries.append(Entry(name, kind, CONVERTED, describe_spec(spec) + lora) if spec.quantized
                               else Entry(name, kind, HIGH_PRECISION, "its spec quantizes nothing"))
         plan.append((name, mod, spec))
-    handled = {n for n, _ in linears}
+    experts_plan = []
+    for name, mod in experts:
+        specs = {p: (recipe.spec_for(f"{name}.{p}", block_index(name), num_blocks, roles=frozenset() if roles is not None else None)
+                     if filter is None or filter(name, mod) else None) for p in _experts.projections(mod)}
+        for p, spec in specs.items():
+            n_in, n_out = _experts.dims(mod, p)
+            for problem in spec.shape_problems(n_in, n_out) if spec is not None else ():
+                problems.append(f"  {name}.{p} ({mod.num_experts} experts {n_in}->{n_out}): {problem}")
+        quantized = {p: s for p, s in specs.items() if s is not None and s.quantized}
+        detail = (f"{mod.num_experts} experts, each a quantized GEMM per projection: "
+                  + "; ".join(f"{p}: {describe_spec(s)}" for p, s in quantized.items()) if quantized
+                  else "the recipe keeps its experts in high precision")
+        report.entries.append(Entry(name, type(mod).__name__, CONVERTED if quantized else HIGH_PRECISION, detail))
+        experts_plan.append((mod, quantized))
+    linear_names = {n for n, _ in linears}
+    for name, why in routers.items():
+        if name not in linear_names:  # a router module of its own (a linear router has its entry above)
+            report.entries.append(Entry(name, type(model.get_submodule(name)).__name__, HIGH_PRECISION, why))
+    handled = linear_names | {n for n, _ in experts} | set(routers)
     for name, mod in model.named_modules():
         if name in handled or not weight_bearing(mod) or isinstance(mod, (nn.Linear, QuantizedLinear)):
             continue
@@ -171,6 +195,9 @@ def convert(
         elif isinstance(mod, QuantizedConv1D):  # converted before: the numerics follow the recipe
             mod._configure(spec, backend, numerics, device_seeds, recipe.name, shared)
             new = mod
+        elif is_conv1d(mod) and recipe.lora_svd is not None and spec.quantized:
+            new = LoRASVDConv1D.from_conv1d(mod, spec, lora=recipe.lora_svd, seed=i, backend=backend, numerics=numerics,
+                                            device_seeds=device_seeds, recipe_name=recipe.name, shared_input=shared)
         elif is_conv1d(mod):
             new = QuantizedConv1D.from_conv1d(mod, spec, backend=backend, numerics=numerics, device_seeds=device_seeds,
                                               recipe_name=recipe.name, shared_input=shared)
@@ -183,6 +210,8 @@ def convert(
                                              recipe_name=recipe.name, shared_input=shared)
             new.uncalibrated = recipe.calibrate is not None
         _set_submodule(model, name, new)
+    _set_experts(model, [(mod, _experts.QuantizedExperts(specs, backend, numerics, device_seeds) if specs else None)
+                         for mod, specs in experts_plan])
     if recipe.attention is not None:
         from .attention import set_attention
 
@@ -213,6 +242,7 @@ def unconvert(model: nn.Module) -> nn.Module:
             new.in_features, new.out_features, new.weight, new.bias = mod.in_features, mod.out_features, mod.weight, mod.bias
         new.train(mod.training)
         _set_submodule(model, name, new)
+    _set_experts(model, [(m, None) for m in model.modules() if _experts.is_experts(m)])
     from .attention import HF_NAME, set_attention, switchable
 
     for m in model.modules():  # attention back to the model's own
@@ -221,6 +251,26 @@ def unconvert(model: nn.Module) -> nn.Module:
     if getattr(getattr(model, "config", None), "_attn_implementation", None) == HF_NAME:
         set_attention(model, "sdpa")  # a Hugging Face model: the implementation it had before
     return model
+
+
+def _set_experts(model: nn.Module, plan: list) -> None:
+    """Give each experts module of ``plan`` (``[(module, QuantizedExperts or None)]``) its quantized GEMMs (None: its
+    weights' own), and their configs the experts implementation that runs them (fp4train's where any is quantized,
+    else the one the model had)."""
+    on = any(q is not None for _, q in plan)
+    if on:
+        _experts.register_hf()
+    for mod, quantized in plan:
+        if quantized is None:
+            mod.__dict__.pop("fp4train_experts", None)
+        else:
+            mod.fp4train_experts = quantized
+        config = mod.config
+        if on and config._experts_implementation != _experts.HF_NAME:
+            model.fp4train_experts_before = config._experts_implementation
+            config._experts_implementation = _experts.HF_NAME
+        elif not on and config._experts_implementation == _experts.HF_NAME:
+            config._experts_implementation = getattr(model, "fp4train_experts_before", None) or "eager"
 
 
 def _dims(mod: nn.Module) -> tuple[int, int]:
@@ -240,3 +290,26 @@ def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, child, new)
+
+
+def _roles(model: nn.Module, recipe) -> dict | None:
+    """The roles of ``model``'s linears where ``recipe``'s overrides name roles (None: it names none). Attention's
+    roles take one forward pass (fp4train.roles), once per model: kept as ``model.fp4train_roles``. Where no pass
+    can find them, they come from the usual layer names, with a warning."""
+    named = recipe.roles_named()
+    if not named:
+        return None
+    from . import roles as _r
+
+    if named <= {"lm_head"}:
+        return {n: frozenset({"lm_head"}) for n in _r.lm_heads(model)}
+    found = getattr(model, "fp4train_roles", None)
+    if found is None:
+        found = _r.linear_roles(model)
+        model.fp4train_roles = found
+        if found.how == "names":
+            warnings.warn(f"recipe {recipe.name!r} gives attention's projections ({', '.join(sorted(named - {'lm_head'}))}) "
+                          f"their own numerics, and fp4train could not trace them through {type(model).__name__}: "
+                          f"{found.why}; they are matched by their usual names instead (q_proj, k_proj, query, key, ...)",
+                          UserWarning, stacklevel=3)
+    return found

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from .export import load_checkpoint, plain_model
-from .models.llama import Llama, LlamaConfig
+from . import models
+from .models.llama import Llama
 
 FORWARDS = ("recipe", "bf16")
 
@@ -61,7 +62,7 @@ def build_model(ck: dict, forward: str, device: torch.device) -> Llama:
         raise ValueError(f"--forward must be one of {FORWARDS}, got {forward!r}")
     if forward == "bf16":
         return plain_model(ck).to(device)
-    model = Llama(LlamaConfig(**ck["model_config"]))
+    model = models.from_config_dict(ck["model_config"])
     from .adahop.calibration import Calibration
     from .conversion import convert
     from .recipes import Recipe

@@ -154,8 +154,41 @@ def test_gpt2_conv1d_is_converted_as_the_transposed_linear_it_is():
     assert set(m.state_dict()) == {"0.weight", "0.bias"} and m.state_dict()["0.weight"].shape == (32, 48)
     fp4train.unconvert(m)
     assert type(m[0]) is type(conv) and m[0].weight is conv.weight
-    with pytest.raises(ValueError, match="LoRA-SVD splits nn.Linear weights, not Conv1D"):
-        fp4train.convert(nn.Sequential(transformers.pytorch_utils.Conv1D(48, 32)), "fullstack")
+
+
+def test_gpt2_conv1d_takes_lora_svd_as_the_transposed_linear_it_is():
+    """fullstack on a Conv1D: the split, the forward and the gradients of LoRA-SVD on the same weight as a linear,
+    bit for bit; the weight stays [in, out]; the state dict and unconvert give the merged Conv1D."""
+    import transformers
+
+    from fp4train.linear.lora_svd import LoRASVDConv1D, LoRASVDLinear
+
+    torch.manual_seed(0)
+    conv = transformers.pytorch_utils.Conv1D(48, 32)  # nf=48 outputs, nx=32 inputs
+    lin = nn.Linear(32, 48)
+    with torch.no_grad():
+        lin.weight.copy_(conv.weight.T)
+        lin.bias.copy_(conv.bias)
+    m, ref = nn.Sequential(conv), nn.Sequential(lin)
+    fp4train.convert(m, "fullstack")
+    fp4train.convert(ref, "fullstack")
+    assert type(m[0]) is LoRASVDConv1D and type(ref[0]) is LoRASVDLinear and m[0].weight.shape == (32, 48)
+    assert torch.equal(m[0].weight.T, ref[0].weight) and torch.equal(m[0].lora_a, ref[0].lora_a)
+    x = torch.randn(4, 32, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    torch.manual_seed(5)  # the stochastic-rounding seeds come from torch's generator
+    y = m(x)
+    torch.manual_seed(5)
+    y2 = ref(x2)
+    assert torch.equal(y, y2)
+    y.square().sum().backward()
+    y2.square().sum().backward()
+    assert torch.equal(m[0].weight.grad.T, ref[0].weight.grad) and torch.equal(m[0].lora_b.grad, ref[0].lora_b.grad)
+    assert torch.equal(x.grad, x2.grad)
+    sd = m.state_dict()
+    assert torch.equal(sd["0.weight"], ref[0].merged_weight().T) and sd["0.weight_residual"].shape == (32, 48)
+    fp4train.unconvert(m)
+    assert type(m[0]) is type(conv) and torch.equal(m[0].weight, ref[0].merged_weight().T)
 
 
 def test_adahop_calibrates_any_model_through_one_public_entry(tiny_hf_config):
@@ -203,6 +236,10 @@ def test_a_tied_lm_head_stays_in_high_precision_whatever_its_name():
     fp4train.convert(m, "mxfp4")
     assert type(m["decoder"]) is nn.Linear and isinstance(m["body"], QuantizedLinear)
     assert "tied to the input embedding" in str(m.fp4train_conversion)
-    untied = nn.ModuleDict(dict(embeddings=nn.Embedding(64, 32), decoder=nn.Linear(32, 64)))
-    fp4train.convert(untied, "mxfp4")
-    assert isinstance(untied["decoder"], QuantizedLinear)  # not tied, not named lm_head: an ordinary layer
+    untied = nn.ModuleDict(dict(embeddings=nn.Embedding(64, 32), decoder=nn.Linear(32, 64), body=nn.Linear(32, 32)))
+    fp4train.convert(untied, "mxfp4")  # not tied, not named lm_head, but shaped [vocab, hidden] outside the blocks
+    assert type(untied["decoder"]) is nn.Linear and isinstance(untied["body"], QuantizedLinear)
+    assert "the LM head (its output is the vocabulary" in str(untied.fp4train_conversion)
+    blocks = nn.ModuleDict(dict(embeddings=nn.Embedding(64, 32), layers=nn.ModuleList([nn.Linear(32, 64)])))
+    fp4train.convert(blocks, "mxfp4")  # an MLP as wide as the vocabulary inside a block is no head
+    assert isinstance(blocks["layers"][0], QuantizedLinear)

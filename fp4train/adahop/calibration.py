@@ -131,13 +131,32 @@ def check_calibratable(model: nn.Module, recipe) -> None:
     run - checked before any calibration step: the inner Hadamard transform on every GEMM is the strategy with the
     most shape needs."""
     bound = LinearSpec(**{g: gemm_spec(Strategy.IHT, Relative.NONE, Relative.NONE, recipe.calibration_k) for g in GEMMS})
-    problems = [f"  {n} (Linear {m.in_features}->{m.out_features}): {p}" for n, m in model.named_modules()
-                if isinstance(m, nn.Linear) and recipe.spec_for(n) is not None
-                for p in bound.shape_problems(m.in_features, m.out_features)]
+    problems = [f"  {n} ({type(m).__name__} {k}->{o}): {p}" for n, m in _targets(model, recipe).items()
+                for k, o in [_in_out(m)] for p in bound.shape_problems(k, o)]
     if problems:
         raise ValueError(f"recipe {recipe.name!r} could not run these layers after calibrating them:\n" + "\n".join(problems)
                          + "\nFix: keep them in high precision with an Override(pattern, None) in the recipe (or "
                          "convert(..., filter=...)), or give the model dimensions that are multiples of 32.")
+
+
+def _targets(model: nn.Module, recipe) -> dict[str, nn.Module]:
+    """The linears (``nn.Linear``, transformers' ``Conv1D``) of ``model`` that ``recipe`` quantizes."""
+    from ..linear.conv1d import is_conv1d
+    from ..linear.experts import mixtures_of_experts
+
+    routers = mixtures_of_experts(model)[1]  # kept in high precision, as convert keeps them
+    return {n: m for n, m in model.named_modules()
+            if (isinstance(m, nn.Linear) or is_conv1d(m)) and n not in routers and recipe.spec_for(n) is not None}
+
+
+def _in_out(m: nn.Module) -> tuple[int, int]:
+    """``(in, out)`` of a linear, or of a ``Conv1D`` (its weight ``[in, out]``)."""
+    return (m.in_features, m.out_features) if isinstance(m, nn.Linear) else tuple(m.weight.shape)
+
+
+def _weight(m: nn.Module) -> torch.Tensor:
+    """The weight as ``[out, in]`` (a ``Conv1D``'s transposed)."""
+    return m.weight if isinstance(m, nn.Linear) else m.weight.T
 
 
 class PatternRecorder:
@@ -157,10 +176,9 @@ class PatternRecorder:
 
     @classmethod
     def for_recipe(cls, model: nn.Module, recipe) -> PatternRecorder:
-        """A recorder over every ``nn.Linear`` of ``model`` that ``recipe`` quantizes, with the
+        """A recorder over every linear of ``model`` (``Conv1D`` included) that ``recipe`` quantizes, with the
         recipe's calibration settings (mode, k, threshold); not attached yet."""
-        targets = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear) and recipe.spec_for(n) is not None}
-        return cls(targets, mode=recipe.calibrate, k=recipe.calibration_k, threshold=recipe.calibration_threshold)
+        return cls(_targets(model, recipe), mode=recipe.calibrate, k=recipe.calibration_k, threshold=recipe.calibration_threshold)
 
     def attach(self) -> PatternRecorder:
         for name, mod in self.modules.items():
@@ -177,7 +195,7 @@ class PatternRecorder:
             if not torch.is_grad_enabled():
                 return  # evaluation: not a training step
             x = inputs[0].detach().reshape(-1, inputs[0].shape[-1])
-            w = mod.weight.detach()
+            w = _weight(mod).detach()
             rec = self.patterns[name]
             rec["W"].append(classify(w, self.threshold).value)
             rec["X"].append(classify(x, self.threshold).value)

@@ -1,4 +1,4 @@
-"""Models: a Llama-3-style decoder and its size presets."""
+"""Models: a Llama-3-style decoder and its size presets; any Hugging Face causal LM from its config (:mod:`.hf`)."""
 
 from __future__ import annotations
 
@@ -35,4 +35,14 @@ def build(name: str, **overrides) -> Llama:
     return Llama(config(name, **overrides))
 
 
-__all__ = ["Llama", "LlamaConfig", "PRESETS", "build", "config", "names"]
+def from_config_dict(d: dict):
+    """The model a checkpoint's ``model_config`` describes (fp4train's Llama, or a Hugging Face model trained from
+    ``--hf-config``: :mod:`fp4train.models.hf`), freshly initialized."""
+    if "hf_config" in d:
+        from .hf import from_config_dict as hf_model
+
+        return hf_model(d)
+    return Llama(LlamaConfig(**d))
+
+
+__all__ = ["Llama", "LlamaConfig", "PRESETS", "build", "config", "from_config_dict", "names"]

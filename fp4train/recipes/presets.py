@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .spec import GemmSpec, LinearSpec, LoRASVDSpec, Override, QuantSpec, Recipe, TransformSpec
+from .spec import DEFAULT_OVERRIDES, GemmSpec, LinearSpec, LoRASVDSpec, Override, QuantSpec, Recipe, TransformSpec
 
 
 def _uniform(q: QuantSpec, grad: QuantSpec | None = None, transform: TransformSpec | None = None) -> LinearSpec:
@@ -77,15 +77,13 @@ TIB2D = Recipe(
     name="tib2d",
     linear=_tib2d_linear("mxfp4"),
     overrides=(
-        Override("lm_head"),
-        Override("*.lm_head"),
-        Override("*embed*"),
-        Override("*q_proj", _tib2d_linear("mxfp8")),
-        Override("*k_proj", _tib2d_linear("mxfp8")),
+        *DEFAULT_OVERRIDES,
+        Override("role:query", _tib2d_linear("mxfp8")),
+        Override("role:key", _tib2d_linear("mxfp8")),
     ),
     description=(
         "Transposition-invariant 2D blocks (arXiv 2607.24953): W and dY in 32x32 tiles, X in 1x32, "
-        "ceil scales, SR on gradients, q_proj/k_proj in MXFP8."
+        "ceil scales, SR on gradients, attention's Q and K projections (fused ones included) in MXFP8."
     ),
 )
 

@@ -249,9 +249,24 @@ ATTENTION_KINDS = ("nvfp4",)
 OPTIMIZERS = ("adamw", "qadamw", "muon", "qmuon", "root", "qroot")
 
 
+#: what ``Override("role:NAME")`` may name (fp4train.roles: found from the model, not from layer names)
+ROLES = ("query", "key", "value", "attn_output", "lm_head")
+ROLE_PREFIX = "role:"
+#: a role's usual layer names: what a role override matches where the model's roles are not known
+NAME_FALLBACK = {
+    "query": ("*q_proj", "*.query", "query"),
+    "key": ("*k_proj", "*.key", "key"),
+    "value": ("*v_proj", "*.value", "value"),
+    "attn_output": ("*o_proj", "*out_proj"),
+    "lm_head": ("lm_head", "*.lm_head"),
+}
+
+
 @dataclass(frozen=True)
 class Override:
-    """Modules whose qualified name matches ``pattern`` (fnmatch) use ``linear`` instead.
+    """Modules whose qualified name matches ``pattern`` (fnmatch) use ``linear`` instead; a pattern
+    ``"role:NAME"`` (one of :data:`ROLES`) matches the linears that have that role in the model
+    (:mod:`fp4train.roles`: attention's Q/K/V projections, fused or not, its output projection, the LM head).
 
     ``linear=None`` keeps them as plain ``nn.Linear`` (high precision).
     """
@@ -259,9 +274,27 @@ class Override:
     pattern: str
     linear: LinearSpec | None = None
 
+    def __post_init__(self):
+        if self.role is not None and self.role not in ROLES:
+            raise ValueError(f"override {self.pattern!r}: unknown role {self.role!r}; roles are {', '.join(ROLES)}")
+
+    @property
+    def role(self) -> str | None:
+        """The role this override names (``"role:query"`` -> ``"query"``), None for a name pattern."""
+        return self.pattern[len(ROLE_PREFIX):] if self.pattern.startswith(ROLE_PREFIX) else None
+
+    def matches(self, name: str, roles: frozenset | None) -> bool:
+        """Does the module ``name`` with ``roles`` take this override? ``roles=None`` (not known): a role matches
+        the names that role usually has (:data:`NAME_FALLBACK`)."""
+        if self.role is None:
+            return fnmatch.fnmatchcase(name, self.pattern)
+        if roles is not None:
+            return self.role in roles
+        return any(fnmatch.fnmatchcase(name, p) for p in NAME_FALLBACK[self.role])
+
 
 #: Embeddings are never nn.Linear; the output head stays high precision by default.
-DEFAULT_OVERRIDES = (Override("lm_head"), Override("*.lm_head"), Override("*embed*"))
+DEFAULT_OVERRIDES = (Override("role:lm_head"), Override("lm_head"), Override("*.lm_head"), Override("*embed*"))
 
 
 @dataclass(frozen=True)
@@ -315,10 +348,12 @@ class Recipe:
             raise ValueError(f"recipe {self.name!r}: four_over_six applies to NVFP4 operands, and its linears have none "
                              "(use an NVFP4 recipe such as nvfp4 or fullstack)")
 
-    def spec_for(self, name: str, block_index: int | None = None, num_blocks: int | None = None) -> LinearSpec | None:
-        """The spec for the module called ``name`` (``None``: keep it high precision)."""
+    def spec_for(self, name: str, block_index: int | None = None, num_blocks: int | None = None, *,
+                 roles: frozenset | None = None) -> LinearSpec | None:
+        """The spec for the module called ``name`` (``None``: keep it high precision). ``roles``: the module's roles in
+        its model (:func:`fp4train.roles.linear_roles`; None: not known, role overrides match by usual names)."""
         for o in self.overrides:
-            if fnmatch.fnmatchcase(name, o.pattern):
+            if o.matches(name, roles):
                 return self._options(o.linear)
         if self.keep_last_blocks > 0 and block_index is not None and num_blocks:
             n_keep = round(self.keep_last_blocks * num_blocks)
@@ -336,6 +371,10 @@ class Recipe:
 
         return LinearSpec(**{g: dataclasses.replace(getattr(spec, g), a=adaptive(getattr(spec, g).a), b=adaptive(getattr(spec, g).b))
                              for g in ("fprop", "dgrad", "wgrad")})
+
+    def roles_named(self) -> set[str]:
+        """The roles its overrides name."""
+        return {o.role for o in self.overrides if o.role is not None}
 
     def replace(self, **changes) -> Recipe:
         return dataclasses.replace(self, **changes)

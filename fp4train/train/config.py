@@ -104,7 +104,11 @@ class TrainConfig:
     TOML file or Python, and the error names the field with its flag and what it takes."""
 
     # what
-    model: str = option("tiny", fixed=True, help="model size preset", choices=_model_names)
+    model: str = option("tiny", fixed=True, help="model size preset (fp4train's Llama; see --hf-config for others)", choices=_model_names)
+    hf_config: str | None = option(None, fixed=True, added="0.1.0", before=None,
+                                   help="a transformers config (config.json or its folder) to train instead of --model, from "
+                                   "random initialization: any causal LM AutoModelForCausalLM builds (Llama, Qwen2, Mistral, "
+                                   "Phi-3, GPT-2, Mixtral, ...); its vocabulary is raised to the tokenizer's if smaller")
     recipe: str = option("bf16", fixed=True, train_only=True, help="recipe name (see `fp4train recipes`) or a recipe .json/.toml file")
     backend: str | None = option(None, result=True, train_only=True, help="GEMM backend: auto (the default: fp8_blockwise on a GPU machine, "
                                  "emulated elsewhere), fp8_blockwise (MXFP4 and FP8 rowwise GEMMs on FP8 tensor cores), or "

@@ -148,10 +148,16 @@ class Trainer:
         self.tokenizer, self.train_split, self.val_split, self.batches, self.evals = load_data(cfg, self.ranks)
         if self.main:
             self.ranks.barrier()
-        mcfg = models.config(cfg.model, vocab_size=self.tokenizer.vocab_size)
-        if cfg.seq_len > mcfg.max_seq_len:
-            mcfg = models.config(cfg.model, vocab_size=self.tokenizer.vocab_size, max_seq_len=cfg.seq_len)
-        self.model = models.Llama(mcfg).to(self.device)
+        if cfg.hf_config:  # any Hugging Face causal LM, from its config
+            from ..models import hf
+
+            self.model = hf.build(cfg.hf_config, vocab_size=self.tokenizer.vocab_size, seq_len=cfg.seq_len, log=self.log)
+            self.model.to(self.device)
+        else:
+            mcfg = models.config(cfg.model, vocab_size=self.tokenizer.vocab_size)
+            if cfg.seq_len > mcfg.max_seq_len:
+                mcfg = models.config(cfg.model, vocab_size=self.tokenizer.vocab_size, max_seq_len=cfg.seq_len)
+            self.model = models.Llama(mcfg).to(self.device)
         options = {k: v for f in self.features for k, v in f.convert_options().items()}
         convert(self.model, self.recipe, backend=cfg.backend, numerics=cfg.numerics, device_seeds=self._graphs, **options)
         if model_hook is not None:
@@ -402,7 +408,8 @@ class Trainer:
 
     def _header(self) -> None:
         cfg = self.cfg
-        self.log(f"fp4train: model {cfg.model} ({self.model.num_params() / 1e6:.1f}M params), recipe {self.recipe.name}, "
+        what = f"{type(self.model.hf).__name__} from {cfg.hf_config}" if cfg.hf_config else cfg.model
+        self.log(f"fp4train: model {what} ({self.model.num_params() / 1e6:.1f}M params), recipe {self.recipe.name}, "
                  f"{cfg.max_steps} steps x {cfg.tokens_per_step:,} tokens, device {self.device}, out {self.out}")
         where = "GPU" if self.device.type == "cuda" else "machine"
         self.log(f"fp4train: speed settings: {self._speed}"

@@ -1,0 +1,144 @@
+"""A mixture of experts' stacked expert weights with quantized GEMMs: every expert runs the recipe's numerics.
+
+transformers 5 stores a MoE block's experts as 3-D parameters (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``;
+Mixtral, Qwen2-MoE, ...) in a module whose forward it dispatches through its experts interface
+(``config._experts_implementation``). :func:`convert <fp4train.convert>` gives such a module its
+:class:`QuantizedExperts` (the specs of its two projections) and switches the implementation to
+:data:`HF_NAME`, :func:`experts_forward`: the tokens routed to each expert run that expert's ``gate_up`` and
+``down`` GEMMs through fp4train's quantized linear op, exactly as that expert's weights would as a quantized
+linear layer of their own (tested), and are combined with the router's weights as transformers' own loop does.
+The parameters stay where they are (the state dict does not change); the router stays in high precision.
+
+The experts run one after another (one pair of GEMMs per expert that has tokens): right for any recipe, not yet a
+grouped GEMM.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..recipes.spec import LinearSpec
+from .op import LayerConfig, config_key
+
+HF_NAME = "fp4train"
+
+
+def is_experts(module: nn.Module) -> bool:
+    """A transformers 5 experts module: stacked 3-D expert weights, its forward dispatched by its experts interface."""
+    down = getattr(module, "down_proj", None)
+    return (isinstance(down, nn.Parameter) and down.ndim == 3 and hasattr(module, "has_gate") and hasattr(module, "is_transposed")
+            and hasattr(module, "num_experts"))
+
+
+def projections(module: nn.Module) -> dict[str, nn.Parameter]:
+    """The expert weights a quantized GEMM runs: ``gate_up_proj`` (or ``up_proj`` without a gate) and ``down_proj``."""
+    first = "gate_up_proj" if module.has_gate else "up_proj"
+    return {first: getattr(module, first), "down_proj": module.down_proj}
+
+
+def dims(module: nn.Module, name: str) -> tuple[int, int]:
+    """``(in, out)`` of one expert's GEMM ``name``."""
+    w = getattr(module, name)
+    return (w.shape[1], w.shape[2]) if module.is_transposed else (w.shape[2], w.shape[1])
+
+
+def mixtures_of_experts(model: nn.Module) -> tuple[list, dict[str, str]]:
+    """The experts modules (stacked 3-D expert weights) and, beside each, the router and gates that stay in high
+    precision: ``(experts [(name, module)], {name: why kept})``. A router is the block's module whose weight has a
+    row per expert; a gate is a linear of one output (Qwen2-MoE's shared-expert gate)."""
+    experts = [(n, m) for n, m in model.named_modules() if is_experts(m)]
+    kept = {}
+    for name, mod in experts:
+        parent_name = name.rpartition(".")[0]
+        parent = model.get_submodule(parent_name) if parent_name else model
+        for child, m in parent.named_children():
+            full = f"{parent_name}.{child}" if parent_name else child
+            w = getattr(m, "weight", None)
+            if m is mod or not isinstance(w, torch.Tensor) or w.ndim != 2:
+                continue
+            if w.shape[0] == mod.num_experts:
+                kept[full] = "a mixture of experts' router: kept in high precision (its choices move with its rounding)"
+            elif isinstance(m, nn.Linear) and m.out_features == 1:
+                kept[full] = "a mixture of experts' gate of one output: kept in high precision"
+    return experts, kept
+
+
+class _Gemm:
+    """One projection's quantized GEMM, for any expert's slice of the stacked weight."""
+
+    def __init__(self, spec: LinearSpec, backend: str, numerics: str, device_seeds: bool):
+        self.spec = spec
+        self.key = config_key(LayerConfig(spec, backend, numerics, device_seeds))
+
+    def __call__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if not self.spec.quantized:
+            return F.linear(x, w, bias)
+        grad = torch.is_grad_enabled()
+        dev = x.device.type
+        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        return torch.ops.fp4train.quantized_linear(x, w, bias, self.key, out_dtype, grad and w.requires_grad,
+                                                   grad and x.requires_grad, [])[0]
+
+
+class QuantizedExperts:
+    """The quantized GEMMs of an experts module (``specs``: per projection name, :func:`projections`); attached to it
+    as ``fp4train_experts`` by ``convert``. Not a module: it holds no parameters and leaves the state dict alone."""
+
+    def __init__(self, specs: dict[str, LinearSpec], backend: str, numerics: str, device_seeds: bool = False):
+        from .. import backends
+
+        backend = backends.resolve(backend)
+        self.specs = specs
+        self.gemms = {n: _Gemm(s, backend, numerics, device_seeds) for n, s in specs.items()}
+
+    def __repr__(self) -> str:
+        return f"QuantizedExperts({', '.join(self.specs)})"
+
+
+def _weight(module: nn.Module, name: str, e: int) -> torch.Tensor:
+    w = getattr(module, name)[e]
+    return w.mT if module.is_transposed else w  # [out, in]
+
+
+def _bias(module: nn.Module, name: str, e: int) -> torch.Tensor | None:
+    b = getattr(module, f"{name}_bias", None) if module.has_bias else None
+    return None if b is None else b[e]
+
+
+def experts_forward(module: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                    top_k_weights: torch.Tensor) -> torch.Tensor:
+    """transformers' experts interface: each expert's tokens through its (quantized) GEMMs, weighted by the router
+    and summed per token, in transformers' own order (:mod:`transformers.integrations.moe`)."""
+    q = getattr(module, "fp4train_experts", None)
+    if getattr(module, "has_post_expert_norm", False):
+        raise ValueError(f"{type(module).__name__}: fp4train's experts do not implement a post-expert norm; keep this "
+                         "model's experts in high precision")
+    first = "gate_up_proj" if module.has_gate else "up_proj"
+
+    def gemm(name, x, e):
+        w, b = _weight(module, name, e), _bias(module, name, e)
+        return q.gemms[name](x, w, b) if q is not None else F.linear(x, w, b)
+
+    out = torch.zeros_like(hidden_states)
+    with torch.no_grad():
+        mask = F.one_hot(top_k_index, num_classes=module.num_experts + 1).permute(2, 1, 0)
+        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+    for e in hit[:, 0].tolist():
+        if e == module.num_experts:  # an expert-parallel sentinel
+            continue
+        pos, tok = torch.where(mask[e])
+        h = gemm(first, hidden_states[tok], e)
+        h = module._apply_gate(h) if module.has_gate else module.act_fn(h)
+        y = gemm("down_proj", h, e) * top_k_weights[tok, pos, None]
+        out.index_add_(0, tok, y.to(out.dtype))
+    return out
+
+
+def register_hf() -> None:
+    """Register :func:`experts_forward` with transformers' experts interface as :data:`HF_NAME`."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    if HF_NAME not in ALL_EXPERTS_FUNCTIONS:
+        ALL_EXPERTS_FUNCTIONS.register(HF_NAME, experts_forward)
