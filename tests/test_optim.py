@@ -165,6 +165,20 @@ def test_state_dict_resumes_bit_for_bit_through_weights_only_load():
     assert all(torch.equal(a, b) for a, b in zip(params, params2))
 
 
+def _eager_beside_compiled(make, eager, fused, steps: int = 5):
+    """``make(params, compiled)`` over ``eager`` (compiled=False) and ``fused`` (True), stepped ``steps`` times on the
+    same gradients with a moving learning rate; returns both optimizers."""
+    opts = [make(eager, False), make(fused, True)]
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: (s + 1) / 5) for o in opts]
+    for i in range(steps):
+        for ps in (eager, fused):
+            _grads(ps, i)
+        for o, s in zip(opts, scheds):
+            o.step()
+            s.step()
+    return opts
+
+
 def test_compiled_update_tracks_the_eager_one_and_compiles_once_per_shape():
     """compiled=True: the same update fused by torch.compile (equal up to float rounding of fused operations),
     compiled once per state shape however the learning rate moves (its scalars go in as tensors)."""
@@ -176,14 +190,7 @@ def test_compiled_update_tracks_the_eager_one_and_compiles_once_per_shape():
     shapes = [(64, 128), (32, 64), (64,)]
     eager = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
     fused = [torch.nn.Parameter(p.detach().clone()) for p in eager]
-    opts = [QAdamW(ps, lr=1e-2, weight_decay=0.1, compiled=c) for ps, c in ((eager, False), (fused, True))]
-    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: (s + 1) / 5) for o in opts]
-    for i in range(5):
-        for ps in (eager, fused):
-            _grads(ps, i)
-        for o, s in zip(opts, scheds):
-            o.step()
-            s.step()
+    opts = _eager_beside_compiled(lambda ps, c: QAdamW(ps, lr=1e-2, weight_decay=0.1, compiled=c), eager, fused)
     for a, b in zip(eager, fused):
         assert torch.allclose(a, b, rtol=0, atol=1e-5), float((a - b).abs().max())
     assert counters["stats"]["unique_graphs"] == 2  # two quantized shapes; the bias keeps FP32 states, uncompiled
@@ -537,14 +544,8 @@ def test_compiled_root_tracks_the_eager_one_and_compiles_once_per_shape():
     eager = [torch.nn.Parameter(torch.randn(s) * 0.02) for s in shapes]
     fused = [torch.nn.Parameter(p.detach().clone()) for p in eager]
     starts = [p.detach().clone() for p in eager]
-    opts = [QRoot([{"params": ps, "muon": True}], lr=1e-2, weight_decay=0.1, compiled=c) for ps, c in ((eager, False), (fused, True))]
-    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: (s + 1) / 5) for o in opts]
-    for i in range(5):
-        for ps in (eager, fused):
-            _grads(ps, i)
-        for o, s in zip(opts, scheds):
-            o.step()
-            s.step()
+    opts = _eager_beside_compiled(lambda ps, c: QRoot([{"params": ps, "muon": True}], lr=1e-2, weight_decay=0.1, compiled=c),
+                                  eager, fused)
     for a, b, start in zip(eager, fused, starts):  # BF16 Newton-Schulz and the NVFP4 codes amplify any rounding
         # difference: a gradient changed by 1e-6 (relative) moves the result by 0.3-0.5% of its path, fusion by ~1%
         assert float((a - b).norm() / (a - start).norm()) < 0.03

@@ -21,6 +21,19 @@ def is_conv1d(module: nn.Module) -> bool:
     return type(module).__name__ == "Conv1D" and type(module).__module__.startswith("transformers") and hasattr(module, "nf")
 
 
+def sharing_conv1d(cls: type[QuantizedLinear], conv: nn.Module, spec: LinearSpec, *, backend: str, numerics: str,
+                   device_seeds: bool, recipe_name: str, shared_input: SharedInput | None):
+    """A ``cls`` layer (a quantized layer keeping a Conv1D's ``[in, out]`` weight) sharing ``conv``'s parameters."""
+    new = cls.__new__(cls)
+    nn.Module.__init__(new)
+    new.in_features, new.out_features = conv.weight.shape
+    new.weight, new.bias = conv.weight, conv.bias
+    new.conv1d_class = type(conv)
+    new._configure(spec, backend, numerics, device_seeds, recipe_name, shared_input)
+    new.train(conv.training)
+    return new
+
+
 class QuantizedConv1D(QuantizedLinear):
     """transformers' ``Conv1D`` with quantized GEMMs: ``weight`` is ``[in_features, out_features]``, as the original's."""
 
@@ -28,14 +41,8 @@ class QuantizedConv1D(QuantizedLinear):
     def from_conv1d(cls, conv: nn.Module, spec: LinearSpec, *, backend: str = "emulated", numerics: str = "eager",
                     device_seeds: bool = False, recipe_name: str = "", shared_input: SharedInput | None = None) -> QuantizedConv1D:
         """A QuantizedConv1D that shares ``conv``'s parameters (no copy)."""
-        new = cls.__new__(cls)
-        nn.Module.__init__(new)
-        new.in_features, new.out_features = conv.weight.shape
-        new.weight, new.bias = conv.weight, conv.bias
-        new.conv1d_class = type(conv)
-        new._configure(spec, backend, numerics, device_seeds, recipe_name, shared_input)
-        new.train(conv.training)
-        return new
+        return sharing_conv1d(cls, conv, spec, backend=backend, numerics=numerics, device_seeds=device_seeds,
+                              recipe_name=recipe_name, shared_input=shared_input)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._linear(x, self.weight.mT)

@@ -30,6 +30,7 @@ import torch.nn as nn
 
 from ..recipes.spec import LinearSpec, LoRASVDSpec
 from ..row_shards import assign, full, is_sharded
+from .conv1d import sharing_conv1d
 from .module import QuantizedLinear
 from .shared_input import SharedInput
 
@@ -120,14 +121,17 @@ class LoRASVDLinear(QuantizedLinear):
         """Split ``linear``'s weight in place (``weight`` becomes ``W_res``) and add the factors."""
         new = super().from_linear(linear, spec, backend=backend, numerics=numerics, device_seeds=device_seeds,
                                   recipe_name=recipe_name, shared_input=shared_input)
-        new.lora = lora
-        new.split_seed = seed
-        rank = min(lora.rank, new.in_features, new.out_features)
-        w = new.weight
-        new.lora_a = nn.Parameter(torch.zeros(rank, new.in_features, device=w.device, dtype=w.dtype))
-        new.lora_b = nn.Parameter(torch.zeros(new.out_features, rank, device=w.device, dtype=w.dtype))
-        new.realign(seed=seed)
+        new._split(lora, seed)
         return new
+
+    def _split(self, lora: LoRASVDSpec, seed: int) -> None:
+        """Add the factors (in the weight's dtype and device) and split the weight into them and the residual."""
+        self.lora, self.split_seed = lora, seed
+        rank = min(lora.rank, self.in_features, self.out_features)
+        w = self.weight
+        self.lora_a = nn.Parameter(torch.zeros(rank, self.in_features, device=w.device, dtype=w.dtype))
+        self.lora_b = nn.Parameter(torch.zeros(self.out_features, rank, device=w.device, dtype=w.dtype))
+        self.realign(seed=seed)
 
     #: state dicts in the earlier form, the residual under ``weight`` (:func:`residual_state_dicts`)
     residual_form = False
@@ -198,19 +202,9 @@ class LoRASVDConv1D(LoRASVDLinear):
                     numerics: str = "eager", device_seeds: bool = False, recipe_name: str = "",
                     shared_input: SharedInput | None = None) -> LoRASVDConv1D:
         """Split ``conv``'s weight in place (it becomes the residual, still transposed) and add the factors."""
-        new = cls.__new__(cls)
-        nn.Module.__init__(new)
-        new.in_features, new.out_features = conv.weight.shape
-        new.weight, new.bias = conv.weight, conv.bias
-        new.conv1d_class = type(conv)
-        new._configure(spec, backend, numerics, device_seeds, recipe_name, shared_input)
-        new.train(conv.training)
-        new.lora, new.split_seed = lora, seed
-        rank = min(lora.rank, new.in_features, new.out_features)
-        w = new.weight
-        new.lora_a = nn.Parameter(torch.zeros(rank, new.in_features, device=w.device, dtype=w.dtype))
-        new.lora_b = nn.Parameter(torch.zeros(new.out_features, rank, device=w.device, dtype=w.dtype))
-        new.realign(seed=seed)
+        new = sharing_conv1d(cls, conv, spec, backend=backend, numerics=numerics, device_seeds=device_seeds,
+                             recipe_name=recipe_name, shared_input=shared_input)
+        new._split(lora, seed)
         return new
 
     @staticmethod
