@@ -179,7 +179,8 @@ def test_every_option_is_defined_once_on_its_field():
     assert set(config.RESUME_FIXED) <= set(config.RESULT_FIELDS) and {"model", "recipe", "seed", "optimizer"} <= set(config.RESUME_FIXED)
     assert {"max_steps", "lr"} <= set(config.RESULT_FIELDS) - set(config.RESUME_FIXED)  # a resumed run may train longer
     assert not {"out", "device", "log_every", "progress"} & set(config.RESULT_FIELDS)
-    assert config.FIELDS_ADDED == {"optimizer": "adamw", "lora_lr_multiplier": 1.0, "data_seed": None, "deterministic": False}
+    assert config.FIELDS_ADDED == {"hf_config": None, "optimizer": "adamw", "lora_lr_multiplier": 1.0, "data_seed": None,
+                                   "deterministic": False}
     assert config.saved_settings({"seed": 3}) == {"seed": 3, **config.FIELDS_ADDED}
     with pytest.raises(TypeError, match="added= and before= go together"):
         config.option(1, help="x", added="0.2.0")
