@@ -20,7 +20,7 @@ from . import backends
 from . import recipes as _recipes
 from .conversion_report import (CONVERTED, HIGH_PRECISION, SKIPPED, ConversionReport, Entry, describe_spec, unhandled_reason,
                                 weight_bearing)
-from .linear.conv1d import QuantizedConv1D, is_conv1d
+from .linear.conv1d import QuantizedConv1D, in_out, is_conv1d
 from .linear import experts as _experts
 from .linear.lora_svd import LoRASVDConv1D, LoRASVDLinear
 from .linear.module import QuantizedLinear
@@ -131,7 +131,7 @@ def convert(
             if isinstance(mod, QuantizedLinear):  # a previous convert(): back to high precision
                 plan.append((name, mod, None))
             continue
-        n_in, n_out = _dims(mod)
+        n_in, n_out = in_out(mod)
         if not mod.weight.dtype.is_floating_point:
             problems.append(f"  {name}: weight dtype {mod.weight.dtype} is not floating point")
             continue
@@ -271,13 +271,6 @@ def _set_experts(model: nn.Module, plan: list) -> None:
             config._experts_implementation = _experts.HF_NAME
         elif not on and config._experts_implementation == _experts.HF_NAME:
             config._experts_implementation = getattr(model, "fp4train_experts_before", None) or "eager"
-
-
-def _dims(mod: nn.Module) -> tuple[int, int]:
-    """``(in_features, out_features)`` of a linear layer or a transformers ``Conv1D`` (weight ``[in, out]``)."""
-    if is_conv1d(mod):
-        return mod.weight.shape[0], mod.weight.shape[1]
-    return mod.in_features, mod.out_features
 
 
 def block_index(name: str) -> int | None:

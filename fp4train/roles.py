@@ -57,17 +57,12 @@ def input_embedding(model: nn.Module) -> nn.Embedding | None:
     return max(embs, key=lambda m: m.num_embeddings) if embs else None
 
 
-def _dims(module: nn.Module) -> tuple[int, int]:
-    """``(in, out)`` of a linear or a transposed ``Conv1D``."""
-    w = module.weight
-    transposed = type(module).__name__ in ("Conv1D", "QuantizedConv1D", "LoRASVDConv1D")
-    return (w.shape[0], w.shape[1]) if transposed else (w.shape[1], w.shape[0])
-
-
 def lm_heads(model: nn.Module) -> set[str]:
     """The linears producing vocabulary logits: their weight is the input embedding's (tied), or, outside the
     repeated blocks (a layer of a block - an MLP as wide as the vocabulary - is no head), shaped as it is."""
     import re
+
+    from .linear.conv1d import in_out
 
     emb = input_embedding(model)
     if emb is None:
@@ -77,7 +72,7 @@ def lm_heads(model: nn.Module) -> set[str]:
         if not is_linear(m):
             continue
         in_block = re.search(r"\.\d+\.", f".{name}.") is not None
-        if m.weight is emb.weight or (not in_block and _dims(m) == (emb.embedding_dim, emb.num_embeddings)):
+        if m.weight is emb.weight or (not in_block and in_out(m) == (emb.embedding_dim, emb.num_embeddings)):
             out.add(name)
     return out
 

@@ -131,8 +131,10 @@ def check_calibratable(model: nn.Module, recipe) -> None:
     run - checked before any calibration step: the inner Hadamard transform on every GEMM is the strategy with the
     most shape needs."""
     bound = LinearSpec(**{g: gemm_spec(Strategy.IHT, Relative.NONE, Relative.NONE, recipe.calibration_k) for g in GEMMS})
+    from ..linear.conv1d import in_out
+
     problems = [f"  {n} ({type(m).__name__} {k}->{o}): {p}" for n, m in _targets(model, recipe).items()
-                for k, o in [_in_out(m)] for p in bound.shape_problems(k, o)]
+                for k, o in [in_out(m)] for p in bound.shape_problems(k, o)]
     if problems:
         raise ValueError(f"recipe {recipe.name!r} could not run these layers after calibrating them:\n" + "\n".join(problems)
                          + "\nFix: keep them in high precision with an Override(pattern, None) in the recipe (or "
@@ -147,11 +149,6 @@ def _targets(model: nn.Module, recipe) -> dict[str, nn.Module]:
     routers = mixtures_of_experts(model)[1]  # kept in high precision, as convert keeps them
     return {n: m for n, m in model.named_modules()
             if (isinstance(m, nn.Linear) or is_conv1d(m)) and n not in routers and recipe.spec_for(n) is not None}
-
-
-def _in_out(m: nn.Module) -> tuple[int, int]:
-    """``(in, out)`` of a linear, or of a ``Conv1D`` (its weight ``[in, out]``)."""
-    return (m.in_features, m.out_features) if isinstance(m, nn.Linear) else tuple(m.weight.shape)
 
 
 def _weight(m: nn.Module) -> torch.Tensor:

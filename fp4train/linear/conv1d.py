@@ -21,6 +21,14 @@ def is_conv1d(module: nn.Module) -> bool:
     return type(module).__name__ == "Conv1D" and type(module).__module__.startswith("transformers") and hasattr(module, "nf")
 
 
+def in_out(module: nn.Module) -> tuple[int, int]:
+    """``(in_features, out_features)`` of a linear layer, fp4train's quantized ones included, or of transformers'
+    ``Conv1D`` (weight ``[in, out]``)."""
+    if is_conv1d(module):
+        return module.weight.shape[0], module.weight.shape[1]
+    return module.in_features, module.out_features
+
+
 def sharing_conv1d(cls: type[QuantizedLinear], conv: nn.Module, spec: LinearSpec, *, backend: str, numerics: str,
                    device_seeds: bool, recipe_name: str, shared_input: SharedInput | None):
     """A ``cls`` layer (a quantized layer keeping a Conv1D's ``[in, out]`` weight) sharing ``conv``'s parameters."""
