@@ -127,7 +127,8 @@ def quantize_tensors(x, keys, *, fmt: str, block: tuple[int, ...] | None, axis: 
     layout = BlockLayout(tuple(x.shape), block, axis)
     xc = layout.to_canonical(x.detach().to(torch.float32))  # quantization is not differentiable
     xb = layout.blockify(xc)
-    codes_b, scales, tensor_scale = (encode or encode_blocks)(xb, keys, fmt, fmt_info.element, scale, four_over_six)
+    encode = encode_blocks if encode is None else encode  # not `or`: Dynamo does not branch on a function's truth
+    codes_b, scales, tensor_scale = encode(xb, keys, fmt, fmt_info.element, scale, four_over_six)
     codes = layout.unblockify(codes_b)
     if fmt_info.element == "e2m1":
         codes = e2m1.pack(codes)

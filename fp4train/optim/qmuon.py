@@ -33,7 +33,7 @@ from ..row_shards import local
 from . import state_codec
 from .newton_schulz import BF16_COEFFICIENTS, NVFP4_COEFFICIENTS, newton_schulz
 from .ns_coefficients import fitted_coefficients, shape_coefficients
-from .qadamw import QAdamW, _as_tensors, _compile_limit, _put, _sub
+from .qadamw import QAdamW, _as_tensors, _chunks, _compile_limit, _put, _stacked_keys, _sub
 
 _BUF = "momentum_buffer"
 ADJUST_LR = ("original", "match_rms_adamw")
@@ -41,35 +41,45 @@ ADJUST_LR = ("original", "match_rms_adamw")
 
 def robust_part(u: torch.Tensor, quantile: float) -> torch.Tensor:
     """Root's outlier suppression: ``u`` less its soft-thresholded outliers, ``u - sign(u) max(|u| - eps, 0)``, which
-    is ``u`` clipped to ``[-eps, eps]``; ``eps`` is the ``quantile`` of ``|u|`` (linear interpolation between order
-    statistics, as ``torch.quantile``) plus 1e-9. The clip is exact (no FP32 subtraction)."""
-    a = u.detach().abs().flatten().float()
-    pos = quantile * (a.numel() - 1)
+    is ``u`` clipped to ``[-eps, eps]``; ``eps`` is the ``quantile`` of ``|u|`` (:func:`clip_thresholds`). The clip
+    is exact (no FP32 subtraction)."""
+    return _clip(u, clip_thresholds([u], quantile)[0])
+
+
+def _clip(u: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    eps = eps.to(u.dtype)
+    return torch.maximum(torch.minimum(u, eps), -eps)
+
+
+def clip_thresholds(us: list[torch.Tensor], quantile: float) -> torch.Tensor:
+    """Root's clip threshold of each of the same-shape ``us``, FP32 ``[n]``: the ``quantile`` of ``|u|`` (linear
+    interpolation between order statistics, as ``torch.quantile``) plus 1e-9, all of them at once."""
+    a = torch.stack([u.detach().abs().flatten().float() for u in us])
+    pos = quantile * (a.shape[1] - 1)
     lo, hi = math.floor(pos), math.ceil(pos)
     lo_v, hi_v = _order_statistics(a, lo, hi)
     eps = lo_v if hi == lo else torch.lerp(lo_v, hi_v, pos - lo)
-    eps = (eps + 1e-9).to(u.dtype)
-    return torch.maximum(torch.minimum(u, eps), -eps)
+    return eps + 1e-9
 
 
 @torch.compiler.disable
 def _order_statistics(a: torch.Tensor, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``lo``-th and ``hi``-th smallest entries of the 1-D ``a`` (from 0; ``hi`` is ``lo`` or ``lo + 1``): by
-    selection on the CPU, through the largest entries on a GPU, where ``kthvalue`` runs one thread block over the
-    whole tensor (about a millisecond per million entries) and ``topk`` a radix sort over all of the device. Left
+    """The ``lo``-th and ``hi``-th smallest entries of each row of ``a`` (from 0; ``hi`` is ``lo`` or ``lo + 1``): by
+    selection on the CPU, through the largest entries on a GPU, where ``kthvalue`` runs one thread block over each
+    row (about a millisecond per million entries) and ``topk`` a radix sort over all of the device. Left
     out of a compiled update: with ``topk`` inside, Inductor's graph partitioning failed on a GPU."""
     return (_by_selection if a.device.type == "cpu" else _by_largest)(a, lo, hi)
 
 
 def _by_selection(a: torch.Tensor, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
-    lo_v = a.kthvalue(lo + 1).values
-    return lo_v, (lo_v if hi == lo else a.kthvalue(hi + 1).values)
+    lo_v = a.kthvalue(lo + 1, dim=1).values
+    return lo_v, (lo_v if hi == lo else a.kthvalue(hi + 1, dim=1).values)
 
 
 def _by_largest(a: torch.Tensor, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
-    top = a.topk(a.numel() - lo, sorted=False).values  # a's entries from its lo-th smallest up
-    two = top.topk(min(2, top.numel()), largest=False).values  # ascending
-    return two[0], two[hi - lo]
+    top = a.topk(a.shape[1] - lo, dim=1, sorted=False).values  # each row's entries from its lo-th smallest up
+    two = top.topk(min(2, top.shape[1]), dim=1, largest=False).values  # ascending
+    return two[:, 0], two[:, hi - lo]
 
 
 def adjust_lr(lr: float, how: str, shape: torch.Size) -> float:
@@ -124,32 +134,45 @@ class QMuon(QAdamW):
 
     def _muon_group(self, group: dict) -> None:
         lr, wd = group["lr"], group["weight_decay"]
+        batched: dict[tuple, list] = {}  # compiled: the parameters of one shape and dtype, updated together
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            pl, g = local(p), local(p.grad)  # a sharded parameter: this process's rows
+            state = self.state[p]
+            quantized = group["quantize_states"] and state_codec.fits(p.shape)
+            step = int(state.get("step", 0)) + 1
+            settings = _muon_settings(group, p.shape)
+            scalars = dict(decay=1 - lr * wd, step_lr=adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+            if not quantized:
+                buf = local(state[_BUF]) if _BUF in state else torch.zeros_like(g, memory_format=torch.preserve_format)
+                _muon_update(pl, g, buf, p=p, **settings, **scalars)
+                state[_BUF] = row_shards.like(buf, p)
+                continue
+            stored = _sub(state, _BUF) if _BUF + ".codes" in state else None
+            keys = self.state_keys(p, step, 0)
+            if stored is not None and self.compiled and not row_shards.is_sharded(p):  # the first step runs eagerly
+                batched.setdefault((p.shape, p.dtype, p.device), []).append((p, step, g, stored, keys))
+                continue
+            self._store_momentum(p, step, _quantized_muon_update(pl, g, stored, keys=keys, p=p, **settings, **scalars))
         with _compile_limit(self.compiled):
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                pl, g = local(p), local(p.grad)  # a sharded parameter: this process's rows
-                state = self.state[p]
-                quantized = group["quantize_states"] and state_codec.fits(p.shape)
-                step = int(state.get("step", 0)) + 1
-                settings = _muon_settings(group, p.shape)
-                scalars = dict(decay=1 - lr * wd, step_lr=adjust_lr(lr, group["adjust_lr_fn"], p.shape))
-                if not quantized:
-                    buf = local(state[_BUF]) if _BUF in state else torch.zeros_like(g, memory_format=torch.preserve_format)
-                    _muon_update(pl, g, buf, p=p, **settings, **scalars)
-                    state[_BUF] = row_shards.like(buf, p)
-                    continue
-                stored = _sub(state, _BUF) if _BUF + ".codes" in state else None
-                keys = self.state_keys(p, step, 0)
-                if stored is not None and self.compiled and not row_shards.is_sharded(p):  # the first step runs eagerly
-                    keys = keys.to(p.device, non_blocking=True) if keys is not None else None
-                    scalars = _as_tensors(scalars, p.device)
-                    stored = _compiled_quantized_muon_update()(pl, g, stored, keys=keys, **settings, **scalars)
-                else:
-                    stored = _quantized_muon_update(pl, g, stored, keys=keys, p=p, **settings, **scalars)
-                state.clear()
-                _put(state, _BUF, {k: row_shards.by_rows(x, p) for k, x in stored.items()})
-                state["step"] = torch.tensor(float(step))  # the count the stochastic-rounding keys derive from
+            for (shape, _, device), items in batched.items():
+                settings = _muon_settings(group, shape)
+                scalars = _as_tensors(dict(decay=1 - lr * wd, step_lr=adjust_lr(lr, group["adjust_lr_fn"], shape)), device)
+                for chunk in _chunks(items):
+                    params = [p for p, *_ in chunk]
+                    for p, step, stored in zip(params, (s for _, s, *_ in chunk),
+                                               _quantized_muon_updates(params, [g for _, _, g, *_ in chunk],
+                                                                       [st for *_, st, _ in chunk],
+                                                                       _stacked_keys([k for *_, k in chunk], device),
+                                                                       **settings, **scalars)):
+                        self._store_momentum(p, step, stored)
+
+    def _store_momentum(self, p: torch.Tensor, step: int, stored: dict) -> None:
+        state = self.state[p]
+        state.clear()
+        _put(state, _BUF, {k: row_shards.by_rows(x, p) for k, x in stored.items()})
+        state["step"] = torch.tensor(float(step))  # the count the stochastic-rounding keys derive from
 
 
 def _muon_settings(group: dict, shape: torch.Size) -> dict:
@@ -165,12 +188,25 @@ def _muon_settings(group: dict, shape: torch.Size) -> dict:
 def _muon_update(pl, g, buf, *, p=None, mu, nesterov, robust_quantile, coefficients, ns_steps, ns_matmul, decay, step_lr):
     """One Muon (Root with ``robust_quantile``) step of ``pl`` from the FP32 momentum ``buf`` (updated in place).
     ``p``: the whole parameter when ``pl`` is this process's rows of a sharded one (None: ``pl`` is whole)."""
-    buf.lerp_(g, 1 - mu)
-    update = g.lerp(buf, mu) if nesterov else buf
+    update = _momentum(g, buf, mu=mu, nesterov=nesterov)
     if p is not None:
         update = row_shards.whole(update, p)
-    if robust_quantile is not None:  # Root: the outliers soft-thresholded away before orthogonalizing
-        update = robust_part(update, robust_quantile)
+    eps = None if robust_quantile is None else clip_thresholds([update], robust_quantile)[0]
+    _orthogonalized_step(pl, update, eps, p=p, coefficients=coefficients, ns_steps=ns_steps, ns_matmul=ns_matmul,
+                         decay=decay, step_lr=step_lr)
+
+
+def _momentum(g, buf, *, mu, nesterov):
+    """Muon's momentum ``buf`` updated in place by ``g``; returns the update direction (Nesterov's or ``buf``)."""
+    buf.lerp_(g, 1 - mu)
+    return g.lerp(buf, mu) if nesterov else buf
+
+
+def _orthogonalized_step(pl, update, eps, *, p=None, coefficients, ns_steps, ns_matmul, decay, step_lr):
+    """``pl`` decayed and moved by the orthogonalized ``update``, clipped to ``[-eps, eps]`` first (Root) unless
+    ``eps`` is None."""
+    if eps is not None:  # Root: the outliers soft-thresholded away before orthogonalizing
+        update = _clip(update, eps)
     update = newton_schulz(update, coefficients, ns_steps, matmul=ns_matmul)
     pl.mul_(decay)
     if p is not None:
@@ -186,14 +222,40 @@ def _quantized_muon_update(pl, g, stored: dict | None, *, keys, p=None, **kwargs
     buf = (state_codec.decode_signed(stored, pl.shape) if stored is not None
            else torch.zeros_like(g, dtype=torch.float32))
     _muon_update(pl, g, buf, p=p, **kwargs)
-    whole = p is None  # compiled: a whole parameter
+    whole = p is None
     return state_codec.encode_signed(buf, amax_over=None if whole else row_shards.amax_over(p), keys=keys,
                                      offset=0 if whole else row_shards.element_offset(p))
 
 
+def _quantized_muon_updates(ps, gs, stored: list[dict], keys: torch.Tensor | None, *, mu, nesterov, robust_quantile,
+                            **step) -> list[dict]:
+    """:func:`_quantized_muon_update` of each of the same-shape whole parameters ``ps`` (``keys``: ``[n, 2]`` or
+    None) in two compiled calls, the momenta and the steps, with Root's clip thresholds of all of them taken
+    between the two (a library call the compiler leaves out)."""
+    updates, stored = _compiled(_momenta)(gs, stored, keys, mu=mu, nesterov=nesterov)
+    eps = None if robust_quantile is None else clip_thresholds(updates, robust_quantile)
+    _compiled(_orthogonalized_steps)(ps, updates, eps, **step)
+    return stored
+
+
+def _momenta(gs, stored: list[dict], keys, *, mu, nesterov) -> tuple[list, list]:
+    """The update directions of the NVFP4-stored momenta ``stored`` after ``gs``, and the momenta stored again."""
+    updates, out = [], []
+    for i, (g, st) in enumerate(zip(gs, stored)):
+        buf = state_codec.decode_signed(st, g.shape)
+        updates.append(_momentum(g, buf, mu=mu, nesterov=nesterov))
+        out.append(state_codec.encode_signed(buf, keys=None if keys is None else keys[i]))
+    return updates, out
+
+
+def _orthogonalized_steps(ps, updates, eps, **step) -> None:
+    for i, (p, u) in enumerate(zip(ps, updates)):
+        _orthogonalized_step(p, u, None if eps is None else eps[i], **step)
+
+
 @functools.cache
-def _compiled_quantized_muon_update():
-    return torch.compile(_quantized_muon_update, dynamic=False)
+def _compiled(fn):
+    return torch.compile(fn, dynamic=False)
 
 
 def muon_groups(model: torch.nn.Module, weight_decay: float, *, exclude=()) -> list[dict]:
