@@ -2,13 +2,17 @@
 
 Question: which FP4 recipe comes closest to BF16, by how much, and is the difference larger than the
 noise? Each call trains, with ``fp4train compare`` (same model, data order, seeds and token budget for
-every recipe; each recipe with its own optimizer - ``fullstack``: QAdamW), into ``--out``:
+every recipe; each recipe with its own optimizer - ``fullstack``: Q-Root + QAdamW, paired to BF16 trained
+with Root + AdamW), into ``--out``:
 
 * every preset, BF16 first, seeds 0, 1, 2;
 * the noise floor: BF16 again per seed with the same initialization and the training windows in another
   order (``compare --noise-floor``);
 * ``--components``: Full-Stack FP4 with one part taken out at a time (BF16 attention, AdamW's FP32 moments,
   no LoRA-SVD), to see which part costs what;
+* ``--fullstack-ablation``: Full-Stack FP4's component ablation as its paper runs it, into
+  ``<out>/fullstack-ablation``: the NVFP4 LoRA-SVD linears alone, + the quantized optimizer, + NVFP4 attention,
+  everything; all trained with Root (Q-Root or BF16 Root), so paired to BF16 Root + AdamW (``bf16-root``);
 * ``--ablation``: AdaHOP without its BF16 start - a calibration made by a separate short run (another seed)
   loaded with ``--calibration``, so that every step of every seed is quantized - into ``<out>/adahop-precalibrated``,
   paired with the same BF16 runs;
@@ -49,18 +53,45 @@ EVAL_TOKENS = 131_072
 def fullstack_components(folder: Path) -> list[str]:
     """Full-Stack FP4 less one part each, as recipe files in ``folder``: their paths."""
     full = fp4train.recipes.get("fullstack")
-    variants = {
-        "fullstack_bf16_attention": full.replace(attention=None),
-        "fullstack_adamw": full.replace(optimizer=None),
-        "fullstack_no_lora": full.replace(lora_svd=None),
-    }
+    return _recipe_files(folder, {
+        "fullstack_bf16_attention": ("less one part: BF16 attention", full.replace(attention=None)),
+        "fullstack_adamw": ("less one part: AdamW with FP32 moments", full.replace(optimizer=None)),
+        "fullstack_no_lora": ("less one part: no LoRA-SVD", full.replace(lora_svd=None)),
+    })
+
+
+def fullstack_ablation(folder: Path) -> list[str]:
+    """Full-Stack FP4's component ablation as its paper runs it: its NVFP4 LoRA-SVD linears alone (BF16 attention,
+    Root with BF16 states), then with its quantized optimizer (Q-Root + QAdamW), or with its NVFP4 attention, then
+    everything (``fullstack``); every one trained with the Root family, so paired to BF16 Root + AdamW. Recipe files
+    in ``folder`` (``fullstack`` by name): their paths."""
+    full = fp4train.recipes.get("fullstack")
+    return [*_recipe_files(folder, {
+        "fullstack_linear": ("linears only", full.replace(attention=None, optimizer="root")),
+        "fullstack_linear_optimizer": ("linears + optimizer", full.replace(attention=None)),
+        "fullstack_linear_attention": ("linears + attention", full.replace(optimizer="root")),
+    }), "fullstack"]
+
+
+def _recipe_files(folder: Path, variants: dict) -> list[str]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, rec in variants.items():
+    for name, (what, rec) in variants.items():
         path = folder / f"{name}.json"
-        rec.replace(name=name, description=f"{full.name} less one part: {name.removeprefix('fullstack_')}").save(path)
+        rec.replace(name=name, description=f"Full-Stack FP4, {what}").save(path)
         paths.append(str(path))
     return paths
+
+
+def _bf16_runs_from(out: Path, other: Path, seeds: list[int]) -> None:
+    """Link the main comparison's BF16 runs (and their reordered twins) into ``other``: a recipe file or calibration
+    changes nothing in a BF16 run, so an ablation reuses them instead of training them again."""
+    for s in seeds:
+        for name in (run_name(BASELINE, s), run_name(REORDERED, s)):
+            link = other / "runs" / name
+            if (out / "runs" / name).exists() and not link.exists():
+                link.parent.mkdir(parents=True, exist_ok=True)
+                os.symlink(os.path.relpath(out / "runs" / name, link.parent), link)
 
 
 def calibration_run(base: TrainConfig, out: Path) -> Path:
@@ -79,10 +110,12 @@ def main(argv=None):
     ap.add_argument("--model", default="20m")
     ap.add_argument("--data", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--recipes", default=",".join(PRESETS))
+    ap.add_argument("--recipes", default=",".join(PRESETS), help="'' : none (only the ablations asked for)")
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     ap.add_argument("--components", action="store_true", help="also Full-Stack FP4 less one part at a time")
     ap.add_argument("--ablation", action="store_true", help="also AdaHOP with a calibration loaded from another run")
+    ap.add_argument("--fullstack-ablation", action="store_true",
+                    help="also Full-Stack FP4's parts added one at a time, paired to BF16 Root + AdamW")
     ap.add_argument("--eval-data", default=None, help="comma-separated out-of-domain texts")
     ap.add_argument("--gpus", default="0,0,0", help="GPU ids, one run per entry at a time (default: three runs on GPU 0)")
     ap.add_argument("--short", action="store_true", help="the 4.9M-token budget (see SHORT) instead of 19.7M")
@@ -98,20 +131,19 @@ def main(argv=None):
     recipes = [r for r in args.recipes.split(",") if r]
     if args.components:
         recipes += fullstack_components(out / "recipes")
-    compare(base, recipes, seeds, out, gpus=gpus, eval_data=evals, eval_tokens=EVAL_TOKENS, recipe_optimizers=True,
-            noise_floor=True)
+    run = dict(gpus=gpus, eval_data=evals, eval_tokens=EVAL_TOKENS, recipe_optimizers=True)
+    if recipes:
+        compare(base, recipes, seeds, out, noise_floor=True, **run)
+    if args.fullstack_ablation:
+        abl = out / "fullstack-ablation"
+        _bf16_runs_from(out, abl, seeds)
+        compare(dataclasses.replace(base, out=str(abl)), fullstack_ablation(abl / "recipes"), seeds, abl, noise_floor=True,
+                **run)
     if args.ablation:
         cal = calibration_run(base, out / "adahop-calibration-run")
         abl = out / "adahop-precalibrated"
-        for s in seeds:  # the same BF16 runs: a calibration file changes nothing in a BF16 run
-            for name in (run_name(BASELINE, s), run_name(REORDERED, s)):
-                link = abl / "runs" / name
-                if not link.exists():
-                    link.parent.mkdir(parents=True, exist_ok=True)
-                    os.symlink(os.path.relpath(out / "runs" / name, link.parent), link)
-        compare(dataclasses.replace(base, calibration=str(cal), out=str(abl)), ["adahop"], seeds, abl,
-                gpus=gpus, eval_data=evals, eval_tokens=EVAL_TOKENS, recipe_optimizers=True)
-
+        _bf16_runs_from(out, abl, seeds)
+        compare(dataclasses.replace(base, calibration=str(cal), out=str(abl)), ["adahop"], seeds, abl, **run)
 
 if __name__ == "__main__":
     main()

@@ -163,6 +163,23 @@ def test_protocol_components_each_take_one_part_out_of_fullstack(tmp_path):
     assert all(r.linear == full.linear for r in got.values())
 
 
+def test_protocol_fullstack_ablation_adds_one_part_at_a_time_all_trained_with_root(tmp_path):
+    import compare_protocol
+
+    import fp4train
+    from fp4train.train.compare import ROOT_FAMILY, recipe_label, run_name
+
+    full = fp4train.recipes.get("fullstack")
+    paths = compare_protocol.fullstack_ablation(tmp_path)
+    got = {recipe_label(p): fp4train.recipes.get(p) for p in paths}
+    assert list(got) == ["fullstack_linear", "fullstack_linear_optimizer", "fullstack_linear_attention", "fullstack"]
+    assert [(r.attention, r.optimizer) for r in got.values()] == [(None, "root"), (None, full.optimizer),
+                                                                  (full.attention, "root"), (full.attention, full.optimizer)]
+    assert all(r.linear == full.linear and r.lora_svd == full.lora_svd for r in got.values())
+    assert all(r.optimizer in ROOT_FAMILY for r in got.values())  # every one paired to BF16 Root + AdamW
+    assert run_name(paths[0], 2) == "fullstack_linear-seed2"
+
+
 def test_scaling_table_reports_both_runs_and_their_gap():
     one = {"tokens_per_s": 80000.0, "final_val_loss": 7.5, "peak_mem_gib": 20.0}
     many = {"tokens_per_s": 150000.0, "final_val_loss": 7.51, "peak_mem_gib": 12.0, "processes": 2}

@@ -52,7 +52,12 @@ EVAL_TOKENS = 262_144
 
 
 def run_name(recipe: str, seed: int) -> str:
-    return f"{Path(recipe).stem}-seed{seed}"
+    return f"{recipe_label(recipe)}-seed{seed}"
+
+
+def recipe_label(recipe: str) -> str:
+    """A recipe as the report names it: a preset by its name, a recipe file by its file's stem."""
+    return Path(recipe).stem if recipe.endswith(".json") else recipe
 
 
 def compare(base: TrainConfig, recipes: list[str], seeds: list[int], out: str | Path, *, gpus: list[int] | None = None,
@@ -397,7 +402,7 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
         gaps = [(by[(r, s)]["final_val_loss"] / by[(baseline, s)]["final_val_loss"] - 1) * 100 for s in seeds]
         tps = [by[(r, s)]["tokens_per_s"] for s in seeds if by[(r, s)]["tokens_per_s"]]
         mem = [by[(r, s)]["peak_mem_gib"] for s in seeds if by[(r, s)]["peak_mem_gib"]]
-        summary[r] = {
+        summary[recipe_label(r)] = {
             "val_loss_mean": statistics.mean(losses),
             "val_loss_per_seed": dict(zip(map(str, seeds), losses)),
             "gap_pct_per_seed": dict(zip(map(str, seeds), gaps)),
@@ -421,7 +426,7 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
                 evals[name] = {"loss_mean": statistics.mean(got[s] for s in paired), "gap_pct_per_seed": egaps,
                                **_gap_stats(egaps, r)}
         if evals:
-            summary[r]["eval"] = evals
+            summary[recipe_label(r)]["eval"] = evals
     first = runs[0]
     report = {
         "model": first["model"], "tokens_per_run": first["tokens"], "steps": first["steps"], "seeds": seeds,
