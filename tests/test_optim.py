@@ -86,10 +86,10 @@ def _pair(quantize_states=True, wd=0.1):
     return [w, b], QAdamW([w, b], lr=1e-2, weight_decay=wd, quantize_states=quantize_states)
 
 
-def _grads(params, i):
+def _grads(params, i, scales=None):
     g = torch.Generator().manual_seed(100 + i)
-    for p in params:
-        p.grad = torch.randn(p.shape, generator=g)
+    for j, p in enumerate(params):
+        p.grad = torch.randn(p.shape, generator=g) * (1 if scales is None else scales[j])
 
 
 def _beside_adamw(steps: int, quantize_states: bool):
@@ -165,14 +165,15 @@ def test_state_dict_resumes_bit_for_bit_through_weights_only_load():
     assert all(torch.equal(a, b) for a, b in zip(params, params2))
 
 
-def _eager_beside_compiled(make, eager, fused, steps: int = 5):
+def _eager_beside_compiled(make, eager, fused, steps: int = 5, scales=None):
     """``make(params, compiled)`` over ``eager`` (compiled=False) and ``fused`` (True), stepped ``steps`` times on the
-    same gradients with a moving learning rate; returns both optimizers."""
+    same gradients (each parameter's times its entry of ``scales``) with a moving learning rate; returns both
+    optimizers."""
     opts = [make(eager, False), make(fused, True)]
     scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: (s + 1) / 5) for o in opts]
     for i in range(steps):
         for ps in (eager, fused):
-            _grads(ps, i)
+            _grads(ps, i, scales)
         for o, s in zip(opts, scheds):
             o.step()
             s.step()
@@ -546,7 +547,7 @@ def test_compiled_root_tracks_the_eager_one_and_compiles_once_per_shape():
     fused = [torch.nn.Parameter(p.detach().clone()) for p in eager]
     starts = [p.detach().clone() for p in eager]
     opts = _eager_beside_compiled(lambda ps, c: QRoot([{"params": ps, "muon": True}], lr=1e-2, weight_decay=0.1, compiled=c),
-                                  eager, fused)
+                                  eager, fused, scales=[1, 1, 1, 100])  # two of a shape, far apart: each its own threshold
     for a, b, start in zip(eager, fused, starts):  # BF16 Newton-Schulz and the NVFP4 codes amplify any rounding
         # difference: a gradient changed by 1e-6 (relative) moves the result by 0.3-0.5% of its path, fusion by ~1%
         assert float((a - b).norm() / (a - start).norm()) < 0.03

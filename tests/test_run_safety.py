@@ -444,6 +444,14 @@ def test_runs_made_before_a_setting_existed_compare_as_they_ran(tmp_path):
     assert settings_changed(cfg) == ""
     assert settings_changed(TrainConfig(**{**cfg.to_dict(), "optimizer": "qadamw"})) == "optimizer 'adamw' (now 'qadamw')"
     assert settings_changed(TrainConfig(**{**cfg.to_dict(), "compile": True})) == "compile False (now True)"
+    # a BF16 run saved before the LoRA factors' multiplier existed (it ran with 1.0) is today's BF16 run: no LoRA
+    old.pop("lora_lr_multiplier", None)
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"train": old}))
+    assert settings_changed(cfg) == ""
+    full = TrainConfig(**{**cfg.to_dict(), "recipe": "fullstack"})
+    old["recipe"] = "fullstack"
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"train": old}))
+    assert settings_changed(full) == "lora_lr_multiplier 1.0 (now 2.0)"
 
 
 # ---- 12. numbers out of range: refused where they are defined, naming the flag and its range -----------------------

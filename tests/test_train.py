@@ -440,3 +440,8 @@ def test_calibration_file_is_not_a_result_setting_of_a_recipe_that_does_not_cali
     a = TrainConfig(recipe="bf16").result_settings()
     assert TrainConfig(recipe="bf16", calibration="x.json").result_settings() == a
     assert TrainConfig(recipe="adahop", calibration="x.json").result_settings()["calibration"] == "x.json"
+
+
+def test_lora_lr_multiplier_is_a_result_setting_of_lora_svd_recipes_only():
+    assert TrainConfig(recipe="bf16", lora_lr_multiplier=1.0).result_settings() == TrainConfig(recipe="bf16").result_settings()
+    assert TrainConfig(recipe="fullstack", lora_lr_multiplier=1.0).result_settings()["lora_lr_multiplier"] == 1.0

@@ -160,12 +160,11 @@ class QMuon(QAdamW):
                 settings = _muon_settings(group, shape)
                 scalars = _as_tensors(dict(decay=1 - lr * wd, step_lr=adjust_lr(lr, group["adjust_lr_fn"], shape)), device)
                 for chunk in _chunks(items):
-                    params = [p for p, *_ in chunk]
-                    for p, step, stored in zip(params, (s for _, s, *_ in chunk),
-                                               _quantized_muon_updates(params, [g for _, _, g, *_ in chunk],
-                                                                       [st for *_, st, _ in chunk],
-                                                                       _stacked_keys([k for *_, k in chunk], device),
-                                                                       **settings, **scalars)):
+                    keys = [k for *_, k in chunk]
+                    keys = _stacked_keys(keys, device).unbind() if keys[0] is not None else keys
+                    for (p, step, *_), stored in zip(chunk, _quantized_muon_updates(
+                            [p for p, *_ in chunk], [g for _, _, g, *_ in chunk], [st for *_, st, _ in chunk], keys,
+                            **settings, **scalars)):
                         self._store_momentum(p, step, stored)
 
     def _store_momentum(self, p: torch.Tensor, step: int, stored: dict) -> None:
@@ -227,30 +226,22 @@ def _quantized_muon_update(pl, g, stored: dict | None, *, keys, p=None, **kwargs
                                      offset=0 if whole else row_shards.element_offset(p))
 
 
-def _quantized_muon_updates(ps, gs, stored: list[dict], keys: torch.Tensor | None, *, mu, nesterov, robust_quantile,
-                            **step) -> list[dict]:
-    """:func:`_quantized_muon_update` of each of the same-shape whole parameters ``ps`` (``keys``: ``[n, 2]`` or
-    None) in two compiled calls, the momenta and the steps, with Root's clip thresholds of all of them taken
-    between the two (a library call the compiler leaves out)."""
-    updates, stored = _compiled(_momenta)(gs, stored, keys, mu=mu, nesterov=nesterov)
-    eps = None if robust_quantile is None else clip_thresholds(updates, robust_quantile)
-    _compiled(_orthogonalized_steps)(ps, updates, eps, **step)
-    return stored
+def _quantized_muon_updates(ps, gs, stored: list[dict], keys: list, *, mu, nesterov, robust_quantile, **step) -> list[dict]:
+    """:func:`_quantized_muon_update` of each of the same-shape whole parameters ``ps`` (``keys``: each one's
+    stochastic-rounding keys or None): the momenta, then Root's clip thresholds of all of them at once (a library call
+    the compiler leaves out), then the steps; compiled one parameter a call. Returns the momenta stored again."""
+    momenta = [_compiled(_momentum_from_stored)(g, st, k, mu=mu, nesterov=nesterov) for g, st, k in zip(gs, stored, keys)]
+    eps = [None] * len(ps) if robust_quantile is None else clip_thresholds([u for u, _ in momenta], robust_quantile).unbind()
+    for p, (u, _), e in zip(ps, momenta, eps):
+        _compiled(_orthogonalized_step)(p, u, e, **step)
+    return [st for _, st in momenta]
 
 
-def _momenta(gs, stored: list[dict], keys, *, mu, nesterov) -> tuple[list, list]:
-    """The update directions of the NVFP4-stored momenta ``stored`` after ``gs``, and the momenta stored again."""
-    updates, out = [], []
-    for i, (g, st) in enumerate(zip(gs, stored)):
-        buf = state_codec.decode_signed(st, g.shape)
-        updates.append(_momentum(g, buf, mu=mu, nesterov=nesterov))
-        out.append(state_codec.encode_signed(buf, keys=None if keys is None else keys[i]))
-    return updates, out
-
-
-def _orthogonalized_steps(ps, updates, eps, **step) -> None:
-    for i, (p, u) in enumerate(zip(ps, updates)):
-        _orthogonalized_step(p, u, None if eps is None else eps[i], **step)
+def _momentum_from_stored(g, stored: dict, keys, *, mu, nesterov) -> tuple[torch.Tensor, dict]:
+    """The update direction of the NVFP4-stored momentum after ``g``, and the momentum stored again."""
+    buf = state_codec.decode_signed(stored, g.shape)
+    update = _momentum(g, buf, mu=mu, nesterov=nesterov)
+    return update, state_codec.encode_signed(buf, keys=keys)
 
 
 @functools.cache

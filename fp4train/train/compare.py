@@ -201,6 +201,7 @@ def settings_changed(cfg: TrainConfig) -> str:
     if then_cfg is not None:
         then["compile"], then["compile_mode"], _ = speed_settings(then_cfg, dev)
         now["compile"], now["compile_mode"], _ = speed_settings(cfg, dev)
+    then.update(dict.fromkeys(cfg.unused_by_recipe()))  # the same recipe (else that differs): the same options unused
     norm = lambda v: list(v) if isinstance(v, tuple) else v  # noqa: E731 - JSON has lists
     return ", ".join(f"{k} {then.get(k)!r} (now {now[k]!r})" for k in now if norm(then.get(k)) != norm(now[k]))
 

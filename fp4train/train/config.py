@@ -243,17 +243,23 @@ class TrainConfig:
         return cls(**d)
 
     def result_settings(self) -> dict:
-        """The :data:`RESULT_FIELDS` of this config (what two runs must share to be the same run). ``calibration``
-        only where the recipe calibrates (AdaHOP): a BF16 run is the same run whatever calibration file it was given."""
+        """The :data:`RESULT_FIELDS` of this config (what two runs must share to be the same run), those the recipe
+        does not use (:meth:`unused_by_recipe`) as None: a BF16 run is the same run whatever calibration file or LoRA
+        learning-rate multiplier it was given."""
         out = {k: getattr(self, k) for k in RESULT_FIELDS}
+        out.update(dict.fromkeys(self.unused_by_recipe()))
+        return out
+
+    def unused_by_recipe(self) -> list[str]:
+        """The options this config's recipe does not use: ``calibration`` unless it calibrates (AdaHOP),
+        ``lora_lr_multiplier`` unless it has LoRA-SVD linears (none if the recipe cannot be loaded)."""
         try:
             from .. import recipes
 
-            if not recipes.get(self.recipe).calibrate:
-                out["calibration"] = None
+            rec = recipes.get(self.recipe)
         except (ValueError, FileNotFoundError, TypeError):
-            pass
-        return out
+            return []
+        return [k for k, used in (("calibration", rec.calibrate), ("lora_lr_multiplier", rec.lora_svd)) if not used]
 
     @classmethod
     def from_toml(cls, path: str | Path, *, defaults: dict | None = None, **overrides) -> TrainConfig:
