@@ -182,7 +182,7 @@ def test_reports_name_the_steps_spent_in_bf16_calibration(tmp_path, capsys):
     assert json.loads((out / "runs" / "adahop2-seed0" / "summary.json").read_text())["bf16_steps"] == 2
     assert json.loads((out / "runs" / "bf16-seed0" / "summary.json").read_text())["bf16_steps"] == 0
     assert "Steps spent in BF16 calibration (counted in each run's steps): " in (out / "report.md").read_text()
-    assert f"{recipe} 2 of 3" in (out / "report.md").read_text()
+    assert "adahop2 2 of 3" in (out / "report.md").read_text()  # a recipe file by its stem
     assert "(2 of them BF16 calibration)" in err
 
 
