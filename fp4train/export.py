@@ -70,23 +70,30 @@ def load_model(run: str | Path, checkpoint: str | Path | None = None, *, trust: 
 
 
 def hf_config(cfg: LlamaConfig, eot_id: int):
-    """The ``transformers.LlamaConfig`` of an fp4train Llama."""
+    """The transformers config of an fp4train Llama: ``LlamaConfig``, or ``MixtralConfig`` for a mixture of experts
+    (the same module names and router arithmetic)."""
     from transformers import LlamaConfig as HFLlamaConfig
+    from transformers import MixtralConfig
 
-    return HFLlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.dim, intermediate_size=cfg.ffn_dim,
-                         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
-                         head_dim=cfg.head_dim, max_position_embeddings=cfg.max_seq_len, rope_theta=cfg.rope_theta,
-                         rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings, attention_bias=False,
-                         mlp_bias=False, hidden_act="silu", bos_token_id=eot_id, eos_token_id=eot_id)
+    common = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.dim, intermediate_size=cfg.ffn_dim,
+                  num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
+                  head_dim=cfg.head_dim, max_position_embeddings=cfg.max_seq_len, rope_theta=cfg.rope_theta,
+                  rms_norm_eps=cfg.norm_eps, tie_word_embeddings=cfg.tie_embeddings, hidden_act="silu",
+                  bos_token_id=eot_id, eos_token_id=eot_id)
+    if cfg.n_experts:
+        return MixtralConfig(**common, num_local_experts=cfg.n_experts, num_experts_per_tok=cfg.experts_per_token,
+                             router_aux_loss_coef=cfg.router_aux_loss_coef, sliding_window=None)
+    return HFLlamaConfig(**common, attention_bias=False, mlp_bias=False)
 
 
 def export_hf(run: str | Path, out: str | Path, *, checkpoint: str | Path | None = None, trust: bool = False,
               dtype: str = "bfloat16") -> Path:
-    """Write ``run``'s trained model as a Hugging Face ``LlamaForCausalLM`` folder ``out`` (new or empty). It is
+    """Write ``run``'s trained model as a Hugging Face ``LlamaForCausalLM`` (``MixtralForCausalLM``: a mixture of
+    experts) folder ``out`` (new or empty). It is
     written beside ``out`` under a temporary name and renamed when complete: ``out`` holds a whole export or none.
     The files take the permissions the process's umask gives."""
     try:
-        from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+        from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
     except ImportError as e:
         raise ValueError(f"export writes a Hugging Face folder and needs transformers: pip install 'fp4train[hf]' ({e})") from e
     if dtype not in ("bfloat16", "float32"):
@@ -111,7 +118,7 @@ def export_hf(run: str | Path, out: str | Path, *, checkpoint: str | Path | None
         if tok.vocab_size > model.config.vocab_size:
             raise ValueError(f"the run's tokenizer has {tok.vocab_size} tokens but the model {model.config.vocab_size}")
         if isinstance(model, Llama):
-            hf = LlamaForCausalLM(hf_config(model.config, tok.eot_id))
+            hf = AutoModelForCausalLM.from_config(hf_config(model.config, tok.eot_id))
             sd = {k if k.startswith("lm_head") else f"model.{k}": v for k, v in model.state_dict().items()}
             missing, unexpected = hf.load_state_dict(sd, strict=False)
             missing = [k for k in missing if not (model.config.tie_embeddings and k == "lm_head.weight")]

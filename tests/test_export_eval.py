@@ -17,17 +17,19 @@ transformers = pytest.importorskip("transformers")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = {}
-    for recipe in ("bf16", "fullstack"):
-        d = tmp_path_factory.mktemp(recipe)
-        cfg = TrainConfig(model="tiny", recipe=recipe, seq_len=32, batch_size=2, max_steps=2, eval_every=0, eval_batches=1,
+    for name, model, recipe in (("bf16", "tiny", "bf16"), ("fullstack", "tiny", "fullstack"), ("moe", "moe-tiny", "nvfp4")):
+        d = tmp_path_factory.mktemp(name)
+        cfg = TrainConfig(model=model, recipe=recipe, seq_len=32, batch_size=2, max_steps=2, eval_every=0, eval_batches=1,
                           log_every=1, progress=False, tensorboard=False, device="cpu", out=str(d / "run"))
         Trainer(cfg, log=lambda m: None).run()
-        out[recipe] = d / "run"
+        out[name] = d / "run"
     return out
 
 
-@pytest.mark.parametrize("recipe", ["bf16", "fullstack"])
+@pytest.mark.parametrize("recipe", ["bf16", "fullstack", "moe"])
 def test_export_loads_in_transformers_with_fp4trains_logits(runs, recipe, tmp_path):
+    """The exported folder gives fp4train's logits in transformers (a mixture of experts as Mixtral: the same
+    router arithmetic and expert layout)."""
     export_hf(runs[recipe], tmp_path / "hf", dtype="float32")
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     model, ck = load_model(runs[recipe])

@@ -33,6 +33,7 @@ from ..adahop.patterns import Pattern, classify, gemm_operands, outlier_ratios
 from ..adahop.strategy import DEFAULT_K, Strategy, derive_rules, relative_error
 from ..backends import get as get_backend
 from ..conversion import block_index
+from ..linear.experts import mixtures_of_experts
 from ..linear.operands import OP_A, OP_B, prepare
 from ..quantizer import Quantizer
 from ..train.config import TrainConfig
@@ -118,7 +119,14 @@ def analyze(cfg: TrainConfig, *, steps: int, capture_every: int, out: str | Path
                          "eval_every": 0})
     t = Trainer(cfg)
     presets = [r for r in _recipes.names() if r != "bf16" and not _recipes.get(r).calibrate]
-    targets = {n: m for n, m in t.model.named_modules() if isinstance(m, nn.Linear) and _recipes.get("mxfp4").spec_for(n) is not None}
+    experts, routers = mixtures_of_experts(t.model)  # kept in high precision by convert: not a recipe's GEMMs
+    targets = {n: m for n, m in t.model.named_modules()
+               if isinstance(m, nn.Linear) and n not in routers and _recipes.get("mxfp4").spec_for(n) is not None}
+    not_measured = {n: "a mixture of experts' stacked expert weights: the analysis measures linear layers" for n, _ in experts}
+    not_measured.update(routers)
+    if not_measured:
+        log(f"fp4train analyze: not measured: {len(experts)} experts modules (stacked 3-D weights; the analysis measures "
+            f"linear layers) and {len(routers)} routers (kept in high precision)")
     blocks = {n: t.model.config.n_layers for n in targets}
     cap = _Capture(targets, threshold)
     pair_err = defaultdict(lambda: defaultdict(list))  # (rel_a, rel_b) -> strategy -> errors
@@ -178,7 +186,7 @@ def analyze(cfg: TrainConfig, *, steps: int, capture_every: int, out: str | Path
         "pattern_pairs": pair_rows, "rules_from_real_tensors": {f"{a.value}/{b.value}": s.value for (a, b), s in real_rules.items()},
         "adahop_strategies": cal.strategies,
         "gemm_errors": per_layer, "mean_relative_error": mean_err,
-        "mean_sqnr_db": {m: _sqnr(v) for m, v in mean_err.items()},
+        "mean_sqnr_db": {m: _sqnr(v) for m, v in mean_err.items()}, "not_measured": not_measured,
     }
     (out / "analysis.json").write_text(json.dumps(result, indent=1))
     (out / "analysis.md").write_text(_markdown(result, methods))
@@ -192,6 +200,8 @@ def _markdown(r: dict, methods: list[str]) -> str:
     hw = r["gpu"] or r["device"]
     lines = [f"# Outlier patterns and GEMM errors: `{r['model']}`, {r['steps']} BF16 steps, captures at {r['capture_steps']}", "",
              f"Hardware: {hw}. Pattern threshold {r['threshold']}, outliers extracted per operand k={r['k']}.", "",
+             *([f"Not measured: {', '.join(f'`{n}` ({why})' for n, why in r['not_measured'].items())}.", ""]
+               if r.get("not_measured") else []),
              "## Mean relative GEMM error over layers and GEMMs (lower is better)", "",
              "| method | mean relative error | SQNR dB |", "|---|---:|---:|"]
     for m in sorted(methods, key=lambda m: r["mean_relative_error"][m]):

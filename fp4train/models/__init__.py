@@ -17,6 +17,11 @@ PRESETS: dict[str, LlamaConfig] = {
     "350m": LlamaConfig(dim=1024, n_layers=24, n_heads=16, n_kv_heads=8, ffn_dim=3072),
     "1b": LlamaConfig(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192),
     "3b": LlamaConfig(dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, ffn_dim=8192),
+    # mixtures of experts (fp4train.models.moe): every block's feed-forward is n_experts SwiGLU experts of ffn_dim,
+    # two per token (by total parameters: moe-20m has 20m's attention, moe-1b 1b's)
+    "moe-tiny": LlamaConfig(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=256, max_seq_len=512, n_experts=4),
+    "moe-20m": LlamaConfig(dim=384, n_layers=6, n_heads=6, n_kv_heads=2, ffn_dim=128, n_experts=8),
+    "moe-1b": LlamaConfig(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=1024, n_experts=8),
 }
 
 

@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .moe import MoE
 
 @dataclass(frozen=True)
 class LlamaConfig:
@@ -34,6 +35,12 @@ class LlamaConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
     init_std: float = 0.02
+    #: a mixture of experts in every block's feed-forward (0: a dense SwiGLU; :mod:`fp4train.models.moe`), each
+    #: expert ``ffn_dim`` wide, ``experts_per_token`` of them per token
+    n_experts: int = 0
+    experts_per_token: int = 2
+    #: the load-balancing loss's weight in the training loss (mixture of experts only)
+    router_aux_loss_coef: float = 0.01
 
     def __post_init__(self):
         if self.dim % self.n_heads:
@@ -42,6 +49,8 @@ class LlamaConfig:
             raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
         if (self.dim // self.n_heads) % 2:
             raise ValueError("the head dimension must be even for RoPE")
+        if self.n_experts and not 1 <= self.experts_per_token <= self.n_experts:
+            raise ValueError(f"experts_per_token={self.experts_per_token} must be between 1 and n_experts={self.n_experts}")
 
     @property
     def head_dim(self) -> int:
@@ -120,7 +129,7 @@ class Block(nn.Module):
         self.input_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MoE(cfg.dim, cfg.ffn_dim, cfg.n_experts, cfg.experts_per_token) if cfg.n_experts else MLP(cfg)
 
     def forward(self, x, cos, sin):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
@@ -149,9 +158,9 @@ class Llama(nn.Module):
         std = self.config.init_std
         resid_std = std / math.sqrt(2 * self.config.n_layers)
         for name, p in self.named_parameters():
-            if name.endswith(("o_proj.weight", "down_proj.weight")):
+            if name.endswith(("o_proj.weight", "down_proj.weight", "experts.down_proj")):
                 nn.init.normal_(p, 0.0, resid_std)
-            elif p.ndim == 2:
+            elif p.ndim >= 2:
                 nn.init.normal_(p, 0.0, std)
             else:
                 nn.init.ones_(p)
@@ -171,4 +180,7 @@ class Llama(nn.Module):
         logits = self.lm_head(self.norm(x))
         if targets is None:
             return logits
-        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        if self.config.n_experts and self.training:  # the experts' load balance (fp4train.models.moe)
+            loss = loss + self.config.router_aux_loss_coef * sum(layer.mlp.aux_loss for layer in self.layers) / len(self.layers)
+        return loss
