@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
 
 from common import data_label, results_path, write_results
 from fp4train.formats import fake_quantize
