@@ -180,9 +180,11 @@ def _eager_beside_compiled(make, eager, fused, steps: int = 5, scales=None):
     return opts
 
 
-def test_compiled_update_tracks_the_eager_one_and_compiles_once_per_shape():
+@pytest.mark.parametrize("multi_tensor", [False, True])
+def test_compiled_update_tracks_the_eager_one_and_compiles_once_per_shape(multi_tensor):
     """compiled=True: the same update fused by torch.compile (equal up to float rounding of fused operations),
-    compiled once per state shape however the learning rate moves (its scalars go in as tensors)."""
+    compiled once per state shape however the learning rate moves (its scalars go in as tensors); with
+    multi_tensor, one call for the parameters of a shape."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
@@ -191,7 +193,8 @@ def test_compiled_update_tracks_the_eager_one_and_compiles_once_per_shape():
     shapes = [(64, 128), (32, 64), (64,), (64, 128)]  # two of a shape: updated by one call
     eager = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
     fused = [torch.nn.Parameter(p.detach().clone()) for p in eager]
-    opts = _eager_beside_compiled(lambda ps, c: QAdamW(ps, lr=1e-2, weight_decay=0.1, compiled=c), eager, fused)
+    opts = _eager_beside_compiled(lambda ps, c: QAdamW(ps, lr=1e-2, weight_decay=0.1, compiled=c, multi_tensor=c and multi_tensor),
+                                  eager, fused, scales=[1, 1, 1, 100])  # two of a shape, far apart: each its own scales
     for a, b in zip(eager, fused):
         assert torch.allclose(a, b, rtol=0, atol=1e-5), float((a - b).abs().max())
     assert counters["stats"]["unique_graphs"] == 2  # two quantized shapes; the bias keeps FP32 states, uncompiled
@@ -532,7 +535,8 @@ def test_roots_order_statistics_are_the_same_on_either_path(n):
                     assert (float(got[0][r]), float(got[1][r])) == (want[lo], want[hi]) == (float(sel[0][r]), float(sel[1][r]))
 
 
-def test_compiled_root_tracks_the_eager_one_and_compiles_once_per_shape():
+@pytest.mark.parametrize("multi_tensor", [False, True])
+def test_compiled_root_tracks_the_eager_one_and_compiles_once_per_shape(multi_tensor):
     """QRoot(compiled=True): the momentum's decode, Root's update and the encode as one compiled call per shape, equal
     to the eager step up to the rounding of fused operations, however the learning rate moves."""
     from torch._dynamo.utils import counters
@@ -546,7 +550,8 @@ def test_compiled_root_tracks_the_eager_one_and_compiles_once_per_shape():
     eager = [torch.nn.Parameter(torch.randn(s) * 0.02) for s in shapes]
     fused = [torch.nn.Parameter(p.detach().clone()) for p in eager]
     starts = [p.detach().clone() for p in eager]
-    opts = _eager_beside_compiled(lambda ps, c: QRoot([{"params": ps, "muon": True}], lr=1e-2, weight_decay=0.1, compiled=c),
+    opts = _eager_beside_compiled(lambda ps, c: QRoot([{"params": ps, "muon": True}], lr=1e-2, weight_decay=0.1, compiled=c,
+                                                      multi_tensor=c and multi_tensor),
                                   eager, fused, scales=[1, 1, 1, 100])  # two of a shape, far apart: each its own threshold
     for a, b, start in zip(eager, fused, starts):  # BF16 Newton-Schulz and the NVFP4 codes amplify any rounding
         # difference: a gradient changed by 1e-6 (relative) moves the result by 0.3-0.5% of its path, fusion by ~1%

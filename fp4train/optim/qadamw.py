@@ -42,11 +42,13 @@ class QAdamW(torch.optim.Optimizer):
     ``compiled=True`` runs each quantized parameter's decode, update and encode as one ``torch.compile``d
     function - a few fused kernels instead of a few hundred small ones per parameter, which is what an eager
     step of a small model spends its time on. Its arithmetic is the eager one's, fused: equal up to the
-    rounding of fused float operations."""
+    rounding of fused float operations. ``multi_tensor=True`` (with ``compiled``) updates all the parameters of a
+    shape in one compiled call - the same update mapped over their stacked tensors (``torch.vmap``), each with its
+    own tensor scales and keys - instead of one call per parameter."""
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, *, quantize_states: bool = True, compiled: bool = False,
-                 stochastic_states: bool = True, seed: int = 0):
+                 stochastic_states: bool = True, seed: int = 0, multi_tensor: bool = False):
         if lr < 0 or eps < 0 or weight_decay < 0:
             raise ValueError(f"QAdamW: lr, eps and weight_decay must be >= 0 (got {lr}, {eps}, {weight_decay})")
         if not all(0.0 <= b < 1.0 for b in betas):
@@ -54,6 +56,10 @@ class QAdamW(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                                       quantize_states=quantize_states))
         self.compiled = compiled
+        if multi_tensor and not compiled:
+            raise ValueError(f"{type(self).__name__}: multi_tensor=True updates the parameters of a shape in one compiled call; "
+                             "it needs compiled=True")
+        self.multi_tensor = multi_tensor
         self.stochastic_states, self.seed = stochastic_states, seed
         #: a parameter's position among all the optimizer's parameters: part of its stochastic-rounding keys
         self.position = {p: i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
@@ -92,6 +98,7 @@ class QAdamW(torch.optim.Optimizer):
         # the step's scalars by step count (the same for every parameter of a run), and as device tensors
         per_step: dict[float, dict] = {}
         on_device: dict[tuple, dict] = {}
+        batched: dict[tuple, list] = {}  # multi_tensor: the parameters of a step count, shape and dtype, updated together
         with _compile_limit(self.compiled):
             for p in group["params"]:
                 if p.grad is None:
@@ -118,12 +125,25 @@ class QAdamW(torch.optim.Optimizer):
                     key = (t, p.device)  # the first step (from zero moments) runs eagerly, once
                     if key not in on_device:
                         on_device[key] = _as_tensors(scalars, p.device)
+                    if self.multi_tensor:
+                        batched.setdefault((t, p.shape, p.dtype, p.device), []).append((p, step, moments, keys))
+                        continue
                     keys = tuple(_stacked_keys(keys, p.device).unbind()) if keys[0] is not None else keys
                     stored = _compiled_quantized_update()(pl, g, moments, keys=keys, **on_device[key])
                 else:
                     stored = _quantized_update(pl, g, moments, amax_over=row_shards.amax_over(p), keys=keys,
                                                offset=row_shards.element_offset(p), **scalars)
                 self._store_moments(p, step, stored)
+            for (t, *_, device), items in batched.items():
+                params = [p for p, *_ in items]
+                keys = [k for *_, k in items]
+                keys = _stacked_keys([torch.stack(k) for k in keys], device) if keys[0][0] is not None else None
+                new, (m, v) = _compiled_batched_update()(
+                    torch.stack(params), torch.stack([p.grad for p in params]), _stacked([ms[0] for _, _, ms, _ in items]),
+                    _stacked([ms[1] for _, _, ms, _ in items]), keys, **on_device[(t, device)])
+                torch._foreach_copy_(params, list(new.unbind(0)))
+                for i, (p, step, *_) in enumerate(items):
+                    self._store_moments(p, step, ({k: x[i] for k, x in m.items()}, {k: x[i] for k, x in v.items()}))
 
     def _store_moments(self, p: torch.Tensor, step: torch.Tensor, stored: tuple[dict, dict]) -> None:
         state = self.state[p]
@@ -162,8 +182,8 @@ def _adamw_update(p, g, m, v, *, decay, step_size, bias2_sqrt, b1, b2, eps) -> N
     g = g.float()
     pf = p.float() if p.dtype != torch.float32 else p
     pf.mul_(decay)
-    m.lerp_(g, 1 - b1)
-    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    m.copy_(torch.lerp(m, g, 1 - b1))  # lerp_'s arithmetic; the out-of-place ops are the ones torch.vmap batches
+    v.copy_(torch.addcmul(v * b2, g, g, value=1 - b2))
     denom = (v.sqrt() / bias2_sqrt).add_(eps)
     if isinstance(step_size, torch.Tensor):  # compiled: a tensor, which addcdiv's value cannot be
         pf.sub_(m / denom * step_size)
@@ -211,6 +231,26 @@ def _compile_limit(compiled: bool):
 @functools.cache
 def _compiled_quantized_update():
     return torch.compile(_quantized_update, dynamic=False)
+
+
+def _batched_update(ps, gs, m: dict, v: dict, keys: torch.Tensor | None, *, b1, b2, eps, **step):
+    """:func:`_quantized_update` of each of the stacked parameters ``ps`` ``[n, ...]`` (with their stacked gradients,
+    stored moments and keys ``[n, 2, 2]`` or None), mapped over them: ``(the new parameters, (m, v) stored)``, stacked."""
+    def one(p, g, m, v, k, step):
+        p = p.clone()
+        return p, _quantized_update(p, g, (m, v), keys=(None, None) if k is None else (k[0], k[1]), b1=b1, b2=b2, eps=eps,
+                                    **step)
+
+    return torch.vmap(one, in_dims=(0, 0, 0, 0, None if keys is None else 0, None))(ps, gs, m, v, keys, step)
+
+
+@functools.cache
+def _compiled_batched_update():
+    return torch.compile(_batched_update, dynamic=False)
+
+
+def _stacked(stored: list[dict]) -> dict[str, torch.Tensor]:
+    return {k: torch.stack([s[k] for s in stored]) for k in stored[0]}
 
 
 #: Root's clip thresholds of at most this many same-shape parameters are taken by one call (their updates stacked).

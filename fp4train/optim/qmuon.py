@@ -33,7 +33,7 @@ from ..row_shards import local
 from . import state_codec
 from .newton_schulz import BF16_COEFFICIENTS, NVFP4_COEFFICIENTS, newton_schulz
 from .ns_coefficients import fitted_coefficients, shape_coefficients
-from .qadamw import QAdamW, _as_tensors, _chunks, _compile_limit, _put, _stacked_keys, _sub
+from .qadamw import QAdamW, _as_tensors, _chunks, _compile_limit, _put, _stacked, _stacked_keys, _sub
 
 _BUF = "momentum_buffer"
 ADJUST_LR = ("original", "match_rms_adamw")
@@ -100,7 +100,8 @@ class QMuon(QAdamW):
                  weight_decay: float = 0.1, *, momentum: float = 0.95, nesterov: bool = True, ns_steps: int = 5,
                  ns_matmul: str = "bf16", ns_coefficients: tuple[float, float, float] | None = None,
                  adjust_lr_fn: str = "match_rms_adamw", quantize_states: bool = True, compiled: bool = False,
-                 stochastic_states: bool = True, seed: int = 0, robust_quantile: float | None = None):
+                 stochastic_states: bool = True, seed: int = 0, robust_quantile: float | None = None,
+                 multi_tensor: bool = False):
         if ns_matmul not in ("bf16", "nvfp4"):
             raise ValueError(f"QMuon: ns_matmul must be bf16 or nvfp4, got {ns_matmul!r}")
         if adjust_lr_fn not in ADJUST_LR:
@@ -112,7 +113,7 @@ class QMuon(QAdamW):
         if isinstance(ns_coefficients, str) and ns_coefficients not in ("shape", "fitted"):
             raise ValueError(f"QMuon: ns_coefficients must be (a, b, c), 'shape', 'fitted' or None, got {ns_coefficients!r}")
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, quantize_states=quantize_states,
-                         compiled=compiled, stochastic_states=stochastic_states, seed=seed)
+                         compiled=compiled, stochastic_states=stochastic_states, seed=seed, multi_tensor=multi_tensor)
         coefficients = ns_coefficients or (NVFP4_COEFFICIENTS if ns_matmul == "nvfp4" else BF16_COEFFICIENTS)
         coefficients = coefficients if isinstance(coefficients, str) else tuple(coefficients)
         for group in self.param_groups:
@@ -159,10 +160,11 @@ class QMuon(QAdamW):
             for (shape, _, device), items in batched.items():
                 settings = _muon_settings(group, shape)
                 scalars = _as_tensors(dict(decay=1 - lr * wd, step_lr=adjust_lr(lr, group["adjust_lr_fn"], shape)), device)
-                for chunk in _chunks(items):
+                for chunk in (_chunks(items) if not self.multi_tensor else [items]):
                     keys = [k for *_, k in chunk]
-                    keys = _stacked_keys(keys, device).unbind() if keys[0] is not None else keys
-                    for (p, step, *_), stored in zip(chunk, _quantized_muon_updates(
+                    keys = _stacked_keys(keys, device) if keys[0] is not None else None
+                    update = _batched_muon_updates if self.multi_tensor else _quantized_muon_updates
+                    for (p, step, *_), stored in zip(chunk, update(
                             [p for p, *_ in chunk], [g for _, _, g, *_ in chunk], [st for *_, st, _ in chunk], keys,
                             **settings, **scalars)):
                         self._store_momentum(p, step, stored)
@@ -197,7 +199,7 @@ def _muon_update(pl, g, buf, *, p=None, mu, nesterov, robust_quantile, coefficie
 
 def _momentum(g, buf, *, mu, nesterov):
     """Muon's momentum ``buf`` updated in place by ``g``; returns the update direction (Nesterov's or ``buf``)."""
-    buf.lerp_(g, 1 - mu)
+    buf.copy_(torch.lerp(buf, g, 1 - mu))  # lerp_'s arithmetic; the out-of-place ops are the ones torch.vmap batches
     return g.lerp(buf, mu) if nesterov else buf
 
 
@@ -226,15 +228,42 @@ def _quantized_muon_update(pl, g, stored: dict | None, *, keys, p=None, **kwargs
                                      offset=0 if whole else row_shards.element_offset(p))
 
 
-def _quantized_muon_updates(ps, gs, stored: list[dict], keys: list, *, mu, nesterov, robust_quantile, **step) -> list[dict]:
-    """:func:`_quantized_muon_update` of each of the same-shape whole parameters ``ps`` (``keys``: each one's
-    stochastic-rounding keys or None): the momenta, then Root's clip thresholds of all of them at once (a library call
-    the compiler leaves out), then the steps; compiled one parameter a call. Returns the momenta stored again."""
+def _quantized_muon_updates(ps, gs, stored: list[dict], keys: torch.Tensor | None, *, mu, nesterov, robust_quantile,
+                            **step) -> list[dict]:
+    """:func:`_quantized_muon_update` of each of the same-shape whole parameters ``ps`` (``keys``: their
+    stochastic-rounding keys ``[n, 2]`` or None): the momenta, then Root's clip thresholds of all of them at once (a
+    library call the compiler leaves out), then the steps; compiled one parameter a call. Returns the momenta stored
+    again."""
+    keys = [None] * len(ps) if keys is None else keys.unbind()
     momenta = [_compiled(_momentum_from_stored)(g, st, k, mu=mu, nesterov=nesterov) for g, st, k in zip(gs, stored, keys)]
     eps = [None] * len(ps) if robust_quantile is None else clip_thresholds([u for u, _ in momenta], robust_quantile).unbind()
     for p, (u, _), e in zip(ps, momenta, eps):
         _compiled(_orthogonalized_step)(p, u, e, **step)
     return [st for _, st in momenta]
+
+
+def _batched_muon_updates(ps, gs, stored: list[dict], keys: torch.Tensor | None, *, mu, nesterov, robust_quantile,
+                          **step) -> list[dict]:
+    """:func:`_quantized_muon_updates` in two compiled calls for all of ``ps``: the momenta and the steps, each the
+    one-parameter function mapped over the stacked tensors (``torch.vmap``), Root's clip thresholds between them."""
+    updates, st = _compiled(_batched_momenta)(torch.stack(gs), _stacked(stored), keys, mu=mu, nesterov=nesterov)
+    eps = None if robust_quantile is None else clip_thresholds(list(updates.unbind(0)), robust_quantile)
+    torch._foreach_copy_(ps, list(_compiled(_batched_steps)(torch.stack(ps), updates, eps, **step).unbind(0)))
+    return [{k: x[i] for k, x in st.items()} for i in range(len(ps))]
+
+
+def _batched_momenta(gs, stored: dict, keys, *, mu, nesterov):
+    return torch.vmap(lambda g, s, k: _momentum_from_stored(g, s, k, mu=mu, nesterov=nesterov),
+                      in_dims=(0, 0, None if keys is None else 0))(gs, stored, keys)
+
+
+def _batched_steps(ps, updates, eps, **step):
+    def one(p, u, e, step):
+        p = p.clone()
+        _orthogonalized_step(p, u, e, **step)
+        return p
+
+    return torch.vmap(one, in_dims=(0, 0, None if eps is None else 0, None))(ps, updates, eps, step)
 
 
 def _momentum_from_stored(g, stored: dict, keys, *, mu, nesterov) -> tuple[torch.Tensor, dict]:
