@@ -171,6 +171,12 @@ def _top_level_parser() -> tuple[_Parser, argparse._SubParsersAction]:
     return ap, ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
 
+def _subparser(name: str) -> argparse.ArgumentParser:
+    """The parser of one ``fp4train`` command (for its defaults)."""
+    ap = build_parser()
+    return next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+
+
 def build_parser(*, commands: bool = True) -> argparse.ArgumentParser:
     """The ``fp4train`` parser; ``commands=False``: the commands' names alone, without their flags (which need the
     training config, and so PyTorch)."""
@@ -218,6 +224,9 @@ def _add_training_commands(command) -> None:
     c.add_argument("--eval-data", default=None, help="comma-separated text sources every finished run is also evaluated "
                    "on (the recipe's forward, the first 262,144 tokens), e.g. out-of-domain text; the report adds their "
                    "loss and gap to BF16")
+    c.add_argument("--across", default=None, help="comma-separated folders of finished comparisons, one per model size: "
+                   "train nothing, write each recipe's gap to BF16 against model size (a table, the trend, the ranking "
+                   "and a figure) into --out")
     c.add_argument("--noise-floor", action="store_true", help="also train BF16 once more per seed with the same "
                    "initialization and the training data in another order (--data-seed = seed + 1000): the report gives "
                    "this same-init spread beside BF16's seed-to-seed spread")
@@ -374,6 +383,20 @@ def _run(args) -> int:
         from .train.distributed import leave
 
         leave()
+    elif args.across is not None:
+        from .train.size_report import size_report
+
+        base = _config_from_args(args)
+        trained = [f for f in ("recipes", "seeds", "eval_data", "gpus", "noise_floor", "overwrite")
+                   if getattr(args, f) != _subparser("compare").get_default(f)]
+        trained += [k for k, v in base.to_dict().items() if k != "out" and v != getattr(TrainConfig(), k)]
+        if trained:
+            raise ValueError(f"--across reads finished comparisons and trains nothing: leave out {', '.join(trained)} "
+                             "(only --out applies)")
+        rep = size_report([f.strip() for f in args.across.split(",") if f.strip()], base.out)
+        print((Path(base.out) / "across_sizes.md").read_text())
+        print(f"fp4train compare: gap against model size in {base.out} (across_sizes.md, .json, gap_vs_size.png)"
+              + ("" if rep["same_ranking"] else "; the ranking changes with size"))
     else:
         base = _config_from_args(args)
         seeds = _ints("--seeds", args.seeds) if args.seeds else [base.seed]
