@@ -16,7 +16,9 @@ with Root + AdamW), into ``--out``:
 * ``--ablation``: AdaHOP without its BF16 start - a calibration made by a separate short run (another seed)
   loaded with ``--calibration``, so that every step of every seed is quantized - into ``<out>/adahop-precalibrated``,
   paired with the same BF16 runs;
-* every finished run evaluated on ``--eval-data`` (out-of-domain text).
+* every finished run evaluated on ``--eval-data`` (out-of-domain text);
+* ``--tokens-per-param R``: the run's length set to R tokens per model parameter (the batch stays the protocol's),
+  so that comparisons at several sizes share one budget ratio (``fp4train compare --across`` sets them side by side).
 
 The settings below are the protocol (``docs/comparing.md`` gives them and the noise floor they reach);
 re-running the same command reuses finished runs and resumes interrupted ones, so a comparison can be run
@@ -47,6 +49,22 @@ PROTOCOL = dict(seq_len=512, batch_size=64, max_steps=600, lr=1e-3, warmup_steps
 #: ``--short``: 300 steps x 32 x 512 = 4.9M tokens, a quarter of the cost; its noise floor is above the gaps
 SHORT = {**PROTOCOL, "batch_size": 32, "max_steps": 300, "warmup_steps": 75}
 SEEDS = (0, 1, 2)
+
+
+def budget(model: str, tokens_per_param: float, settings: dict = PROTOCOL) -> dict:
+    """``settings`` with the training length set to ``tokens_per_param`` tokens per model parameter (the protocol's
+    600 steps are 0.9 per parameter of ``20m``), warmup, evaluation and checkpoints kept at the protocol's share of
+    the run (1/6, 1/12, 1/6); the batch stays the protocol's."""
+    import torch
+
+    from fp4train import models
+
+    with torch.device("meta"):
+        params = models.build(model).num_params()
+    per_step = settings["seq_len"] * settings["batch_size"]
+    steps = max(12, round(tokens_per_param * params / per_step))
+    return {**settings, "max_steps": steps, "warmup_steps": max(1, steps // 6), "eval_every": max(1, steps // 12),
+            "ckpt_every": max(1, steps // 6)}
 EVAL_TOKENS = 131_072
 
 
@@ -120,12 +138,23 @@ def main(argv=None):
     ap.add_argument("--gpus", default="0,0,0", help="GPU ids, one run per entry at a time (default: three runs on GPU 0)")
     ap.add_argument("--short", action="store_true", help="the 4.9M-token budget (see SHORT) instead of 19.7M")
     ap.add_argument("--max-steps", type=int, default=None, help="(the protocol's unless a quick look is wanted)")
+    ap.add_argument("--tokens-per-param", type=float, default=None,
+                    help="train each run on this many tokens per model parameter instead of the fixed 600 steps "
+                         "(comparisons across sizes at one ratio; the 20m protocol is 0.9)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     seeds = [int(s) for s in args.seeds.split(",")]
     gpus = [int(g) for g in args.gpus.split(",")] if args.gpus != "none" else None
     evals = [t for t in (args.eval_data or "").split(",") if t]
     settings = SHORT if args.short else PROTOCOL
+    if args.tokens_per_param is not None:
+        if args.short or args.max_steps:
+            raise SystemExit("--tokens-per-param sets the run's length: leave out --short and --max-steps")
+        if args.tokens_per_param <= 0:
+            raise SystemExit(f"--tokens-per-param must be > 0, got {args.tokens_per_param}")
+        settings = budget(args.model, args.tokens_per_param)
+        print(f"compare_protocol: {args.model} at {args.tokens_per_param} tokens per parameter: {settings['max_steps']} steps "
+              f"x {settings['seq_len'] * settings['batch_size']:,} tokens", flush=True)
     base = TrainConfig(model=args.model, data=args.data, **{**settings, "max_steps": args.max_steps or settings["max_steps"]},
                        progress=False, out=str(out))
     recipes = [r for r in args.recipes.split(",") if r]

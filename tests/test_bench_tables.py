@@ -180,6 +180,16 @@ def test_protocol_fullstack_ablation_adds_one_part_at_a_time_all_trained_with_ro
     assert run_name(paths[0], 2) == "fullstack_linear-seed2"
 
 
+def test_protocol_budget_by_tokens_per_parameter_matches_the_fixed_protocol_at_20m():
+    import compare_protocol
+
+    b = compare_protocol.budget("20m", 0.9)
+    assert abs(b["max_steps"] - compare_protocol.PROTOCOL["max_steps"]) <= 5  # 600 steps are 0.9 tokens per parameter
+    assert (b["warmup_steps"], b["eval_every"], b["seq_len"]) == (b["max_steps"] // 6, b["max_steps"] // 12, 512)
+    big = compare_protocol.budget("60m", 0.9)
+    assert 2.5 < big["max_steps"] / b["max_steps"] < 3.0  # 60.4M against 21.7M parameters
+
+
 def test_scaling_table_reports_both_runs_and_their_gap():
     one = {"tokens_per_s": 80000.0, "final_val_loss": 7.5, "peak_mem_gib": 20.0}
     many = {"tokens_per_s": 150000.0, "final_val_loss": 7.51, "peak_mem_gib": 12.0, "processes": 2}
