@@ -386,10 +386,10 @@ def _run(args) -> int:
     elif args.across is not None:
         from .train.size_report import size_report
 
-        base = _config_from_args(args)
+        base, compare_flags, defaults = _config_from_args(args), _subparser("compare"), TrainConfig()
         trained = [f for f in ("recipes", "seeds", "eval_data", "gpus", "noise_floor", "overwrite")
-                   if getattr(args, f) != _subparser("compare").get_default(f)]
-        trained += [k for k, v in base.to_dict().items() if k != "out" and v != getattr(TrainConfig(), k)]
+                   if getattr(args, f) != compare_flags.get_default(f)]
+        trained += [k for k, v in base.to_dict().items() if k != "out" and v != getattr(defaults, k)]
         if trained:
             raise ValueError(f"--across reads finished comparisons and trains nothing: leave out {', '.join(trained)} "
                              "(only --out applies)")

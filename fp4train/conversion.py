@@ -258,6 +258,8 @@ def _set_experts(model: nn.Module, plan: list) -> None:
     weights' own), and their configs the experts implementation that runs them (fp4train's where any is quantized,
     else the one the model had)."""
     on = any(q is not None for _, q in plan)
+    if on and any(hasattr(mod, "config") for mod, _ in plan):  # a transformers model's experts
+        _experts.register_hf()
     for mod, quantized in plan:
         if quantized is None:
             mod.__dict__.pop("fp4train_experts", None)
@@ -266,8 +268,6 @@ def _set_experts(model: nn.Module, plan: list) -> None:
         config = getattr(mod, "config", None)
         if config is None:  # fp4train's own experts (fp4train.models.moe) run experts_forward themselves
             continue
-        if on:
-            _experts.register_hf()
         if on and config._experts_implementation != _experts.HF_NAME:
             model.fp4train_experts_before = config._experts_implementation
             config._experts_implementation = _experts.HF_NAME

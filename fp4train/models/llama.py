@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from .moe import MoE
 
+
 @dataclass(frozen=True)
 class LlamaConfig:
     dim: int

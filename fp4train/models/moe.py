@@ -43,8 +43,8 @@ class Experts(nn.Module):
 
 
 class MoE(nn.Module):
-    """The router and the experts; ``forward(x)`` is the block's feed-forward output, and keeps the load-balancing
-    loss of that call as ``aux_loss``."""
+    """The router and the experts; ``forward(x)`` is the block's feed-forward output, and in training keeps the
+    load-balancing loss of that call as ``aux_loss`` (None in evaluation)."""
 
     def __init__(self, dim: int, ffn_dim: int, n_experts: int, experts_per_token: int):
         super().__init__()
@@ -53,13 +53,16 @@ class MoE(nn.Module):
         self.experts = Experts(n_experts, dim, ffn_dim)
         self.aux_loss: torch.Tensor | None = None
 
+    def _balance_loss(self, probs: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        n = self.experts.num_experts
+        share = F.one_hot(index, n).float().mean(dim=(0, 1))  # f_e: each expert's share of the assignments
+        return n * (share * probs.mean(dim=0)).sum()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         h = x.reshape(-1, shape[-1])
         probs = F.softmax(self.gate(h).float(), dim=-1)
         weights, index = probs.topk(self.top_k, dim=-1)
         weights = (weights / weights.sum(dim=-1, keepdim=True)).to(h.dtype)
-        n = self.experts.num_experts
-        share = F.one_hot(index, n).float().mean(dim=(0, 1))  # f_e: each expert's share of the assignments
-        self.aux_loss = n * (share * probs.mean(dim=0)).sum()
+        self.aux_loss = self._balance_loss(probs, index) if self.training else None
         return self.experts(h, index, weights).reshape(shape)

@@ -253,16 +253,6 @@ def _stacked(stored: list[dict]) -> dict[str, torch.Tensor]:
     return {k: torch.stack([s[k] for s in stored]) for k in stored[0]}
 
 
-#: Root's clip thresholds of at most this many same-shape parameters are taken by one call (their updates stacked).
-#: The compiled parts of an update stay one call per parameter: unrolled over several, they took 15x (4) to 30x (8)
-#: as long to compile for a 15% shorter step on the host.
-CHUNK = 8
-
-
-def _chunks(items: list) -> list[list]:
-    return [items[i:i + CHUNK] for i in range(0, len(items), CHUNK)]
-
-
 def _stacked_keys(keys, device: torch.device) -> torch.Tensor:
     """Several stochastic-rounding keys as one device tensor (one host-to-device copy)."""
     return torch.stack(list(keys)).to(device, non_blocking=True)

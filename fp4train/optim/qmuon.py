@@ -33,17 +33,25 @@ from ..row_shards import local
 from . import state_codec
 from .newton_schulz import BF16_COEFFICIENTS, NVFP4_COEFFICIENTS, newton_schulz
 from .ns_coefficients import fitted_coefficients, shape_coefficients
-from .qadamw import QAdamW, _as_tensors, _chunks, _compile_limit, _put, _stacked, _stacked_keys, _sub
+from .qadamw import QAdamW, _as_tensors, _compile_limit, _put, _stacked, _stacked_keys, _sub
 
 _BUF = "momentum_buffer"
 ADJUST_LR = ("original", "match_rms_adamw")
+#: Root's clip thresholds of at most this many same-shape parameters are taken by one call (their updates stacked).
+#: The compiled parts of an update stay one call per parameter (``multi_tensor`` aside): unrolled over several
+#: parameters, they compiled many times longer for little gain on the host.
+CHUNK = 8
+
+
+def _chunks(items: list) -> list[list]:
+    return [items[i:i + CHUNK] for i in range(0, len(items), CHUNK)]
 
 
 def robust_part(u: torch.Tensor, quantile: float) -> torch.Tensor:
     """Root's outlier suppression: ``u`` less its soft-thresholded outliers, ``u - sign(u) max(|u| - eps, 0)``, which
     is ``u`` clipped to ``[-eps, eps]``; ``eps`` is the ``quantile`` of ``|u|`` (:func:`clip_thresholds`). The clip
     is exact (no FP32 subtraction)."""
-    return _clip(u, clip_thresholds([u], quantile)[0])
+    return _clip(u, clip_thresholds(u[None], quantile)[0])
 
 
 def _clip(u: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
@@ -51,10 +59,10 @@ def _clip(u: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
     return torch.maximum(torch.minimum(u, eps), -eps)
 
 
-def clip_thresholds(us: list[torch.Tensor], quantile: float) -> torch.Tensor:
-    """Root's clip threshold of each of the same-shape ``us``, FP32 ``[n]``: the ``quantile`` of ``|u|`` (linear
-    interpolation between order statistics, as ``torch.quantile``) plus 1e-9, all of them at once."""
-    a = torch.stack([u.detach().abs().flatten().float() for u in us])
+def clip_thresholds(us: torch.Tensor, quantile: float) -> torch.Tensor:
+    """Root's clip threshold of each of the stacked updates ``us`` ``[n, ...]``, FP32 ``[n]``: the ``quantile`` of
+    ``|u|`` (linear interpolation between order statistics, as ``torch.quantile``) plus 1e-9, all of them at once."""
+    a = us.detach().abs().flatten(1).float()
     pos = quantile * (a.shape[1] - 1)
     lo, hi = math.floor(pos), math.ceil(pos)
     lo_v, hi_v = _order_statistics(a, lo, hi)
@@ -143,17 +151,17 @@ class QMuon(QAdamW):
             state = self.state[p]
             quantized = group["quantize_states"] and state_codec.fits(p.shape)
             step = int(state.get("step", 0)) + 1
+            stored = _sub(state, _BUF) if quantized and _BUF + ".codes" in state else None
+            keys = self.state_keys(p, step, 0) if quantized else None
+            if stored is not None and self.compiled and not row_shards.is_sharded(p):  # the first step runs eagerly
+                batched.setdefault((p.shape, p.dtype, p.device), []).append((p, step, g, stored, keys))
+                continue
             settings = _muon_settings(group, p.shape)
             scalars = dict(decay=1 - lr * wd, step_lr=adjust_lr(lr, group["adjust_lr_fn"], p.shape))
             if not quantized:
                 buf = local(state[_BUF]) if _BUF in state else torch.zeros_like(g, memory_format=torch.preserve_format)
                 _muon_update(pl, g, buf, p=p, **settings, **scalars)
                 state[_BUF] = row_shards.like(buf, p)
-                continue
-            stored = _sub(state, _BUF) if _BUF + ".codes" in state else None
-            keys = self.state_keys(p, step, 0)
-            if stored is not None and self.compiled and not row_shards.is_sharded(p):  # the first step runs eagerly
-                batched.setdefault((p.shape, p.dtype, p.device), []).append((p, step, g, stored, keys))
                 continue
             self._store_momentum(p, step, _quantized_muon_update(pl, g, stored, keys=keys, p=p, **settings, **scalars))
         with _compile_limit(self.compiled):
@@ -192,7 +200,7 @@ def _muon_update(pl, g, buf, *, p=None, mu, nesterov, robust_quantile, coefficie
     update = _momentum(g, buf, mu=mu, nesterov=nesterov)
     if p is not None:
         update = row_shards.whole(update, p)
-    eps = None if robust_quantile is None else clip_thresholds([update], robust_quantile)[0]
+    eps = None if robust_quantile is None else clip_thresholds(update[None], robust_quantile)[0]
     _orthogonalized_step(pl, update, eps, p=p, coefficients=coefficients, ns_steps=ns_steps, ns_matmul=ns_matmul,
                          decay=decay, step_lr=step_lr)
 
@@ -236,7 +244,8 @@ def _quantized_muon_updates(ps, gs, stored: list[dict], keys: torch.Tensor | Non
     again."""
     keys = [None] * len(ps) if keys is None else keys.unbind()
     momenta = [_compiled(_momentum_from_stored)(g, st, k, mu=mu, nesterov=nesterov) for g, st, k in zip(gs, stored, keys)]
-    eps = [None] * len(ps) if robust_quantile is None else clip_thresholds([u for u, _ in momenta], robust_quantile).unbind()
+    eps = ([None] * len(ps) if robust_quantile is None
+           else clip_thresholds(torch.stack([u for u, _ in momenta]), robust_quantile).unbind())
     for p, (u, _), e in zip(ps, momenta, eps):
         _compiled(_orthogonalized_step)(p, u, e, **step)
     return [st for _, st in momenta]
@@ -247,7 +256,7 @@ def _batched_muon_updates(ps, gs, stored: list[dict], keys: torch.Tensor | None,
     """:func:`_quantized_muon_updates` in two compiled calls for all of ``ps``: the momenta and the steps, each the
     one-parameter function mapped over the stacked tensors (``torch.vmap``), Root's clip thresholds between them."""
     updates, st = _compiled(_batched_momenta)(torch.stack(gs), _stacked(stored), keys, mu=mu, nesterov=nesterov)
-    eps = None if robust_quantile is None else clip_thresholds(list(updates.unbind(0)), robust_quantile)
+    eps = None if robust_quantile is None else clip_thresholds(updates, robust_quantile)
     torch._foreach_copy_(ps, list(_compiled(_batched_steps)(torch.stack(ps), updates, eps, **step).unbind(0)))
     return [{k: x[i] for k, x in st.items()} for i in range(len(ps))]
 

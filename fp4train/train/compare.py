@@ -516,7 +516,7 @@ def _plot(path: Path, runs: list[dict], recipes: list[str], seeds: list[int]) ->
     ends = []  # each recipe's last mean loss
     for i, r in enumerate(recipes):
         color = f"C{i % 10}"  # the same colour for a recipe in both panels
-        label = Path(r).stem
+        label = recipe_label(r)
         steps = sorted(set.intersection(*(set(by[(r, s)]) for s in seeds)))
         vals = [[by[(r, s)][t] for s in seeds] for t in steps]
         means = [statistics.mean(v) for v in vals]
