@@ -35,3 +35,21 @@ def test_stochastic_rounds_between_neighbours_unbiased():
     assert set(q.unique().tolist()) == {16.0, 18.0}
     # P(18) = 0.75; std of the mean = 2 * sqrt(.75 * .25 / n)
     assert abs(q.mean().item() - 17.5) < 5 * 2 * (0.1875 / v.numel()) ** 0.5
+
+
+def test_field_arithmetic_gives_the_byte_view_bits_and_runs_under_vmap():
+    """Compiled code encodes and decodes through the fields (a dtype view has no vmap rule before torch 2.13): every
+    code, every value, every tie between neighbours, zeros of both signs and saturation give the view's bits."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    by_view = codes.view(torch.float8_e4m3fn).to(torch.float32)
+    assert torch.equal(torch.nan_to_num(e4m3.decode_fields(codes), 1e9), torch.nan_to_num(by_view, 1e9))
+    assert torch.equal(e4m3.decode_fields(codes).signbit(), by_view.signbit())
+    grid = by_view[torch.isfinite(by_view)].unique()
+    ties = (grid[1:] + grid[:-1]) / 2
+    g = torch.Generator().manual_seed(0)
+    v = torch.cat([grid, ties, ties.nextafter(ties + 1), ties.nextafter(ties - 1), torch.tensor([0.0, -0.0, 500.0, -1e6, 1e-30]),
+                   torch.randn(100_000, generator=g) * torch.logspace(-4, 3, 100_000)])
+    rounded = v.clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert torch.equal(e4m3.encode_fields(rounded.to(torch.float32)), rounded.view(torch.uint8))
+    batched = torch.vmap(lambda x: e4m3.decode_fields(e4m3.encode_fields(x)))(grid[None].expand(3, -1))
+    assert torch.equal(batched, grid[None].expand(3, -1))

@@ -65,6 +65,12 @@ def mixtures_of_experts(model: nn.Module) -> tuple[list, dict[str, str]]:
     return experts, kept
 
 
+#: An expert's tokens go to its quantized GEMMs zero-padded to whole groups of this many rows: an expert gets any
+#: number of tokens, and the FP8 tensor-core GEMMs take M (and, for dW, the inner dim) in 128-row groups. Exact:
+#: zero rows leave every block's scale alone, and their outputs and gradients are dropped.
+ROW_GROUP = 128
+
+
 class _Gemm:
     """One projection's quantized GEMM, for any expert's slice of the stacked weight."""
 
@@ -78,8 +84,10 @@ class _Gemm:
         grad = torch.is_grad_enabled()
         dev = x.device.type
         out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-        return torch.ops.fp4train.quantized_linear(x, w, bias, self.key, out_dtype, grad and w.requires_grad,
-                                                   grad and x.requires_grad, [])[0]
+        m = x.shape[0]
+        xp = F.pad(x, (0, 0, 0, -m % ROW_GROUP))
+        return torch.ops.fp4train.quantized_linear(xp, w, bias, self.key, out_dtype, grad and w.requires_grad,
+                                                   grad and x.requires_grad, [])[0][:m]
 
 
 class QuantizedExperts:

@@ -1,0 +1,111 @@
+"""A mixture of experts' expert GEMMs, forward + backward, per recipe against BF16 - looped and grouped.
+
+Question: what do quantized experts cost against BF16 experts, and how far is fp4train's expert path (one
+quantized GEMM pair per expert, :func:`fp4train.linear.experts.experts_forward`) from BF16's grouped GEMM
+(``torch._grouped_mm``, every expert in one kernel)? One MoE block of a model preset (router, top-k, SwiGLU
+experts; default ``moe-1b``: 8 experts of 2048 -> 1024, two per token), ``--tokens`` tokens in BF16 autocast, the
+block's output backpropagated; the router's choices are the same for every variant (one seed). Timed per
+forward + backward with a synchronisation after each (the looped path reads the experts' token counts on the
+host, so this is the time a training step sees), median of ``--repeats``.
+
+    python bench/experts_speed.py [--model moe-1b] [--tokens 16384] [--recipes nvfp4,tib2d,mxfp4]
+
+Writes ``bench/results/experts_speed-<model>-<gpu>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import fp4train
+from common import results_path, write_results
+from fp4train.models import PRESETS
+from fp4train.models.moe import MoE
+from fp4train.timing import median_time
+
+
+def grouped_experts(module, hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """BF16 experts as two grouped GEMMs (``torch._grouped_mm``): tokens sorted by expert, every expert at once."""
+    flat = index.flatten()
+    order = flat.argsort(stable=True)
+    tok = order // index.shape[1]
+    offsets = torch.bincount(flat, minlength=module.num_experts).cumsum(0).to(torch.int32)
+    x = hidden[tok].to(torch.bfloat16)
+    h = torch._grouped_mm(x, module.gate_up_proj.to(torch.bfloat16).transpose(1, 2), offs=offsets)
+    h = module._apply_gate(h)
+    y = torch._grouped_mm(h, module.down_proj.to(torch.bfloat16).transpose(1, 2), offs=offsets)
+    y = y * weights.flatten()[order, None]
+    return torch.zeros_like(hidden).index_add_(0, tok, y.to(hidden.dtype))
+
+
+def _block(model: str, device: str) -> MoE:
+    c = PRESETS[model]
+    if not c.n_experts:
+        raise SystemExit(f"experts_speed: {model} is not a mixture of experts; pick one of "
+                         f"{[n for n, p in PRESETS.items() if p.n_experts]}")
+    torch.manual_seed(0)
+    block = MoE(c.dim, c.ffn_dim, c.n_experts, c.experts_per_token).to(device)
+    for p in block.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    return block
+
+
+def measure(block: MoE, x: torch.Tensor, repeats: int, grouped: bool = False) -> float:
+    """Median seconds of the block's forward + backward (with ``grouped``: the BF16 grouped GEMMs for its experts)."""
+    def step():
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            if grouped:
+                h = x.reshape(-1, x.shape[-1])
+                probs = F.softmax(block.gate(h).float(), dim=-1)
+                w, i = probs.topk(block.top_k, dim=-1)
+                y = grouped_experts(block.experts, h, i, (w / w.sum(-1, keepdim=True)).to(h.dtype))
+            else:
+                y = block(x)
+        y.float().square().mean().backward()
+        x.grad = None
+        for p in block.parameters():
+            p.grad = None
+
+    return median_time(step, repeats, back_to_back=False)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="moe-1b")
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--recipes", default="nvfp4,tib2d,mxfp4")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("experts_speed needs a CUDA GPU (or --device cpu for a smoke run)")
+    for r in args.recipes.split(","):
+        fp4train.recipes.get(r)  # an unknown recipe fails here, before any timing
+    c = PRESETS[args.model] if args.model in PRESETS else None
+    if c is None:
+        raise SystemExit(f"experts_speed: unknown model {args.model!r}")
+    block = _block(args.model, args.device)
+    x = torch.randn(args.tokens, c.dim, device=args.device, requires_grad=True)
+    bf16 = measure(block, x, args.repeats)
+    grouped = measure(block, x, args.repeats, grouped=True)
+    row = {"recipe": "bf16", "ms": bf16 * 1e3, "grouped_ms": grouped * 1e3}
+    rows = [row]
+    print(f"bf16: looped {bf16 * 1e3:.2f} ms, grouped {grouped * 1e3:.2f} ms", flush=True)
+    settings = dict(model=args.model, tokens=args.tokens, experts=c.n_experts, experts_per_token=c.experts_per_token,
+                    dim=c.dim, ffn_dim=c.ffn_dim, repeats=args.repeats)
+    for recipe in args.recipes.split(","):
+        q = fp4train.convert(_block(args.model, args.device), recipe)
+        t = measure(q, x, args.repeats)
+        rows.append({"recipe": recipe, "ms": t * 1e3, "vs_bf16_looped": bf16 / t, "vs_bf16_grouped": grouped / t})
+        print(f"{recipe}: {t * 1e3:.2f} ms ({bf16 / t:.2f}x bf16 looped, {grouped / t:.2f}x bf16 grouped)", flush=True)
+        write_results(args.json or results_path("experts_speed", args.model), rows, **settings)
+    write_results(args.json or results_path("experts_speed", args.model), rows, **settings)
+
+
+if __name__ == "__main__":
+    main()
