@@ -16,7 +16,7 @@ import re
 
 from common import RESULTS, ROOT
 
-DOCS = (ROOT / "docs/performance.md", ROOT / "docs/comparing.md", ROOT / "README.md")
+DOCS = (ROOT / "docs/performance.md", ROOT / "docs/comparing.md", ROOT / "docs/models.md", ROOT / "README.md")
 
 
 def _load(name: str) -> dict | None:
@@ -102,6 +102,31 @@ def attention_table(d: dict) -> str:
                      f"{r['sdpa_ms']:.2f} | {r['nvfp4_ms']:.2f} | {r['nvfp4_vs_sdpa_time']:.1f}× | {r['sdpa_peak_mib']:.0f} | "
                      f"{r['nvfp4_peak_mib']:.0f} | {q} |")
     return "\n".join(lines + ["", _source(d, "attention_speed.py")])
+
+
+def experts_table(d: dict) -> str:
+    """A MoE block's experts, forward + backward: each recipe's looped quantized GEMMs against BF16 looped and grouped."""
+    bf16 = d["results"][0]
+    lines = [f"| experts ({d['model']}: {d['experts']} × {d['dim']}→{d['ffn_dim']}, top {d['experts_per_token']}, "
+             f"{d['tokens']:,} tokens) | ms | × BF16 looped | × BF16 grouped |", "|---|---:|---:|---:|",
+             f"| bf16, grouped (`torch._grouped_mm`) | {bf16['grouped_ms']:.2f} | {bf16['ms'] / bf16['grouped_ms']:.2f}× | 1.00× |",
+             f"| bf16, looped | {bf16['ms']:.2f} | 1.00× | {bf16['grouped_ms'] / bf16['ms']:.2f}× |"]
+    for r in d["results"][1:]:
+        lines.append(f"| {r['recipe']}, looped | {r['ms']:.2f} | {r['vs_bf16_looped']:.2f}× | {r['vs_bf16_grouped']:.2f}× |")
+    return "\n".join(lines + ["", _source(d, "experts_speed.py")])
+
+
+def runs_table(folder: str) -> str:
+    """The runs of a results folder (``<folder>/runs/<name>/summary.json``): final validation loss, tokens/s, memory."""
+    lines = ["| run | steps | tokens | val loss | tokens/s | peak GiB |", "|---|---:|---:|---:|---:|---:|"]
+    summaries = [json.loads(p.read_text()) for p in sorted((RESULTS / folder / "runs").glob("*/summary.json"))]
+    for s in summaries:
+        lines.append(f"| {s['model']} {s['recipe']} | {s['steps']} | {s['tokens']:,} | {s['final_val_loss']:.4f} | "
+                     f"{s['tokens_per_s']:,.0f} | {s['peak_mem_gib']:.2f} |")
+    s = summaries[0]
+    how = "compiled" if s["compile"] else "eager (`--no-compile`)"
+    return "\n".join(lines + ["", f"_{s['gpu']}, torch {s['torch'].split('+')[0]}, commit {s['commit']}, {how}; "
+                               f"`bench/results/{folder}/runs/*/config.json` hold each run's settings._"])
 
 
 def _minutes(s: float) -> str:
@@ -213,6 +238,10 @@ def tables(gpu: str) -> dict[str, str]:
         out["attention"] = attention_table(d)
     if d := _load(f"quantize_speed-{gpu}.json"):
         out["quantize"] = quantize_table(d)
+    if d := _load(f"experts_speed-moe-1b-{gpu}.json"):
+        out["experts"] = experts_table(d)
+    if (RESULTS / "moe-20m-enwiki-short" / "runs").exists():
+        out["moe_runs"] = runs_table("moe-20m-enwiki-short")
     for model in ("20m", "60m"):
         folder = f"compare-{model}-enwiki"
         if (RESULTS / folder / "report.json").exists():

@@ -32,6 +32,10 @@ from .recipes.spec import Recipe
 BLOCK_INDEX = re.compile(r"(?:^|\.)(\d+)\.")
 
 
+#: Said of a LoRA-SVD recipe's experts, in the report and a warning: their weights have no low-rank branch.
+NO_EXPERT_LORA = "without LoRA-SVD: the recipe's low-rank branch covers linear layers, not stacked experts"
+
+
 def convert(
     model: nn.Module,
     recipe: str | Recipe,
@@ -141,7 +145,7 @@ def convert(
         report.entries.append(Entry(name, kind, CONVERTED, describe_spec(spec) + lora) if spec.quantized
                               else Entry(name, kind, HIGH_PRECISION, "its spec quantizes nothing"))
         plan.append((name, mod, spec))
-    experts_plan = []
+    experts_plan, expert_without_lora = [], []
     for name, mod in experts:
         specs = {p: (recipe.spec_for(f"{name}.{p}", block_index(name), num_blocks, roles=frozenset() if roles is not None else None)
                      if filter is None or filter(name, mod) else None) for p in _experts.projections(mod)}
@@ -153,8 +157,14 @@ def convert(
         detail = (f"{mod.num_experts} experts, each a quantized GEMM per projection: "
                   + "; ".join(f"{p}: {describe_spec(s)}" for p, s in quantized.items()) if quantized
                   else "the recipe keeps its experts in high precision")
+        if quantized and recipe.lora_svd is not None:
+            detail += f" ({NO_EXPERT_LORA})"
+            expert_without_lora.append(name)
         report.entries.append(Entry(name, type(mod).__name__, CONVERTED if quantized else HIGH_PRECISION, detail))
         experts_plan.append((mod, quantized))
+    if expert_without_lora:
+        warnings.warn(f"recipe {recipe.name!r}: {len(expert_without_lora)} experts modules ({expert_without_lora[0]}, ...) run "
+                      f"its quantized GEMMs but {NO_EXPERT_LORA}", UserWarning, stacklevel=2)
     linear_names = {n for n, _ in linears}
     for name, why in routers.items():
         if name not in linear_names:  # a router module of its own (a linear router has its entry above)

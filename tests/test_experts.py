@@ -95,3 +95,12 @@ def test_experts_kept_in_high_precision_by_a_recipe_override():
     fp4train.convert(model, rec)
     e = next(x for x in model.fp4train_conversion.entries if x.kind == "MixtralExperts")
     assert e.status == HIGH_PRECISION and model.config._experts_implementation != "fp4train"
+
+
+def test_a_lora_svd_recipe_says_its_experts_run_without_the_low_rank_branch():
+    """fullstack's LoRA-SVD covers linear layers: its experts are quantized without it, in the report and a warning."""
+    model = _mixtral()
+    with pytest.warns(UserWarning, match="without LoRA-SVD"):
+        fp4train.convert(model, "fullstack")
+    entry = next(e for e in model.fp4train_conversion.entries if e.name.endswith("layers.0.mlp.experts"))
+    assert entry.status == CONVERTED and "without LoRA-SVD" in entry.detail
