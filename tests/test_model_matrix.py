@@ -51,6 +51,8 @@ def test_an_architecture_converts_trains_and_unconverts(arch, recipe):
     batches = _batches()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing skipped, nothing warned
+        if recipe == "fullstack" and arch in ("mixtral", "qwen2_moe"):  # experts without LoRA-SVD: said (test_experts)
+            warnings.filterwarnings("ignore", message=".*without LoRA-SVD")
         if recipe == "adahop":
             fp4train.calibrate(model, batches)
         else:
