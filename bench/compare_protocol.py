@@ -13,6 +13,10 @@ with Root + AdamW), into ``--out``:
 * ``--fullstack-ablation``: Full-Stack FP4's component ablation as its paper runs it, into
   ``<out>/fullstack-ablation``: the NVFP4 LoRA-SVD linears alone, + the quantized optimizer, + NVFP4 attention,
   everything; all trained with Root (Q-Root or BF16 Root), so paired to BF16 Root + AdamW (``bf16-root``);
+* ``--tib2d-ablation``: the 2D-block paper's ablation, into ``<out>/tib2d-ablation``: ``tib2d`` with one part
+  changed at a time - 1x32 blocks in place of 32x32 tiles (the 1D-vs-2D comparison at a matched recipe the paper
+  does not make), floor scales in place of ceil, round-to-nearest gradients in place of stochastic rounding,
+  attention's Q/K projections in MXFP4 in place of MXFP8; paired with the main comparison's BF16 runs;
 * ``--ablation``: AdaHOP without its BF16 start - a calibration made by a separate short run (another seed)
   loaded with ``--calibration``, so that every step of every seed is quantized - into ``<out>/adahop-precalibrated``,
   paired with the same BF16 runs;
@@ -91,12 +95,45 @@ def fullstack_ablation(folder: Path) -> list[str]:
     }), "fullstack"]
 
 
-def _recipe_files(folder: Path, variants: dict) -> list[str]:
+def tib2d_ablation(folder: Path) -> list[str]:
+    """The 2D-block paper's ablation in small: ``tib2d`` with one part changed at a time, as recipe files in
+    ``folder`` (``tib2d`` by name): their paths."""
+    tib2d = fp4train.recipes.get("tib2d")
+    qk = [o for o in tib2d.overrides if o.pattern in ("role:query", "role:key")]
+    return [*_recipe_files(folder, {
+        "tib2d_1d": ("1x32 blocks in place of 32x32 tiles", _each_quant(tib2d, _one_d)),
+        "tib2d_floor": ("floor scales in place of ceil", _each_quant(tib2d, lambda q: dataclasses.replace(q, scale="floor"))),
+        "tib2d_nearest": ("round-to-nearest gradients in place of stochastic rounding",
+                          _each_quant(tib2d, lambda q: dataclasses.replace(q, rounding="nearest"))),
+        "tib2d_fp4_qk": ("Q/K projections in MXFP4 like every linear",
+                         tib2d.replace(overrides=tuple(o for o in tib2d.overrides if o not in qk))),
+    }, "Transposition-invariant 2D blocks"), "tib2d"]
+
+
+def _one_d(q):
+    """A 32x32-tile quantization as 1x32 blocks along the GEMM's inner dim (the same scale rule and rounding)."""
+    return dataclasses.replace(q, block=q.block[1]) if isinstance(q.block, tuple) else q
+
+
+def _each_quant(recipe, change):
+    """``recipe`` with ``change`` applied to every operand quantization of its linear and of its overrides'."""
+    def linear(spec):
+        if spec is None:
+            return None
+        gemms = {g: dataclasses.replace(getattr(spec, g), a=change(getattr(spec, g).a), b=change(getattr(spec, g).b))
+                 for g in ("fprop", "dgrad", "wgrad")}
+        return dataclasses.replace(spec, **gemms)
+
+    overrides = tuple(dataclasses.replace(o, linear=linear(o.linear)) for o in recipe.overrides)
+    return recipe.replace(linear=linear(recipe.linear), overrides=overrides)
+
+
+def _recipe_files(folder: Path, variants: dict, method: str = "Full-Stack FP4") -> list[str]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, (what, rec) in variants.items():
         path = folder / f"{name}.json"
-        rec.replace(name=name, description=f"Full-Stack FP4, {what}").save(path)
+        rec.replace(name=name, description=f"{method}, {what}").save(path)
         paths.append(str(path))
     return paths
 
@@ -134,6 +171,8 @@ def main(argv=None):
     ap.add_argument("--ablation", action="store_true", help="also AdaHOP with a calibration loaded from another run")
     ap.add_argument("--fullstack-ablation", action="store_true",
                     help="also Full-Stack FP4's parts added one at a time, paired to BF16 Root + AdamW")
+    ap.add_argument("--tib2d-ablation", action="store_true",
+                    help="also tib2d with one part changed at a time (1D blocks, floor scales, no SR, MXFP4 Q/K)")
     ap.add_argument("--eval-data", default=None, help="comma-separated out-of-domain texts")
     ap.add_argument("--gpus", default="0,0,0", help="GPU ids, one run per entry at a time (default: three runs on GPU 0)")
     ap.add_argument("--short", action="store_true", help="the 4.9M-token budget (see SHORT) instead of 19.7M")
@@ -168,6 +207,10 @@ def main(argv=None):
         _bf16_runs_from(out, abl, seeds)
         compare(dataclasses.replace(base, out=str(abl)), fullstack_ablation(abl / "recipes"), seeds, abl, noise_floor=True,
                 **run)
+    if args.tib2d_ablation:
+        abl = out / "tib2d-ablation"
+        _bf16_runs_from(out, abl, seeds)
+        compare(dataclasses.replace(base, out=str(abl)), tib2d_ablation(abl / "recipes"), seeds, abl, noise_floor=True, **run)
     if args.ablation:
         cal = calibration_run(base, out / "adahop-calibration-run")
         abl = out / "adahop-precalibrated"

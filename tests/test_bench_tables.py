@@ -180,6 +180,38 @@ def test_protocol_fullstack_ablation_adds_one_part_at_a_time_all_trained_with_ro
     assert run_name(paths[0], 2) == "fullstack_linear-seed2"
 
 
+def test_protocol_tib2d_ablation_changes_one_part_at_a_time(tmp_path):
+    """Each variant differs from tib2d in one part only, everywhere that part occurs (Q/K overrides included), and
+    a model converted with it runs that part (a recipe file that only looked right would fail the last check)."""
+    import compare_protocol
+
+    import fp4train
+    from fp4train.train.compare import recipe_label
+
+    base = fp4train.recipes.get("tib2d")
+    paths = compare_protocol.tib2d_ablation(tmp_path)
+    got = {recipe_label(p): fp4train.recipes.get(p) for p in paths}
+    assert list(got) == ["tib2d_1d", "tib2d_floor", "tib2d_nearest", "tib2d_fp4_qk", "tib2d"]
+
+    def quants(r):
+        specs = [r.linear] + [o.linear for o in r.overrides if o.linear is not None]
+        return [getattr(getattr(s, g), o) for s in specs for g in ("fprop", "dgrad", "wgrad") for o in "ab"]
+
+    pairs = {name: list(zip(quants(base), quants(r))) for name, r in got.items() if name not in ("tib2d", "tib2d_fp4_qk")}
+    assert all(b.is_2d == (b.block != q.block) and not q.is_2d and q.block_size == b.block_size and q.scale == b.scale
+               and q.rounding == b.rounding for b, q in pairs["tib2d_1d"])
+    assert any(b.is_2d for b, _ in pairs["tib2d_1d"])
+    assert all(q.scale == "floor" and (q.block, q.rounding, q.format) == (b.block, b.rounding, b.format) for b, q in pairs["tib2d_floor"])
+    assert all(q.rounding == "nearest" and (q.block, q.scale) == (b.block, b.scale) for b, q in pairs["tib2d_nearest"])
+    assert any(b.rounding == "stochastic" for b, _ in pairs["tib2d_nearest"])
+    qk = got["tib2d_fp4_qk"]
+    assert qk.linear == base.linear and len(qk.overrides) == len(base.overrides) - 2
+    assert not any(o.pattern.startswith("role:") and o.pattern != "role:lm_head" for o in qk.overrides)
+    model = fp4train.models.build("tiny")
+    fp4train.convert(model, got["tib2d_1d"])
+    assert not any(m.spec.fprop.b.is_2d for m in model.modules() if isinstance(m, fp4train.QuantizedLinear))
+
+
 def test_protocol_budget_by_tokens_per_parameter_matches_the_fixed_protocol_at_20m():
     import compare_protocol
 
