@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..recipes.spec import LinearSpec
-from .op import LayerConfig, config_key
+from .op import LayerConfig, call_settings, config_key
 
 HF_NAME = "fp4train"
 
@@ -81,13 +81,9 @@ class _Gemm:
     def __call__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if not self.spec.quantized:
             return F.linear(x, w, bias)
-        grad = torch.is_grad_enabled()
-        dev = x.device.type
-        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         m = x.shape[0]
         xp = F.pad(x, (0, 0, 0, -m % ROW_GROUP))
-        return torch.ops.fp4train.quantized_linear(xp, w, bias, self.key, out_dtype, grad and w.requires_grad,
-                                                   grad and x.requires_grad, [])[0][:m]
+        return torch.ops.fp4train.quantized_linear(xp, w, bias, self.key, *call_settings(x, w), [])[0][:m]
 
 
 class QuantizedExperts:

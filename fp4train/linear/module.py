@@ -10,7 +10,7 @@ from .. import backends
 from ..device_seeds import device_seed_stream
 from ..quantizer import Quantizer, kernels_usable_on
 from ..recipes.spec import LinearSpec
-from .op import LayerConfig, config_key, prep_fits, prep_key
+from .op import LayerConfig, call_settings, config_key, prep_fits, prep_key
 from .plan import OperandPlan, plan_for
 from .shared_input import SharedInput
 
@@ -128,11 +128,7 @@ class QuantizedLinear(nn.Linear):
         from it that carries its gradient elsewhere, as the LoRA-SVD layer's does)."""
         if not self.spec.quantized:
             return F.linear(x, weight, self.bias)
-        dev = x.device.type
-        out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-        grad = torch.is_grad_enabled()
-        save_x = grad and weight.requires_grad
-        save_w = grad and x.requires_grad
+        out_dtype, save_x, save_w = call_settings(x, weight)
         x_prep = []
         if save_x and self._prep is not None and prep_fits(x, self._layer_config):
             prep = self._prep

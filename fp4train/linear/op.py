@@ -56,6 +56,15 @@ PAIR, FP8_ROWWISE, FOLD = "mxfp4", "fp8", "fold"
 _N_XA = 2
 
 
+def call_settings(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.dtype, bool, bool]:
+    """What a call of the quantized linear op on ``x`` and ``weight`` takes besides them: the output dtype (autocast's
+    where it is on), and whether to save X (W's gradient is asked for) and W (X's gradient is asked for)."""
+    dev = x.device.type
+    out_dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    grad = torch.is_grad_enabled()
+    return out_dtype, grad and weight.requires_grad, grad and x.requires_grad
+
+
 def prep_kind(spec: LinearSpec, backend: str, numerics: str) -> str | None:
     """Which shared X preparation this layer's specs allow, or None (X is then prepared inside the layer's own op):
     :func:`fp4train.linear.plan.shared_x_kind`."""
