@@ -277,6 +277,15 @@ def test_speed_settings_are_the_fastest_correct_ones_by_default_and_said_once(tm
     assert speed_settings(TrainConfig(compile_mode="default"), gpu)[:2] == (True, "default")
     assert speed_settings(TrainConfig(), cpu)[:2] == (False, "default")
     assert speed_settings(TrainConfig(compile=True), cpu)[:2] == (True, "default")
+    # a mixture of experts: eager unless asked, and then without CUDA graphs (its experts' shapes change every step)
+    moe = speed_settings(TrainConfig(model="moe-20m"), gpu)
+    assert moe[:2] == (False, "default") and "mixture of experts" in moe[2]
+    assert speed_settings(TrainConfig(model="moe-20m", compile=True), gpu)[:2] == (True, "default")
+    mixtral = tmp_path / "mixtral.json"
+    mixtral.write_text(json.dumps({"model_type": "mixtral", "num_local_experts": 4}))
+    assert speed_settings(TrainConfig(hf_config=str(mixtral)), gpu)[:2] == (False, "default")
+    mixtral.write_text(json.dumps({"model_type": "llama"}))
+    assert speed_settings(TrainConfig(hf_config=str(mixtral)), gpu)[:2] == (True, "reduce-overhead")
     from fp4train.cli import _config_from_args, build_parser
 
     args = build_parser().parse_args(["train", "--no-compile"])

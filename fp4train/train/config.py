@@ -312,19 +312,46 @@ _TYPE_NAMES = {"str": "a string", "str | None": "a string", "int": "an integer",
                "bool | None": "true or false", "dict": "a table"}
 
 
+def has_experts(cfg: TrainConfig) -> bool:
+    """Does the run's model route its tokens to experts: a ``moe-*`` preset, or a transformers config with more than
+    one expert (``num_local_experts``, ``num_experts`` or ``n_routed_experts``)? A config that cannot be read counts
+    as dense here; building the model names what is wrong with it."""
+    if cfg.hf_config is None:
+        from ..models import PRESETS
+
+        return bool(cfg.model in PRESETS and PRESETS[cfg.model].n_experts)
+    import json
+
+    path = Path(cfg.hf_config)
+    try:
+        d = json.loads((path / "config.json" if path.is_dir() else path).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(d, dict) and any(isinstance(d.get(k), int) and d[k] > 1
+                                       for k in ("num_local_experts", "num_experts", "n_routed_experts"))
+
+
 def speed_settings(cfg: TrainConfig, device) -> tuple[bool, str, str]:
     """``(compile, compile_mode, why)``: what the run uses. Given values are kept; where the config leaves them
     (None), a GPU run takes the fastest correct settings - ``torch.compile`` with its steps replayed as CUDA graphs
     (``reduce-overhead``; ``default`` where ``grad_accum`` > 1, which graphs cannot replay, or under ``--parallel``,
     whose gradient collectives run between the compiled pieces) - and a CPU run stays eager (Inductor's CPU code
-    is no faster here and compiles for minutes). ``why`` says so in a line."""
+    is no faster here and compiles for minutes). A mixture of experts (:func:`has_experts`) stays eager on a GPU too
+    unless asked, and compiles without CUDA graphs if it is: its experts' token counts change every step, and
+    compiled graphs would be recompiled or re-recorded for them (it has not been measured compiled). ``why`` says
+    so in a line."""
     gpu = getattr(device, "type", str(device)) == "cuda"
-    compile_ = cfg.compile if cfg.compile is not None else gpu
+    moe = has_experts(cfg)
+    compile_ = cfg.compile if cfg.compile is not None else gpu and not moe
     if cfg.compile_mode is not None:
         mode = cfg.compile_mode
     else:
-        mode = "reduce-overhead" if compile_ and gpu and cfg.grad_accum == 1 and cfg.parallel == "none" else "default"
-    if not compile_:
+        graphs = compile_ and gpu and cfg.grad_accum == 1 and cfg.parallel == "none" and not moe
+        mode = "reduce-overhead" if graphs else "default"
+    if not compile_ and cfg.compile is None and gpu:
+        why = ("eager - the default for a mixture of experts: its experts' token counts change every step; --compile "
+               "compiles it (without CUDA graphs)")
+    elif not compile_:
         why = "eager" + (" (the default on a CPU; --compile to compile)" if cfg.compile is None else " (--no-compile)")
     else:
         what = "torch.compile with CUDA graphs (reduce-overhead)" if mode == "reduce-overhead" else "torch.compile (default mode)"
