@@ -1,5 +1,6 @@
 """E4M3 codec used by MXFP8, FP8 rowwise and NVFP4's block scales."""
 
+import pytest
 import torch
 
 from fp4train.formats import e4m3
@@ -53,3 +54,18 @@ def test_field_arithmetic_gives_the_byte_view_bits_and_runs_under_vmap():
     assert torch.equal(e4m3.encode_fields(rounded.to(torch.float32)), rounded.view(torch.uint8))
     batched = torch.vmap(lambda x: e4m3.decode_fields(e4m3.encode_fields(x)))(grid[None].expand(3, -1))
     assert torch.equal(batched, grid[None].expand(3, -1))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here; run on the device")
+def test_compiled_codec_on_the_gpu_gives_the_eager_bits():
+    """Inductor's GPU code for the field arithmetic against the eager byte view: every code, ties, 200k values."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).cuda()
+    grid = e4m3.decode(codes)
+    grid = grid[torch.isfinite(grid)].unique()
+    ties = (grid[1:] + grid[:-1]) / 2
+    g = torch.Generator(device="cuda").manual_seed(0)
+    v = torch.cat([grid, ties, ties.nextafter(ties + 1), ties.nextafter(ties - 1),
+                   torch.randn(200_000, generator=g, device="cuda") * torch.logspace(-5, 3, 200_000, device="cuda"),
+                   torch.tensor([float("nan"), float("inf"), -0.0], device="cuda")])
+    assert torch.equal(torch.compile(e4m3.encode)(v), e4m3.encode(v))
+    assert torch.equal(torch.compile(e4m3.decode)(codes).nan_to_num(1e9), e4m3.decode(codes).nan_to_num(1e9))

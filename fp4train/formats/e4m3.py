@@ -30,27 +30,33 @@ def decode(codes: torch.Tensor) -> torch.Tensor:
 
 def encode_fields(r: torch.Tensor) -> torch.Tensor:
     """The codes (uint8) of float32 values ``r`` that are each exactly an E4M3 value, from the sign, exponent and
-    mantissa fields. Compiled code takes this path and :func:`decode_fields`, not a byte view: the same bits, fused
-    all the same, and it runs under ``torch.vmap`` (the multi-tensor optimizer updates), which has no batching rule
-    for ``Tensor.view(dtype)`` before PyTorch 2.13. Eager code keeps the view, an order of magnitude faster there."""
+    mantissa fields, with comparisons and selections of constants only (exact on every device). Compiled code takes
+    this path and :func:`decode_fields`, not a byte view: the same bits, fused all the same, and it runs under
+    ``torch.vmap`` (the multi-tensor optimizer updates), which has no batching rule for ``Tensor.view(dtype)`` before
+    PyTorch 2.13. Eager code keeps the view, an order of magnitude faster there."""
     return _magnitude_code(r.abs()).to(torch.uint8) | (torch.signbit(r).to(torch.uint8) << 7)
 
 
 def decode_fields(codes: torch.Tensor) -> torch.Tensor:
     """E4M3 bit patterns (uint8) -> float32 from the sign, exponent and mantissa fields (see :func:`encode_fields`)."""
     c = codes.to(torch.int32)
-    exp, mant = ((c >> 3) & 15).to(torch.float32), (c & 7).to(torch.float32)
-    a = torch.where(exp == 0, mant * 2.0**-9, (mant + 8) * torch.exp2(exp - 10))
+    exp, mant = (c >> 3) & 15, (c & 7).to(torch.float32)
+    unit = torch.full_like(mant, 2.0**-9)  # 2**(exp - 10): the value of one mantissa step (the subnormals' too)
+    for f in range(2, 16):
+        unit = torch.where(exp == f, 2.0 ** (f - 10), unit)
+    a = torch.where(exp == 0, mant, mant + 8) * unit
     a = torch.where((c & 0x7F) == E4M3_NAN_CODE, torch.full_like(a, float("nan")), a)
     return torch.where(c >= 128, -a, a)
 
 
 def _magnitude_code(a: torch.Tensor) -> torch.Tensor:
     """The 7-bit code (int32) of E4M3 magnitudes ``a`` (float32, each exactly an E4M3 value, at most 448)."""
-    e = torch.full_like(a, -6.0)  # the exponent by comparisons (exact; a log2 may round): 2**-6 <= a < 2**-5 -> -6
+    # the exponent e and 2**e by comparisons with constants: exact on every device (no log2 or exp2 to round)
+    e, scale = torch.full_like(a, -6.0), torch.full_like(a, 2.0**-6)
     for k in range(-5, 9):
-        e = e + (a >= 2.0**k).to(a.dtype)
-    code = torch.where(a >= 2.0**-6, (e + 7) * 8 + a / torch.exp2(e) * 8 - 8, a * 2.0**9)  # else subnormal or zero
+        above = a >= 2.0**k
+        e, scale = e + above.to(a.dtype), torch.where(above, 2.0**k, scale)
+    code = torch.where(a >= 2.0**-6, (e + 7) * 8 + a / scale * 8 - 8, a * 2.0**9)  # else subnormal or zero
     return code.to(torch.int32)
 
 
