@@ -51,12 +51,13 @@ def decode_fields(codes: torch.Tensor) -> torch.Tensor:
 
 def _magnitude_code(a: torch.Tensor) -> torch.Tensor:
     """The 7-bit code (int32) of E4M3 magnitudes ``a`` (float32, each exactly an E4M3 value, at most 448)."""
-    # the exponent e and 2**e by comparisons with constants: exact on every device (no log2 or exp2 to round)
-    e, scale = torch.full_like(a, -6.0), torch.full_like(a, 2.0**-6)
+    # the exponent e and 2**-e by comparisons with constants, exact on every device (no log2 or exp2 to round),
+    # and a product with 2**-e rather than a quotient by 2**e (GPU code may divide approximately)
+    e, inv_scale = torch.full_like(a, -6.0), torch.full_like(a, 2.0**6)
     for k in range(-5, 9):
         above = a >= 2.0**k
-        e, scale = e + above.to(a.dtype), torch.where(above, 2.0**k, scale)
-    code = torch.where(a >= 2.0**-6, (e + 7) * 8 + a / scale * 8 - 8, a * 2.0**9)  # else subnormal or zero
+        e, inv_scale = e + above.to(a.dtype), torch.where(above, 2.0**-k, inv_scale)
+    code = torch.where(a >= 2.0**-6, (e + 7) * 8 + a * inv_scale * 8 - 8, a * 2.0**9)  # else subnormal or zero
     return code.to(torch.int32)
 
 
