@@ -69,9 +69,10 @@ def test_auto_backend_is_fp8_blockwise_on_a_gpu_machine_and_emulated_elsewhere(m
         fp4train.convert(torch.nn.Sequential(torch.nn.Linear(64, 64)), "mxfp4", numerics="fast")
 
 
-# mxfp4 (folded onto FP8 tensor cores) and nvfp4 (BF16 split) in every run; the other recipes, minutes of the
-# interpreter on a CPU, with --runslow (their layers are checked against the emulated ones in test_fp8_blockwise.py)
-@pytest.mark.parametrize("recipe", ["mxfp4", "nvfp4", *(pytest.param(r, marks=pytest.mark.slow) for r in ("tib2d", "fp8_rowwise", "hadamard_mxfp4", "adahop"))])
+# mxfp4 (folded onto FP8 tensor cores) in every run; the other recipes, minutes of the interpreter on a CPU (nvfp4's
+# BF16 split: over two), with --runslow (their layers are checked against the emulated ones in test_fp8_blockwise.py)
+@pytest.mark.parametrize("recipe", ["mxfp4", *(pytest.param(r, marks=pytest.mark.slow)
+                                               for r in ("nvfp4", "tib2d", "fp8_rowwise", "hadamard_mxfp4", "adahop"))])
 def test_triton_backend_trains_tiny_on_the_emulated_backends_loss_curve(tmp_path, recipe, tiny_curve):
     """`tiny`, 6 steps, the same seed and data, under the `triton` backend (Triton quantization, MXFP4
     folded onto FP8 tensor cores, FP8 rowwise GEMMs) and the `emulated` reference backend: the loss at
