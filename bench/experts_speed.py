@@ -19,7 +19,6 @@ import argparse
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 import fp4train
 from common import results_path, write_results
@@ -59,10 +58,8 @@ def measure(block: MoE, x: torch.Tensor, repeats: int, grouped: bool = False) ->
     def step():
         with torch.autocast(x.device.type, dtype=torch.bfloat16):
             if grouped:
-                h = x.reshape(-1, x.shape[-1])
-                probs = F.softmax(block.gate(h).float(), dim=-1)
-                w, i = probs.topk(block.top_k, dim=-1)
-                y = grouped_experts(block.experts, h, i, (w / w.sum(-1, keepdim=True)).to(h.dtype))
+                weights, index, _ = block.route(x)
+                y = grouped_experts(block.experts, x, index, weights)
             else:
                 y = block(x)
         y.float().square().mean().backward()
@@ -86,9 +83,9 @@ def main(argv=None):
         raise SystemExit("experts_speed needs a CUDA GPU (or --device cpu for a smoke run)")
     for r in args.recipes.split(","):
         fp4train.recipes.get(r)  # an unknown recipe fails here, before any timing
-    c = PRESETS[args.model] if args.model in PRESETS else None
-    if c is None:
+    if args.model not in PRESETS:
         raise SystemExit(f"experts_speed: unknown model {args.model!r}")
+    c = PRESETS[args.model]
     block = _block(args.model, args.device)
     x = torch.randn(args.tokens, c.dim, device=args.device, requires_grad=True)
     bf16 = measure(block, x, args.repeats)

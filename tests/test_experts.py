@@ -104,3 +104,17 @@ def test_a_lora_svd_recipe_says_its_experts_run_without_the_low_rank_branch():
         fp4train.convert(model, "fullstack")
     entry = next(e for e in model.fp4train_conversion.entries if e.name.endswith("layers.0.mlp.experts"))
     assert entry.status == CONVERTED and "without LoRA-SVD" in entry.detail
+
+
+@pytest.mark.parametrize("rows", [40, 256])  # padded to 128-row groups, and a whole number of groups as it is
+def test_an_experts_gemm_on_any_token_count_is_its_quantized_linear(rows):
+    model = _mixtral()
+    fp4train.convert(model, "mxfp4")
+    experts = model.model.layers[0].mlp.experts
+    gemm = experts.fp4train_experts.gemms["down_proj"]
+    w = experts.down_proj[1].detach()
+    lin = nn.Linear(w.shape[1], w.shape[0], bias=False)
+    lin.weight = nn.Parameter(w.clone())
+    x = torch.randn(rows, w.shape[1], generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert torch.equal(gemm(x, w, None), QuantizedLinear.from_linear(lin, gemm.spec)(x))

@@ -82,7 +82,7 @@ class _Gemm:
         if not self.spec.quantized:
             return F.linear(x, w, bias)
         m = x.shape[0]
-        xp = F.pad(x, (0, 0, 0, -m % ROW_GROUP))
+        xp = F.pad(x, (0, 0, 0, -m % ROW_GROUP)) if m % ROW_GROUP else x  # no copy for a whole number of groups
         return torch.ops.fp4train.quantized_linear(xp, w, bias, self.key, *call_settings(x, w), [])[0][:m]
 
 

@@ -58,11 +58,16 @@ class MoE(nn.Module):
         share = F.one_hot(index, n).float().mean(dim=(0, 1))  # f_e: each expert's share of the assignments
         return n * (share * probs.mean(dim=0)).sum()
 
+    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The router's choice for tokens ``h`` ``[T, D]``: ``(weights [T, k] in h's dtype, renormalized over the
+        chosen experts; index [T, k]; probs [T, E], FP32)``."""
+        probs = F.softmax(self.gate(h).float(), dim=-1)
+        weights, index = probs.topk(self.top_k, dim=-1)
+        return (weights / weights.sum(dim=-1, keepdim=True)).to(h.dtype), index, probs
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         h = x.reshape(-1, shape[-1])
-        probs = F.softmax(self.gate(h).float(), dim=-1)
-        weights, index = probs.topk(self.top_k, dim=-1)
-        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(h.dtype)
+        weights, index, probs = self.route(h)
         self.aux_loss = self._balance_loss(probs, index) if self.training else None
         return self.experts(h, index, weights).reshape(shape)

@@ -320,15 +320,14 @@ def has_experts(cfg: TrainConfig) -> bool:
         from ..models import PRESETS
 
         return bool(cfg.model in PRESETS and PRESETS[cfg.model].n_experts)
-    import json
+    from ..models.hf import load_config
 
-    path = Path(cfg.hf_config)
     try:
-        d = json.loads((path / "config.json" if path.is_dir() else path).read_text())
-    except (OSError, ValueError):
+        config = load_config(cfg.hf_config)
+    except ValueError:
         return False
-    return isinstance(d, dict) and any(isinstance(d.get(k), int) and d[k] > 1
-                                       for k in ("num_local_experts", "num_experts", "n_routed_experts"))
+    return any(isinstance(n := getattr(config, k, None), int) and n > 1
+               for k in ("num_local_experts", "num_experts", "n_routed_experts"))
 
 
 def speed_settings(cfg: TrainConfig, device) -> tuple[bool, str, str]:
@@ -348,7 +347,7 @@ def speed_settings(cfg: TrainConfig, device) -> tuple[bool, str, str]:
     else:
         graphs = compile_ and gpu and cfg.grad_accum == 1 and cfg.parallel == "none" and not moe
         mode = "reduce-overhead" if graphs else "default"
-    if not compile_ and cfg.compile is None and gpu:
+    if moe and gpu and cfg.compile is None:
         why = ("eager - the default for a mixture of experts: its experts' token counts change every step; --compile "
                "compiles it (without CUDA graphs)")
     elif not compile_:
