@@ -1,12 +1,14 @@
 """A mixture of experts' expert GEMMs, forward + backward, per recipe against BF16 - looped and grouped.
 
-Question: what do quantized experts cost against BF16 experts, and how far is fp4train's expert path (one
-quantized GEMM pair per expert, :func:`fp4train.linear.experts.experts_forward`) from BF16's grouped GEMM
-(``torch._grouped_mm``, every expert in one kernel)? One MoE block of a model preset (router, top-k, SwiGLU
+Question: what do quantized experts cost against BF16 experts? fp4train's expert path
+(:func:`fp4train.linear.experts.experts_forward`) runs each projection as grouped GEMMs over all experts
+(operands prepared per expert, one ``torch._grouped_mm`` per GEMM); it is timed against BF16's grouped GEMM
+(``torch._grouped_mm`` on the BF16 weights) and BF16's loop over experts (transformers' own), and against
+fp4train's own loop (one quantized linear call pair per expert, what outlier-extraction recipes run). One MoE block of a model preset (router, top-k, SwiGLU
 experts; default ``moe-1b``: 8 experts of 2048 -> 1024, two per token), ``--tokens`` tokens in BF16 autocast, the
 block's output backpropagated; the router's choices are the same for every variant (one seed). Timed per
-forward + backward with a synchronisation after each (the looped path reads the experts' token counts on the
-host, so this is the time a training step sees), median of ``--repeats``.
+forward + backward with a synchronisation after each (both paths read the experts' token counts on the host,
+so this is the time a training step sees), median of ``--repeats``.
 
     python bench/experts_speed.py [--model moe-1b] [--tokens 16384] [--recipes nvfp4,tib2d,mxfp4]
 
@@ -98,8 +100,15 @@ def main(argv=None):
     for recipe in args.recipes.split(","):
         q = fp4train.convert(_block(args.model, args.device), recipe)
         t = measure(q, x, args.repeats)
-        rows.append({"recipe": recipe, "ms": t * 1e3, "vs_bf16_looped": bf16 / t, "vs_bf16_grouped": grouped / t})
-        print(f"{recipe}: {t * 1e3:.2f} ms ({bf16 / t:.2f}x bf16 looped, {grouped / t:.2f}x bf16 grouped)", flush=True)
+        experts = q.experts.fp4train_experts
+        row = {"recipe": recipe, "ms": t * 1e3, "vs_bf16_looped": bf16 / t, "vs_bf16_grouped": grouped / t,
+               "path": "grouped" if experts.grouped is not None else "looped"}
+        if experts.grouped is not None:
+            experts.grouped = None  # fp4train's loop over experts, for comparison
+            row["looped_ms"] = measure(q, x, args.repeats) * 1e3
+        rows.append(row)
+        print(f"{recipe}: {t * 1e3:.2f} ms, {row['path']} ({bf16 / t:.2f}x bf16 looped, {grouped / t:.2f}x bf16 grouped)"
+              + (f"; its loop over experts {row['looped_ms']:.2f} ms" if "looped_ms" in row else ""), flush=True)
         write_results(args.json or results_path("experts_speed", args.model), rows, **settings)
     write_results(args.json or results_path("experts_speed", args.model), rows, **settings)
 

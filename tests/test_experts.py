@@ -1,5 +1,7 @@
 """Mixtures of experts: transformers 5's stacked 3-D expert weights run each expert's GEMMs quantized."""
 
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
@@ -25,49 +27,66 @@ def _qwen2_moe():
                                                                         shared_expert_intermediate_size=64))
 
 
-@pytest.mark.parametrize("recipe", ["mxfp4", "tib2d"])
+def _own_linears(experts, specs):
+    """Each expert's projections as quantized linears of their own (made before any seed is drawn: a new nn.Linear
+    draws its initialization from torch's generator)."""
+    layers = {}
+    for e in range(experts.num_experts):
+        layers[e] = {}
+        for n, spec in specs.items():
+            w = getattr(experts, n)[e].detach()
+            lin = nn.Linear(w.shape[1], w.shape[0], bias=False)
+            lin.weight = nn.Parameter(w.clone())
+            layers[e][n] = QuantizedLinear.from_linear(lin, spec)
+    return layers
+
+
+@pytest.mark.parametrize("recipe", ["mxfp4", "tib2d", "nvfp4", "hadamard_mxfp4", "fp8_rowwise", "fullstack"])
 def test_each_experts_gemms_are_that_expert_quantized_as_its_own_linear(recipe):
     """The experts' output and the gradients of their stacked weights and of the tokens, against each expert's two
-    projections as quantized linears of their own on the tokens routed to it, bit for bit (tib2d's stochastic
-    rounding of the gradients draws the same seeds in the same order)."""
+    projections as quantized linears of their own on the tokens routed to it (by token, then choice, zero-padded to
+    128 rows), bit for bit: the grouped GEMMs prepare every operand as the expert's own linear does (NVFP4's tensor
+    scale per expert; stochastic rounding and random signs from the same seeds, drawn in the same order: every
+    expert's first projection, then every expert's second)."""
     model = _mixtral()
-    fp4train.convert(model, recipe)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fullstack: experts without LoRA-SVD
+        fp4train.convert(model, recipe)
     experts = model.model.layers[0].mlp.experts
-    spec = experts.fp4train_experts.specs
+    assert experts.fp4train_experts.grouped is not None
+    specs = experts.fp4train_experts.specs
     g = torch.Generator().manual_seed(1)
     x = torch.randn(40, 64, generator=g, requires_grad=True)
     top = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(40)])
+    top[:, 0] = torch.where(top[:, 0] == 3, 0, top[:, 0])  # no token for expert 3 in its first choice...
+    top[:, 1] = torch.where(top[:, 1] == 3, torch.where(top[:, 0] == 1, 2, 1), top[:, 1])  # ...nor its second
     weights = torch.rand(40, 2, generator=g)
-    torch.manual_seed(7)  # stochastic rounding draws its seeds from torch's generator, call by call
+    torch.manual_seed(7)  # stochastic rounding and random signs draw their seeds from torch's generator, call by call
     y = experts(x, top, weights)
     dy = torch.randn(y.shape, generator=g)
     y.backward(dy)
 
     x2 = x.detach().clone().requires_grad_()
-    want = torch.zeros_like(y)
-    grads = {n: torch.zeros_like(getattr(experts, n)) for n in ("gate_up_proj", "down_proj")}
-    per_expert = {}
-    for e in range(4):  # made first: a new nn.Linear draws its initialization from torch's generator
-        per_expert[e] = {}
-        for n in grads:
-            w = getattr(experts, n)[e].detach()
-            lin = nn.Linear(w.shape[1], w.shape[0], bias=False)
-            lin.weight = nn.Parameter(w.clone())
-            per_expert[e][n] = QuantizedLinear.from_linear(lin, spec[n])
+    layers = _own_linears(experts, specs)
     torch.manual_seed(7)
-    for e, layers in per_expert.items():
-        pos, tok = torch.where((top == e).T)  # the experts' order of rows: by choice rank, then token (tiles see it)
-        gate, up = layers["gate_up_proj"](x2[tok]).chunk(2, dim=-1)
-        out = layers["down_proj"](experts.act_fn(gate) * up) * weights[tok, pos, None]
+    routed, hidden = {}, {}
+    for e in range(3):
+        tok, pos = torch.where(top == e)
+        routed[e] = (tok, pos)
+        xe = torch.cat([x2[tok], x2.new_zeros(-len(tok) % 128, 64)])
+        hidden[e] = layers[e]["gate_up_proj"](xe)
+    want = torch.zeros_like(y)
+    for e, (tok, pos) in routed.items():
+        gate, up = hidden[e].chunk(2, dim=-1)
+        out = layers[e]["down_proj"](experts.act_fn(gate) * up)[:len(tok)] * weights[tok, pos, None]
         want.index_add_(0, tok, out)
-    want.backward(dy)  # one backward, as the experts' (seeds drawn in the same order)
-    for e, layers in per_expert.items():
-        for n in grads:
-            grads[n][e] = layers[n].weight.grad
+    want.backward(dy)  # one backward, as the experts' (seeds saved by forward)
     assert torch.equal(y, want)
     assert torch.equal(x.grad, x2.grad)
-    for n, gw in grads.items():
-        assert torch.equal(getattr(experts, n).grad, gw), n
+    for n in specs:
+        gw = torch.stack([layers[e][n].weight.grad for e in range(3)])
+        assert torch.equal(getattr(experts, n).grad[:3], gw), n
+        assert not getattr(experts, n).grad[3].any()  # the expert without tokens: no gradient
 
 
 @pytest.mark.parametrize("make", [_mixtral, _qwen2_moe])
@@ -118,3 +137,30 @@ def test_an_experts_gemm_on_any_token_count_is_its_quantized_linear(rows):
     x = torch.randn(rows, w.shape[1], generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         assert torch.equal(gemm(x, w, None), QuantizedLinear.from_linear(lin, gemm.spec)(x))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("recipe", ["mxfp4", "nvfp4", "tib2d", "fp8_rowwise"])
+def test_grouped_gemms_on_the_gpu_match_the_cpu_reference(recipe):
+    """On CUDA the experts' GEMMs are one ``torch._grouped_mm`` each on BF16 splits of operands that the kernels
+    prepare with the reference's bits: the output and gradients agree with the CPU's per-expert FP32 GEMMs up to
+    summation order (and, where the grouped GEMM has no FP32 output, one BF16 rounding before the factors)."""
+    from fp4train.backends import grouped
+
+    results = {}
+    for device in ("cpu", "cuda"):
+        model = _mixtral().to(device)
+        fp4train.convert(model, recipe)
+        experts = model.model.layers[0].mlp.experts
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(300, 64, generator=g).to(device).requires_grad_()
+        top = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(300)]).to(device)
+        weights = torch.rand(300, 2, generator=g).to(device)
+        torch.manual_seed(7)
+        y = experts(x, top, weights)
+        y.backward(torch.randn(y.shape, generator=g).to(device))
+        results[device] = [t.detach().cpu() for t in (y, x.grad, experts.gate_up_proj.grad, experts.down_proj.grad)]
+    tol = 1e-5 if grouped._FP32_OUT else 1e-2
+    for name, a, b in zip(("y", "dx", "d gate_up", "d down"), results["cpu"], results["cuda"]):
+        err = ((a - b).norm() / a.norm()).item()
+        assert err < tol, (name, err, grouped._FP32_OUT)

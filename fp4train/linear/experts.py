@@ -9,8 +9,9 @@ Mixtral, Qwen2-MoE, ...) in a module whose forward it dispatches through its exp
 linear layer of their own (tested), and are combined with the router's weights as transformers' own loop does.
 The parameters stay where they are (the state dict does not change); the router stays in high precision.
 
-The experts run one after another (one pair of GEMMs per expert that has tokens): right for any recipe, not yet a
-grouped GEMM.
+The tokens are sorted by expert and each projection runs as grouped GEMMs over all experts
+(:mod:`fp4train.linear.grouped_linear`); a recipe with AdaHOP's outlier extraction, or seeds drawn on the device,
+runs the experts one after another instead (one pair of quantized linear calls per expert that has tokens).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..recipes.spec import LinearSpec
+from .grouped_linear import GroupedLinear, groupable
 from .op import LayerConfig, call_settings, config_key
 
 HF_NAME = "fp4train"
@@ -96,6 +98,9 @@ class QuantizedExperts:
         backend = backends.resolve(backend)
         self.specs = specs
         self.gemms = {n: _Gemm(s, backend, numerics, device_seeds) for n, s in specs.items()}
+        #: every projection's grouped GEMMs, or None where one cannot be grouped (the experts then run one by one)
+        self.grouped = ({n: GroupedLinear(s, numerics) for n, s in specs.items()}
+                        if all(groupable(s, device_seeds) for s in specs.values()) else None)
 
     def __repr__(self) -> str:
         return f"QuantizedExperts({', '.join(self.specs)})"
@@ -120,6 +125,8 @@ def experts_forward(module: nn.Module, hidden_states: torch.Tensor, top_k_index:
         raise ValueError(f"{type(module).__name__}: fp4train's experts do not implement a post-expert norm; keep this "
                          "model's experts in high precision")
     first = "gate_up_proj" if module.has_gate else "up_proj"
+    if q is not None and q.grouped is not None:
+        return _grouped_forward(module, q, first, hidden_states, top_k_index, top_k_weights)
 
     def gemm(name, x, e):
         w, b = _weight(module, name, e), _bias(module, name, e)
@@ -138,6 +145,35 @@ def experts_forward(module: nn.Module, hidden_states: torch.Tensor, top_k_index:
         y = gemm("down_proj", h, e) * top_k_weights[tok, pos, None]
         out.index_add_(0, tok, y.to(out.dtype))
     return out
+
+
+def _grouped_forward(module: nn.Module, q: QuantizedExperts, first: str, hidden_states: torch.Tensor,
+                     top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    """:func:`experts_forward` as grouped GEMMs: the (token, choice) pairs sorted by expert (then token, then
+    choice), each expert's rows zero-padded to whole :data:`ROW_GROUP` s."""
+    n_experts, k = module.num_experts, top_k_index.shape[1]
+    flat = top_k_index.reshape(-1)
+    with torch.no_grad():
+        counts = torch.bincount(flat, minlength=n_experts + 1)[:n_experts]  # an expert-parallel sentinel dropped
+        order = torch.argsort(flat, stable=True)
+        counts_host = counts.tolist()  # the groups' sizes: one sync, as the experts' loop has
+        sizes = [c + (-c % ROW_GROUP) for c in counts_host]
+        order = order[:sum(counts_host)]
+        shift = torch.tensor([sum(sizes[:e]) - sum(counts_host[:e]) for e in range(n_experts)], device=flat.device)
+        dest = torch.arange(order.numel(), device=flat.device) + shift[flat[order]]  # each pair's padded row
+    tok, pos = order // k, order % k
+    x = hidden_states.new_zeros((sum(sizes), hidden_states.shape[1])).index_copy(0, dest, hidden_states[tok])
+    h = q.grouped[first](x, getattr(module, first), _biases(module, first), sizes, module.is_transposed)
+    h = module._apply_gate(h) if module.has_gate else module.act_fn(h)
+    if module.has_bias:  # padding rows stay zero (their bias would reach the scales of blocks along the tokens)
+        h = h * torch.zeros(h.shape[0], 1, device=h.device, dtype=h.dtype).index_fill(0, dest, 1)
+    y = q.grouped["down_proj"](h, module.down_proj, _biases(module, "down_proj"), sizes, module.is_transposed)
+    y = y[dest] * top_k_weights[tok, pos, None]
+    return torch.zeros_like(hidden_states).index_add(0, tok, y.to(hidden_states.dtype))
+
+
+def _biases(module: nn.Module, name: str) -> torch.Tensor | None:
+    return getattr(module, f"{name}_bias", None) if module.has_bias else None
 
 
 def register_hf() -> None:

@@ -54,24 +54,14 @@ def x_from_input(x2: torch.Tensor, spec: LinearSpec, cdt: torch.dtype) -> torch.
     return x2 if spec.wgrad.outliers is not None else x2.to(cdt)
 
 
-def fprop(x2, weight, bias, spec: LinearSpec, plan: OperandPlan, backend, seed: int, out_dtype: torch.dtype, *,
-          save_x: bool = False, x_prepared=None):
-    """GEMM 1, fprop: ``Y[M,N] = X[M,K] @ W[N,K]^T (+ b)``, both operands along K.
-
-    Returns ``(Y, xa, wb, x_wgrad)``: the two prepared operands (the caller may keep them for
-    backward) and, where the plan reads X once for both GEMMs (``"pair kernel"``), X prepared for wgrad
-    (else None). Also the whole forward of the layer when no gradient is needed (inference, evaluation).
-    ``x_prepared``: ``(fprop's X, wgrad's X)`` made beforehand (the plan's ``"shared X"``,
-    :func:`fp4train.linear.op.prepare_x`), used as they are.
-    """
+def fprop_operands(x2, weight, spec: LinearSpec, plan: OperandPlan, backend, seed: int, out_dtype: torch.dtype, *,
+                   save_x: bool = False, x_prepared=None):
+    """fprop's two operands as the plan prepares them (a GEMM without outlier extraction): ``(xa, wb, x_wgrad)``,
+    ``x_wgrad`` X prepared for wgrad where the plan reads X once for both GEMMs (``"pair kernel"``) or it came
+    prepared (``"shared X"``), else None."""
     g = spec.fprop
-    common = dict(seed=seed, gemm=FPROP, compute_dtype=out_dtype, operands=backend.operands)
-    if g.outliers is not None:  # AdaHOP outlier extraction: nothing prepared to reuse
-        y = gemm_with_outliers(x2, weight, g, (plan["fprop.a"].residual, plan["fprop.b"].residual), plan.gemms["fprop"],
-                               backend=backend, out_dtype=out_dtype, **common)
-        return (y + bias.to(out_dtype) if bias is not None else y), None, None, None
-    common["transform"] = g.transform
-    xa = x_saved = None
+    common = dict(seed=seed, gemm=FPROP, compute_dtype=out_dtype, operands=backend.operands, transform=g.transform)
+    x_saved = None
     how_x = plan["fprop.a"].how
     if how_x == "shared X":
         if x_prepared is None:
@@ -83,19 +73,37 @@ def fprop(x2, weight, bias, spec: LinearSpec, plan: OperandPlan, backend, seed: 
     else:
         xa = make(x2, plan["fprop.a"], g.a, axis=1, operand=OP_A, **common)
     wb = make(weight, plan["fprop.b"], g.b, axis=1, operand=OP_B, **common)
+    return xa, wb, x_saved
+
+
+def fprop(x2, weight, bias, spec: LinearSpec, plan: OperandPlan, backend, seed: int, out_dtype: torch.dtype, *,
+          save_x: bool = False, x_prepared=None):
+    """GEMM 1, fprop: ``Y[M,N] = X[M,K] @ W[N,K]^T (+ b)``, both operands along K.
+
+    Returns ``(Y, xa, wb, x_wgrad)``: the two prepared operands (the caller may keep them for
+    backward) and, where the plan reads X once for both GEMMs (``"pair kernel"``), X prepared for wgrad
+    (else None). Also the whole forward of the layer when no gradient is needed (inference, evaluation).
+    ``x_prepared``: ``(fprop's X, wgrad's X)`` made beforehand (the plan's ``"shared X"``,
+    :func:`fp4train.linear.op.prepare_x`), used as they are.
+    """
+    g = spec.fprop
+    if g.outliers is not None:  # AdaHOP outlier extraction: nothing prepared to reuse
+        y = gemm_with_outliers(x2, weight, g, (plan["fprop.a"].residual, plan["fprop.b"].residual), plan.gemms["fprop"],
+                               backend=backend, out_dtype=out_dtype, seed=seed, gemm=FPROP, compute_dtype=out_dtype,
+                               operands=backend.operands)
+        return (y + bias.to(out_dtype) if bias is not None else y), None, None, None
+    xa, wb, x_saved = fprop_operands(x2, weight, spec, plan, backend, seed, out_dtype, save_x=save_x, x_prepared=x_prepared)
     y = multiply(backend, xa, wb, out_dtype, plan.gemms["fprop"])
     if bias is not None:
         y = y + bias.to(out_dtype)
     return y, xa, wb, x_saved
 
 
-def forward(x2, weight, bias, spec: LinearSpec, plan: OperandPlan, backend, seed: int, out_dtype: torch.dtype, *,
-            save_x: bool, save_w: bool, x_prepared=None):
-    """The layer's forward on ``X[M, K]``: ``(Y, x_saved, w_saved)`` - Y and what backward needs
-    besides W: with ``save_x`` (W wants a gradient) X prepared for wgrad, with ``save_w`` (X wants
-    a gradient) W prepared for dgrad where fprop's serves (else None: dgrad prepares W itself)."""
-    cdt = out_dtype
-    y, xa, wb, x_made = fprop(x2, weight, bias, spec, plan, backend, seed, out_dtype, save_x=save_x, x_prepared=x_prepared)
+def saved_operands(x2, xa, wb, x_made, spec: LinearSpec, plan: OperandPlan, backend, seed: int, cdt: torch.dtype, *,
+                   save_x: bool, save_w: bool):
+    """What forward keeps for backward besides W, from fprop's prepared operands (:func:`fprop`'s ``xa``, ``wb``,
+    ``x_wgrad``): ``(x_saved, w_saved)`` - with ``save_x`` X prepared for wgrad, with ``save_w`` W prepared for
+    dgrad where fprop's serves (else None: dgrad prepares W itself)."""
     x_saved = w_saved = None
     if save_x:
         w3 = spec.wgrad
@@ -111,7 +119,42 @@ def forward(x2, weight, bias, spec: LinearSpec, plan: OperandPlan, backend, seed
                            compute_dtype=cdt, operands=backend.operands)
     if save_w and plan.saved_w is not None:
         w_saved = wb  # one 2D tiling of W serves GEMM 2 (dgrad) as well
+    return x_saved, w_saved
+
+
+def forward(x2, weight, bias, spec: LinearSpec, plan: OperandPlan, backend, seed: int, out_dtype: torch.dtype, *,
+            save_x: bool, save_w: bool, x_prepared=None):
+    """The layer's forward on ``X[M, K]``: ``(Y, x_saved, w_saved)`` - Y and what backward needs
+    besides W (:func:`saved_operands`)."""
+    y, xa, wb, x_made = fprop(x2, weight, bias, spec, plan, backend, seed, out_dtype, save_x=save_x, x_prepared=x_prepared)
+    x_saved, w_saved = saved_operands(x2, xa, wb, x_made, spec, plan, backend, seed, out_dtype, save_x=save_x, save_w=save_w)
     return y, x_saved, w_saved
+
+
+def backward_operands(dy2, weight, w_q, spec: LinearSpec, plan: OperandPlan, backend, seed: int, cdt: torch.dtype,
+                      needs: tuple[bool, bool, bool]):
+    """dY prepared for dgrad, W for dgrad and dY for wgrad, as the plan says: ``(dy_dgrad, w_q, dy_wgrad)``, each None
+    where ``needs`` does not ask for its GEMM's gradient (X, W) or that GEMM runs outlier extraction. ``w_q``: W as
+    forward saved it for dgrad, or None (prepared here)."""
+    g2, g3 = spec.dgrad, spec.wgrad
+    common = dict(seed=seed, compute_dtype=cdt, operands=backend.operands)
+    dy_dgrad = dy_wgrad = None
+    share_dy = plan["wgrad.a"].how == "dgrad.a"
+    if plan["dgrad.a"].how == "pair kernel":  # planned only where both gradients are asked for
+        # dY for dgrad (along N) and wgrad (along M, an A operand there) in one read
+        seeds = (sr_seed(g2.a, seed, DGRAD, OP_A), sr_seed(g3.a, seed, WGRAD, OP_A))
+        dy_dgrad, dy_wgrad = backend.operands.operand_pair(dy2, g2.a, g3.a, seeds=seeds, b_role=OP_A)
+    if g2.outliers is None and dy_dgrad is None and (needs[0] or share_dy):
+        dy_dgrad = make(dy2, plan["dgrad.a"], g2.a, axis=1, transform=g2.transform, gemm=DGRAD, operand=OP_A, **common)
+    if needs[0] and g2.outliers is None and w_q is None:
+        w_q = make(weight, plan["dgrad.b"], g2.b, axis=0, transform=g2.transform, gemm=DGRAD, operand=OP_B, **common)
+    if needs[1] and g3.outliers is None:
+        if share_dy:
+            dy_wgrad = dy_dgrad
+        elif dy_wgrad is None:
+            dym = pad_rows(dy2, g3.transform.block) if g3.transform is not None else dy2
+            dy_wgrad = make(dym, plan["wgrad.a"], g3.a, axis=0, transform=g3.transform, gemm=WGRAD, operand=OP_A, **common)
+    return dy_dgrad, (w_q if needs[0] else None), dy_wgrad
 
 
 def backward(dy2, weight, x_op, w_q, spec: LinearSpec, plan: OperandPlan, backend, seed: int, cdt: torch.dtype,
@@ -122,21 +165,12 @@ def backward(dy2, weight, x_op, w_q, spec: LinearSpec, plan: OperandPlan, backen
     g2, g3 = spec.dgrad, spec.wgrad
     common = dict(seed=seed, compute_dtype=cdt, operands=backend.operands)
     dx = dw = db = None
-    dy_dgrad = dy_wgrad = None
-    share_dy = plan["wgrad.a"].how == "dgrad.a"
-    if plan["dgrad.a"].how == "pair kernel":  # planned only where both gradients are asked for
-        # dY for dgrad (along N) and wgrad (along M, an A operand there) in one read
-        seeds = (sr_seed(g2.a, seed, DGRAD, OP_A), sr_seed(g3.a, seed, WGRAD, OP_A))
-        dy_dgrad, dy_wgrad = backend.operands.operand_pair(dy2, g2.a, g3.a, seeds=seeds, b_role=OP_A)
-    if g2.outliers is None and dy_dgrad is None and (needs[0] or share_dy):
-        dy_dgrad = make(dy2, plan["dgrad.a"], g2.a, axis=1, transform=g2.transform, gemm=DGRAD, operand=OP_A, **common)
+    dy_dgrad, w_q, dy_wgrad = backward_operands(dy2, weight, w_q, spec, plan, backend, seed, cdt, needs)
     if needs[0] and g2.outliers is not None:
         dx = gemm_with_outliers(dy2, weight.t(), g2, (plan["dgrad.a"].residual, plan["dgrad.b"].residual), plan.gemms["dgrad"],
                                 gemm=DGRAD, backend=backend, out_dtype=x_dtype, **common)
     elif needs[0]:
         # GEMM 2, dgrad: dX[M,K] = dY[M,N] @ (W^T)[K,N]^T, both along N
-        if w_q is None:
-            w_q = make(weight, plan["dgrad.b"], g2.b, axis=0, transform=g2.transform, gemm=DGRAD, operand=OP_B, **common)
         dx = multiply(backend, dy_dgrad, w_q.t(), x_dtype, plan.gemms["dgrad"])
     if needs[1] and g3.outliers is not None:
         mult = g3.transform.block if g3.transform is not None else 1
@@ -145,11 +179,6 @@ def backward(dy2, weight, x_op, w_q, spec: LinearSpec, plan: OperandPlan, backen
                                 gemm=WGRAD, backend=backend, out_dtype=weight.dtype, **common)
     elif needs[1]:
         # GEMM 3, wgrad: dW[N,K] = dY^T[N,M] @ (X^T)[K,M]^T, both along M
-        if share_dy:
-            dy_wgrad = dy_dgrad
-        elif dy_wgrad is None:
-            dym = pad_rows(dy2, g3.transform.block) if g3.transform is not None else dy2
-            dy_wgrad = make(dym, plan["wgrad.a"], g3.a, axis=0, transform=g3.transform, gemm=WGRAD, operand=OP_A, **common)
         dw = multiply(backend, dy_wgrad.t(), x_op.t(), weight.dtype, plan.gemms["wgrad"])
     if needs[2]:
         db = dy2.float().sum(0).to(weight.dtype)

@@ -1,0 +1,115 @@
+"""Grouped GEMMs: many experts' ``A_e @ B_e^T`` in one call, their operands prepared per expert.
+
+Two groupings, the two a mixture of experts' GEMMs take:
+
+* :func:`grouped_rows` - ``A_e [m_e, k]``, ``B_e [n, k]`` -> ``[sum m_e, n]``, the experts' rows one after another
+  (fprop and dgrad: each expert's tokens times its weight);
+* :func:`grouped_inner` - ``A_e [n, m_e]``, ``B_e [k, m_e]`` -> ``[E, n, k]`` (wgrad: each expert's gradient summed
+  over its own tokens).
+
+Each operand is what the ``emulated`` backend multiplies (:mod:`fp4train.backends.emulated`): a BF16 tensor, a
+:class:`~fp4train.formats.QuantizedTensor` or a :class:`~fp4train.formats.qtensor.ScaledBF16`, blocked along the
+inner dimension. On CUDA, when every operand splits exactly into BF16 values and outer factors (MX formats, NVFP4,
+FP8 rowwise, BF16), the values go through one ``torch._grouped_mm`` on BF16 tensor cores with FP32 accumulation and
+each expert's factors are applied to its part of the output, in the order and with the roundings of the dense
+GEMM's epilogue (:func:`~fp4train.backends.emulated.scale_output`). Where ``torch._grouped_mm`` gives no FP32 output
+and an operand carries a factor (NVFP4's tensor scales, FP8's row scales), its output is rounded to BF16 once
+before the factors: one rounding more than the dense GEMM's. Everything else - every CPU GEMM included - runs the
+``emulated`` backend's GEMM once per expert: the dense layer's result bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .emulated import EmulatedBackend, _bf16_factors, _split_with_kernel
+
+_EMULATED = EmulatedBackend()
+_FP32_OUT: bool | None = None  # does torch._grouped_mm give an FP32 output for BF16 operands here? learnt on first use
+
+
+def _splits(ops: list, kernels: bool):
+    """Each operand's exact BF16 split ``(values, row_scale, divisor)``, or None if one has none."""
+    out = []
+    for op in ops:
+        f = _bf16_factors(_split_with_kernel(op) if kernels else op)
+        if f is None:
+            return None
+        out.append(f)
+    return out
+
+
+def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, need_fp32: bool) -> torch.Tensor:
+    """``torch._grouped_mm`` with an FP32 output where asked for (an FP32 result, or factors to apply) and this torch
+    has it, else BF16."""
+    global _FP32_OUT
+    if need_fp32 and _FP32_OUT is not False:
+        try:
+            out = torch._grouped_mm(a, b, offs=offs, out_dtype=torch.float32)
+            _FP32_OUT = True
+            return out
+        except RuntimeError:  # BF16 output only (asked once)
+            _FP32_OUT = False
+    return torch._grouped_mm(a, b, offs=offs)
+
+
+def _joined(parts: list, join=torch.stack):
+    """Per-expert factors (all None, or all tensors of one kind: the experts share one spec) joined, or None."""
+    if all(p is None for p in parts):
+        return None
+    return join([p.float() for p in parts])
+
+
+def _epilogue(out, ra, rb, da, db, out_dtype: torch.dtype) -> torch.Tensor:
+    """:func:`~fp4train.backends.emulated.scale_output` with per-row (or per-expert) factors, broadcast."""
+    if any(f is not None for f in (ra, rb, da, db)):
+        out = out.float()
+        for f in (ra, rb):
+            if f is not None:
+                out = out * f
+        for f in (da, db):
+            if f is not None:
+                out = out / f
+    return out.to(out_dtype)
+
+
+def grouped_rows(a_ops: list, b_ops: list, out_dtype: torch.dtype, *, kernels: bool = False) -> torch.Tensor:
+    """``cat_e(A_e @ B_e^T)``: ``A_e [m_e, k]`` (each ``m_e`` a multiple of 16 on CUDA), ``B_e [n, k]``."""
+    if not a_ops:
+        raise ValueError("grouped_rows needs at least one expert")
+    splits_a = splits_b = None
+    if a_ops[0].device.type == "cuda":
+        splits_a, splits_b = _splits(a_ops, kernels), _splits(b_ops, kernels)
+    if splits_a is None or splits_b is None:
+        return torch.cat([_EMULATED.gemm(a, b, out_dtype, kernels=kernels) for a, b in zip(a_ops, b_ops)])
+    va = torch.cat([s[0] for s in splits_a])
+    vb = torch.stack([s[0] for s in splits_b]).transpose(-2, -1)
+    m = torch.tensor([s[0].shape[0] for s in splits_a], device=va.device, dtype=torch.int32)
+    ra = _joined([s[1] for s in splits_a], torch.cat)  # A's row scales: one per output row
+    da, rb, db = (_joined([s[i] for s in splits]) for splits, i in ((splits_a, 2), (splits_b, 1), (splits_b, 2)))
+    out = _grouped_mm(va, vb, torch.cumsum(m, 0, dtype=torch.int32), need_fp32=out_dtype != torch.bfloat16 or any(f is not None for f in (ra, da, rb, db)))
+    rows = m.long()
+    ra = ra[:, None] if ra is not None else None
+    rb = rb.repeat_interleave(rows, dim=0, output_size=out.shape[0]) if rb is not None else None
+    da = da.repeat_interleave(rows, output_size=out.shape[0])[:, None] if da is not None else None
+    db = db.repeat_interleave(rows, output_size=out.shape[0])[:, None] if db is not None else None
+    return _epilogue(out, ra, rb, da, db, out_dtype)
+
+
+def grouped_inner(a_ops: list, b_ops: list, out_dtype: torch.dtype, *, kernels: bool = False) -> torch.Tensor:
+    """``stack_e(A_e @ B_e^T)``: ``A_e [n, m_e]``, ``B_e [k, m_e]`` (each ``m_e`` a multiple of 16 on CUDA)."""
+    if not a_ops:
+        raise ValueError("grouped_inner needs at least one expert")
+    splits_a = splits_b = None
+    if a_ops[0].device.type == "cuda":
+        splits_a, splits_b = _splits(a_ops, kernels), _splits(b_ops, kernels)
+    if splits_a is None or splits_b is None:
+        return torch.stack([_EMULATED.gemm(a, b, out_dtype, kernels=kernels) for a, b in zip(a_ops, b_ops)])
+    va = torch.cat([s[0] for s in splits_a], dim=1)
+    vb = torch.cat([s[0] for s in splits_b], dim=1).T
+    m = torch.tensor([s[0].shape[1] for s in splits_a], device=va.device, dtype=torch.int32)
+    ra, da, rb, db = (_joined([s[i] for s in splits]) for splits in (splits_a, splits_b) for i in (1, 2))
+    out = _grouped_mm(va, vb, torch.cumsum(m, 0, dtype=torch.int32),
+                      need_fp32=out_dtype != torch.bfloat16 or any(f is not None for f in (ra, da, rb, db)))
+    return _epilogue(out, ra[:, :, None] if ra is not None else None, rb[:, None, :] if rb is not None else None,
+                     da[:, None, None] if da is not None else None, db[:, None, None] if db is not None else None, out_dtype)
