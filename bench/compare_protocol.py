@@ -138,11 +138,12 @@ def _recipe_files(folder: Path, variants: dict, method: str = "Full-Stack FP4") 
     return paths
 
 
-def _bf16_runs_from(out: Path, other: Path, seeds: list[int]) -> None:
+def _bf16_runs_from(out: Path, other: Path, seeds: list[int], recipes: tuple[str, ...] = ()) -> None:
     """Link the main comparison's BF16 runs (and their reordered twins) into ``other``: a recipe file or calibration
-    changes nothing in a BF16 run, so an ablation reuses them instead of training them again."""
+    changes nothing in a BF16 run, so an ablation reuses them instead of training them again; so too its runs of
+    the preset ``recipes`` that the ablation trains as they are."""
     for s in seeds:
-        for name in (run_name(BASELINE, s), run_name(REORDERED, s)):
+        for name in (run_name(BASELINE, s), run_name(REORDERED, s), *(run_name(r, s) for r in recipes)):
             link = other / "runs" / name
             if (out / "runs" / name).exists() and not link.exists():
                 link.parent.mkdir(parents=True, exist_ok=True)
@@ -209,7 +210,7 @@ def main(argv=None):
                 **run)
     if args.tib2d_ablation:
         abl = out / "tib2d-ablation"
-        _bf16_runs_from(out, abl, seeds)
+        _bf16_runs_from(out, abl, seeds, recipes=("tib2d",))
         compare(dataclasses.replace(base, out=str(abl)), tib2d_ablation(abl / "recipes"), seeds, abl, noise_floor=True, **run)
     if args.ablation:
         cal = calibration_run(base, out / "adahop-calibration-run")
