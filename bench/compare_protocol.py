@@ -42,7 +42,7 @@ from pathlib import Path
 
 import fp4train
 from fp4train.train import TrainConfig
-from fp4train.train.compare import BASELINE, REORDERED, compare, run_name
+from fp4train.train.compare import BASELINE, REORDERED, ROOT_BASELINE, compare, run_name
 
 #: every preset, in the order they are trained (a comparison cut short has the first ones whole)
 PRESETS = ("bf16", "adahop", "tib2d", "fullstack", "nvfp4", "mxfp4", "hadamard_mxfp4", "fp8_rowwise", "adahop_measured")
@@ -205,7 +205,7 @@ def main(argv=None):
         compare(base, recipes, seeds, out, noise_floor=True, **run)
     if args.fullstack_ablation:
         abl = out / "fullstack-ablation"
-        _bf16_runs_from(out, abl, seeds)
+        _bf16_runs_from(out, abl, seeds, recipes=(ROOT_BASELINE, "fullstack"))
         compare(dataclasses.replace(base, out=str(abl)), fullstack_ablation(abl / "recipes"), seeds, abl, noise_floor=True,
                 **run)
     if args.tib2d_ablation:

@@ -157,12 +157,13 @@ def compare_table(rep: dict, folder: str) -> str:
     """A protocol comparison's gaps with their intervals and verdicts, its out-of-domain gaps where evaluated, and
     its noise floor (from report.json)."""
     texts = list(next(iter(rep["recipes"].values())).get("eval", {}))
-    lines = ["| recipe | val loss (mean of 3) | gap to BF16 % | 95% interval | verdict |"
+    lines = [f"| recipe | val loss (mean of {len(rep['seeds'])}) | gap to BF16 % | 95% interval | verdict |"
              + "".join(f" {t}: gap % [95% interval] |" for t in texts),
              "|---|---:|---:|---|---|" + "---|" * len(texts)]
     for r, x in rep["recipes"].items():
         ci = x.get("gap_pct_ci95")
-        row = (f"| {r} | {x['val_loss_mean']:.4f} | {x['gap_pct_mean']:+.2f} | "
+        to = f" (to {x['baseline']})" if x.get("baseline") not in (None, "bf16") else ""
+        row = (f"| {r}{to} | {x['val_loss_mean']:.4f} | {x['gap_pct_mean']:+.2f} | "
                + (f"[{ci[0]:+.2f}, {ci[1]:+.2f}] | {x['verdict']} |" if ci else "— | baseline |"))
         for t in texts:
             e = x.get("eval", {}).get(t)
@@ -176,6 +177,34 @@ def compare_table(rep: dict, folder: str) -> str:
         note += f" Not run yet: {', '.join(rep['unfinished'])}."
     return "\n".join(lines + ["", f"_{note} `{rep['model']}`, {rep['tokens_per_run']:,} tokens per run, seeds "
                                    f"{rep['seeds']}, {rep['gpu']}, {rep['date']}; `bench/results/{folder}/`._"])
+
+
+def ablation_table(rep: dict, folder: str, full: str) -> str:
+    """A method's ablation (one part changed at a time, from an ablation folder's report.json): each variant's gap to
+    its baseline, and its paired difference to the full recipe ``full`` (per seed, mean with a 95% interval)."""
+    from fp4train.train.compare import interval95
+
+    seeds = [str(s) for s in rep["seeds"]]
+    whole = rep["recipes"][full]["gap_pct_per_seed"]
+    base = rep["recipes"][full].get("baseline", "bf16")
+    lines = [f"| variant | gap % [95% interval] | − {full}, points [95% interval] | verdict against {full} |",
+             "|---|---|---|---|"]
+    for r, x in rep["recipes"].items():
+        if x.get("gap_pct_ci95") is None or x.get("baseline", "bf16") != base:  # a baseline, or gaps to another one
+            continue
+        ci = x["gap_pct_ci95"]
+        row = f"| {r} | {x['gap_pct_mean']:+.2f} [{ci[0]:+.2f}, {ci[1]:+.2f}] |"
+        if r == full:
+            lines.append(row + " — | the full recipe |")
+            continue
+        diff = [x["gap_pct_per_seed"][s] - whole[s] for s in seeds]
+        d_ci = interval95(diff)
+        mean = sum(diff) / len(diff)
+        verdict = ("within noise" if d_ci is None or d_ci[0] <= 0 <= d_ci[1]
+                   else f"resolved: {'worse' if d_ci[0] > 0 else 'better'} than {full}")
+        lines.append(row + (f" {mean:+.2f} [{d_ci[0]:+.2f}, {d_ci[1]:+.2f}] | {verdict} |" if d_ci else f" {mean:+.2f} | {verdict} |"))
+    return "\n".join(lines + ["", f"_Gaps to {base}; `{rep['model']}`, {rep['tokens_per_run']:,} tokens per run, "
+                                   f"seeds {rep['seeds']}, {rep['gpu']}, {rep['date']}; `bench/results/{folder}/`._"])
 
 
 def determinism_table(d: dict) -> str:
@@ -251,6 +280,10 @@ def tables(gpu: str) -> dict[str, str]:
         folder = f"compare-{model}-enwiki"
         if (RESULTS / folder / "report.json").exists():
             out[f"compare_{model}"] = compare_table(json.loads((RESULTS / folder / "report.json").read_text()), folder)
+    for name, full in (("tib2d", "tib2d"), ("fullstack", "fullstack")):
+        folder = f"compare-20m-enwiki/{name}-ablation"
+        if (RESULTS / folder / "report.json").exists():
+            out[f"{name}_ablation"] = ablation_table(json.loads((RESULTS / folder / "report.json").read_text()), folder, full)
     if d := _load(f"determinism-20m-{gpu}.json"):
         out["determinism"] = determinism_table(d)
     for n in (8, 4, 2, 1):  # the widest run measured

@@ -129,6 +129,29 @@ def test_compare_table_adds_the_out_of_domain_gap_where_evaluated():
     assert lines[3].endswith("| resolved: worse than BF16 | +0.40 [-1.60, +2.50] |")
 
 
+def test_ablation_table_pairs_each_variant_with_the_full_recipe_by_seed():
+    gap = lambda *g: {"gap_pct_per_seed": dict(zip("012", g)), "gap_pct_mean": sum(g) / 3,  # noqa: E731
+                          "gap_pct_ci95": [min(g), max(g)], "baseline": "bf16-root"}
+    rep = {"model": "20m", "tokens_per_run": 1000, "seeds": [0, 1, 2], "gpu": "G", "date": "2026-12-04",
+           "recipes": {"bf16": {"gap_pct_mean": 0.0}, "bf16-root": {**gap(-3.0, -2.0, -2.5), "baseline": "bf16"},
+                       "part": gap(0.0, 0.5, 1.0), "same": gap(1.1, 0.9, 1.6), "full": gap(1.0, 1.5, 2.0)}}
+    lines = tables.ablation_table(rep, "f", "full").splitlines()
+    assert not any(line.startswith("| bf16-root") for line in lines)  # its gap is to another baseline
+    assert lines[2] == "| part | +0.50 [+0.00, +1.00] | -1.00 [-1.00, -1.00] | resolved: better than full |"
+    assert lines[3].startswith("| same | +1.20 [+0.90, +1.60] | -0.30 [") and lines[3].endswith("| within noise |")
+    assert lines[4].endswith("| — | the full recipe |") and "Gaps to bf16-root" in lines[-1]
+
+
+def test_compare_table_names_a_rows_own_baseline():
+    rep = {"model": "20m", "tokens_per_run": 1000, "seeds": [0, 1], "gpu": "G", "date": "2026-12-04",
+           "noise_floor": {"seed_std_pct": 0.3, "reorder_abs_pct_mean": 0.2},
+           "recipes": {"bf16": {"val_loss_mean": 5.0, "gap_pct_mean": 0.0},
+                       "fullstack": {"val_loss_mean": 5.1, "gap_pct_mean": 0.7, "gap_pct_ci95": [0.4, 1.0],
+                                     "verdict": "resolved: worse than BF16", "baseline": "bf16-root"}}}
+    lines = tables.compare_table(rep, "c").splitlines()
+    assert "mean of 2" in lines[0] and lines[3].startswith("| fullstack (to bf16-root) | 5.1000 |")
+
+
 def test_determinism_table_says_whether_repeats_matched():
     d = {"gpu": "G", "torch": "2.11.0", "commit": "abc", "date": "2026-12-02", "results": [
         {"recipe": "bf16", "deterministic_repeat_identical": True, "deterministic_repeat_identical_steps": 5, "steps": 5,

@@ -142,25 +142,30 @@ def test_an_experts_gemm_on_any_token_count_is_its_quantized_linear(rows):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("recipe", ["mxfp4", "nvfp4", "tib2d", "fp8_rowwise"])
 def test_grouped_gemms_on_the_gpu_match_the_cpu_reference(recipe):
-    """On CUDA the experts' GEMMs are one ``torch._grouped_mm`` each on BF16 splits of operands that the kernels
-    prepare with the reference's bits: the output and gradients agree with the CPU's per-expert FP32 GEMMs up to
-    summation order (and, where the grouped GEMM has no FP32 output, one BF16 rounding before the factors)."""
+    """On CUDA one projection's three GEMMs are one ``torch._grouped_mm`` each, on BF16 splits of operands that the
+    kernels prepare with the reference's bits (stochastic rounding included: the same seeds): its output and
+    gradients agree with the CPU's per-expert FP32 GEMMs up to summation order and, where the grouped GEMM gives
+    no FP32 output, one BF16 rounding. (One projection: through two, a rounding difference in the first moves
+    the second's FP4 rounding, which the comparison should not measure.)"""
     from fp4train.backends import grouped
+    from fp4train.linear.grouped_linear import GroupedLinear
 
+    spec = fp4train.recipes.get(recipe).linear
+    g = torch.Generator().manual_seed(1)
+    w3 = torch.randn(4, 96, 64, generator=g) * 0.05
+    x = torch.randn(3 * 128, 64, generator=g)
+    x[300:] = 0  # the last expert's padding rows
+    dy = torch.randn(3 * 128, 96, generator=g)
     results = {}
     for device in ("cpu", "cuda"):
-        model = _mixtral().to(device)
-        fp4train.convert(model, recipe)
-        experts = model.model.layers[0].mlp.experts
-        g = torch.Generator().manual_seed(1)
-        x = torch.randn(300, 64, generator=g).to(device).requires_grad_()
-        top = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(300)]).to(device)
-        weights = torch.rand(300, 2, generator=g).to(device)
+        w = w3.to(device).requires_grad_()
+        xd = x.to(device).requires_grad_()
         torch.manual_seed(7)
-        y = experts(x, top, weights)
-        y.backward(torch.randn(y.shape, generator=g).to(device))
-        results[device] = [t.detach().cpu() for t in (y, x.grad, experts.gate_up_proj.grad, experts.down_proj.grad)]
-    tol = 1e-5 if grouped._FP32_OUT else 1e-2
-    for name, a, b in zip(("y", "dx", "d gate_up", "d down"), results["cpu"], results["cuda"]):
+        y = GroupedLinear(spec, "triton" if device == "cuda" else "eager")(xd, w, None, [128, 0, 256, 0], False)
+        y.backward(dy.to(device))
+        results[device] = [t.detach().cpu() for t in (y, xd.grad, w.grad)]
+    tol = 1e-5 if grouped._FP32_OUT else 8e-3
+    for name, a, b in zip(("y", "dx", "dw"), results["cpu"], results["cuda"]):
         err = ((a - b).norm() / a.norm()).item()
         assert err < tol, (name, err, grouped._FP32_OUT)
+    assert not results["cuda"][2][[1, 3]].any()  # experts without tokens
