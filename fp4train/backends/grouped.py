@@ -12,20 +12,23 @@ Each operand is what the ``emulated`` backend multiplies (:mod:`fp4train.backend
 inner dimension. On CUDA, when every operand splits exactly into BF16 values and outer factors (MX formats, NVFP4,
 FP8 rowwise, BF16), the values go through one ``torch._grouped_mm`` on BF16 tensor cores with FP32 accumulation and
 each expert's factors are applied to its part of the output, in the order and with the roundings of the dense
-GEMM's epilogue (:func:`~fp4train.backends.emulated.scale_output`). Where ``torch._grouped_mm`` gives no FP32 output
-and an operand carries a factor (NVFP4's tensor scales, FP8's row scales), its output is rounded to BF16 once
-before the factors: one rounding more than the dense GEMM's. Everything else - every CPU GEMM included - runs the
-``emulated`` backend's GEMM once per expert: the dense layer's result bit for bit.
+GEMM's epilogue (:func:`~fp4train.backends.emulated.scale_output`). A BF16 output of unscaled values (MXFP4 and its
+2D tiles under BF16 autocast) is then the dense GEMM's. An FP32 output (the weight gradient of FP32 parameters) or
+one with factors (NVFP4's tensor scales, FP8's row scales) needs the grouped GEMM's FP32 output, which torch 2.11
+does not have: there the output is rounded to BF16 once before the factors and the cast, one rounding (relative
+2**-9) more than the dense GEMM's. Every CPU GEMM runs the ``emulated`` backend's GEMM once per expert: the dense
+layer's result bit for bit.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from .emulated import EmulatedBackend, _bf16_factors, _split_with_kernel
 
 _EMULATED = EmulatedBackend()
-_FP32_OUT: bool | None = None  # does torch._grouped_mm give an FP32 output for BF16 operands here? learnt on first use
 
 
 def _splits(ops: list, kernels: bool):
@@ -39,17 +42,22 @@ def _splits(ops: list, kernels: bool):
     return out
 
 
-def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, need_fp32: bool) -> torch.Tensor:
-    """``torch._grouped_mm`` with an FP32 output where asked for (an FP32 result, or factors to apply) and this torch
-    has it, else BF16."""
-    global _FP32_OUT
-    if need_fp32 and _FP32_OUT is not False:
-        try:
-            out = torch._grouped_mm(a, b, offs=offs, out_dtype=torch.float32)
-            _FP32_OUT = True
-            return out
-        except RuntimeError:  # BF16 output only (asked once)
-            _FP32_OUT = False
+@functools.cache
+def fp32_output(device: str) -> bool:
+    """Does ``torch._grouped_mm`` give an FP32 output of BF16 operands on ``device`` (asked once, on a tiny GEMM)?"""
+    a = torch.zeros(16, 16, dtype=torch.bfloat16, device=device)
+    try:
+        torch._grouped_mm(a, a[None], offs=torch.tensor([16], dtype=torch.int32, device=device), out_dtype=torch.float32)
+        return True
+    except RuntimeError:
+        return False
+
+
+def _grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out_dtype: torch.dtype, scaled: bool):
+    """``torch._grouped_mm`` with an FP32 output where the epilogue wants one (factors to apply, or an FP32 result)
+    and this torch has it, else BF16 (see the module docstring)."""
+    if (out_dtype != torch.bfloat16 or scaled) and fp32_output(a.device.type):
+        return torch._grouped_mm(a, b, offs=offs, out_dtype=torch.float32)
     return torch._grouped_mm(a, b, offs=offs)
 
 
@@ -87,7 +95,7 @@ def grouped_rows(a_ops: list, b_ops: list, out_dtype: torch.dtype, *, kernels: b
     m = torch.tensor([s[0].shape[0] for s in splits_a], device=va.device, dtype=torch.int32)
     ra = _joined([s[1] for s in splits_a], torch.cat)  # A's row scales: one per output row
     da, rb, db = (_joined([s[i] for s in splits]) for splits, i in ((splits_a, 2), (splits_b, 1), (splits_b, 2)))
-    out = _grouped_mm(va, vb, torch.cumsum(m, 0, dtype=torch.int32), need_fp32=out_dtype != torch.bfloat16 or any(f is not None for f in (ra, da, rb, db)))
+    out = _grouped_mm(va, vb, torch.cumsum(m, 0, dtype=torch.int32), out_dtype, any(f is not None for f in (ra, da, rb, db)))
     rows = m.long()
     ra = ra[:, None] if ra is not None else None
     rb = rb.repeat_interleave(rows, dim=0, output_size=out.shape[0]) if rb is not None else None
@@ -109,7 +117,6 @@ def grouped_inner(a_ops: list, b_ops: list, out_dtype: torch.dtype, *, kernels: 
     vb = torch.cat([s[0] for s in splits_b], dim=1).T
     m = torch.tensor([s[0].shape[1] for s in splits_a], device=va.device, dtype=torch.int32)
     ra, da, rb, db = (_joined([s[i] for s in splits]) for splits in (splits_a, splits_b) for i in (1, 2))
-    out = _grouped_mm(va, vb, torch.cumsum(m, 0, dtype=torch.int32),
-                      need_fp32=out_dtype != torch.bfloat16 or any(f is not None for f in (ra, da, rb, db)))
+    out = _grouped_mm(va, vb, torch.cumsum(m, 0, dtype=torch.int32), out_dtype, any(f is not None for f in (ra, da, rb, db)))
     return _epilogue(out, ra[:, :, None] if ra is not None else None, rb[:, None, :] if rb is not None else None,
                      da[:, None, None] if da is not None else None, db[:, None, None] if db is not None else None, out_dtype)
