@@ -81,15 +81,21 @@ def _epilogue(out, ra, rb, da, db, out_dtype: torch.dtype) -> torch.Tensor:
     return out.to(out_dtype)
 
 
+def _cuda_splits(a_ops: list, b_ops: list, kernels: bool, name: str):
+    """Both sides' exact BF16 splits where the grouped GEMM can take them (CUDA, every operand split), else None."""
+    if not a_ops:
+        raise ValueError(f"{name} needs at least one expert")
+    if a_ops[0].device.type != "cuda":
+        return None
+    splits_a, splits_b = _splits(a_ops, kernels), _splits(b_ops, kernels)
+    return None if splits_a is None or splits_b is None else (splits_a, splits_b)
+
+
 def grouped_rows(a_ops: list, b_ops: list, out_dtype: torch.dtype, *, kernels: bool = False) -> torch.Tensor:
     """``cat_e(A_e @ B_e^T)``: ``A_e [m_e, k]`` (each ``m_e`` a multiple of 16 on CUDA), ``B_e [n, k]``."""
-    if not a_ops:
-        raise ValueError("grouped_rows needs at least one expert")
-    splits_a = splits_b = None
-    if a_ops[0].device.type == "cuda":
-        splits_a, splits_b = _splits(a_ops, kernels), _splits(b_ops, kernels)
-    if splits_a is None or splits_b is None:
+    if (splits := _cuda_splits(a_ops, b_ops, kernels, "grouped_rows")) is None:
         return torch.cat([_EMULATED.gemm(a, b, out_dtype, kernels=kernels) for a, b in zip(a_ops, b_ops)])
+    splits_a, splits_b = splits
     va = torch.cat([s[0] for s in splits_a])
     vb = torch.stack([s[0] for s in splits_b]).transpose(-2, -1)
     m = torch.tensor([s[0].shape[0] for s in splits_a], device=va.device, dtype=torch.int32)
@@ -106,13 +112,9 @@ def grouped_rows(a_ops: list, b_ops: list, out_dtype: torch.dtype, *, kernels: b
 
 def grouped_inner(a_ops: list, b_ops: list, out_dtype: torch.dtype, *, kernels: bool = False) -> torch.Tensor:
     """``stack_e(A_e @ B_e^T)``: ``A_e [n, m_e]``, ``B_e [k, m_e]`` (each ``m_e`` a multiple of 16 on CUDA)."""
-    if not a_ops:
-        raise ValueError("grouped_inner needs at least one expert")
-    splits_a = splits_b = None
-    if a_ops[0].device.type == "cuda":
-        splits_a, splits_b = _splits(a_ops, kernels), _splits(b_ops, kernels)
-    if splits_a is None or splits_b is None:
+    if (splits := _cuda_splits(a_ops, b_ops, kernels, "grouped_inner")) is None:
         return torch.stack([_EMULATED.gemm(a, b, out_dtype, kernels=kernels) for a, b in zip(a_ops, b_ops)])
+    splits_a, splits_b = splits
     va = torch.cat([s[0] for s in splits_a], dim=1)
     vb = torch.cat([s[0] for s in splits_b], dim=1).T
     m = torch.tensor([s[0].shape[1] for s in splits_a], device=va.device, dtype=torch.int32)
