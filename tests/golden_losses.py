@@ -4,17 +4,21 @@ Run this file to rewrite ``golden_losses.json`` after a deliberate change of num
 
     python tests/golden_losses.py
 
-The values depend on the CPU kernels PyTorch picks for the machine's vector instructions (AVX512, AVX2, ...):
-FP4 rounding turns a last-bit difference of an FP32 op into a different code, and a few steps make that visible.
-So the file holds, per PyTorch version, one set per instruction set this machine can run (each computed in a
-subprocess with ``ATEN_CPU_CAPABILITY``), all on one thread. Rewriting replaces the running PyTorch's sets and keeps
-other versions' (rewrite those with that version after a change of numerics).
+The values depend on the CPU kernels PyTorch picks for the machine's vector instructions (AVX512, AVX2, ...) and on
+its CPU's maker (the BLAS takes other kernels on AMD than on Intel at the same instruction set): FP4 rounding turns a
+last-bit difference of an FP32 op into a different code, and a few steps make that visible. So the file holds, per
+PyTorch version, one set per instruction set this machine can run (each computed in a subprocess with
+``ATEN_CPU_CAPABILITY``), all on one thread, under ``"<instruction set>/<CPU vendor>"`` (sets under a bare
+instruction set were made before the vendor was recorded; a machine without a set of its own vendor uses them).
+Rewriting replaces the running PyTorch's sets of this machine's vendor and keeps the rest (rewrite those on such a
+machine, or with that PyTorch, after a change of numerics).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -58,6 +62,28 @@ def capability() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
+def vendor() -> str:
+    """The CPU's maker as the kernel reports it (``GenuineIntel``, ``AuthenticAMD``, ...), else the platform's name."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine() or "unknown"
+
+
+def machine_key(cap: str | None = None) -> str:
+    """The key of this machine's golden set at instruction set ``cap`` (default: the one PyTorch runs now)."""
+    return f"{cap or capability()}/{vendor()}"
+
+
+def golden_set(sets: dict) -> dict | None:
+    """This machine's golden set among one PyTorch version's ``sets``: its vendor's, else one made before vendors were
+    recorded, else None."""
+    return sets.get(machine_key(), sets.get(capability()))
+
+
 def _all_presets() -> dict:
     import fp4train
 
@@ -67,7 +93,7 @@ def _all_presets() -> dict:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--one":  # a subprocess: this capability's values, as JSON on stdout
-        print(json.dumps({"capability": capability(), "losses": _all_presets()}))
+        print(json.dumps({"capability": machine_key(), "losses": _all_presets()}))
         return
     best = capability()
     sets = {}
@@ -79,7 +105,7 @@ def main() -> None:
         print(f"{got['capability']}: {len(got['losses'])} presets", file=sys.stderr)
     old = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
     versions = {v: s for v, s in old.get("losses", {}).items() if old.get("steps") == STEPS}
-    versions[torch.__version__] = sets
+    versions[torch.__version__] = {**versions.get(torch.__version__, {}), **sets}
     GOLDEN.write_text(json.dumps({"steps": STEPS, "threads": 1, "losses": versions}, indent=1) + "\n")
     print(f"wrote {GOLDEN}", file=sys.stderr)
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from golden_losses import GOLDEN, STEPS, capability, golden_run
+from golden_losses import GOLDEN, STEPS, golden_run, golden_set, machine_key
 
 import fp4train
 
@@ -21,15 +21,15 @@ def golden():
 
 @pytest.mark.parametrize("recipe", fp4train.recipes.names())
 def test_every_preset_trains_to_its_golden_losses(recipe, golden, tmp_path):
-    sets = golden["losses"].get(torch.__version__, {})
-    if capability() not in sets:  # the values are a property of one PyTorch build and CPU: CI's are in the file
-        pytest.skip(f"no golden values for torch {torch.__version__} on {capability()} (the file has "
+    values = golden_set(golden["losses"].get(torch.__version__, {}))
+    if values is None:  # the values are a property of one PyTorch build and CPU: CI's are in the file
+        pytest.skip(f"no golden values for torch {torch.__version__} on {machine_key()} (the file has "
                     f"{', '.join(f'{v}: {sorted(c)}' for v, c in golden['losses'].items())}); python tests/golden_losses.py adds them")
-    if recipe not in sets[capability()]:  # a preset added, or its numerics changed, since this build's values were made
+    if recipe not in values:  # a preset added, or its numerics changed, since this build's values were made
         pytest.skip(f"no golden values for {recipe} on torch {torch.__version__} (changed since they were made): "
                     "python tests/golden_losses.py with this PyTorch adds them")
     got = golden_run(recipe, tmp_path)
-    assert got == sets[capability()][recipe], f"{recipe}'s losses changed: {REGENERATE}"
+    assert got == values[recipe], f"{recipe}'s losses changed: {REGENERATE}"
 
 
 def test_the_golden_values_cover_every_preset_and_tell_them_apart(golden):
