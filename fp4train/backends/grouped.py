@@ -17,12 +17,14 @@ GEMM's epilogue (:func:`~fp4train.backends.emulated.scale_output`). A BF16 outpu
 one with factors (NVFP4's tensor scales, FP8's row scales) needs the grouped GEMM's FP32 output, which torch 2.11
 does not have: there the output is rounded to BF16 once before the factors and the cast, one rounding (relative
 2**-9) more than the dense GEMM's. Every CPU GEMM runs the ``emulated`` backend's GEMM once per expert: the dense
-layer's result bit for bit.
+layer's result bit for bit (:func:`rows_of_splits` and :func:`inner_of_splits`, the grouped computation itself, run
+anywhere ``torch._grouped_mm`` does: the tests check them on the CPU).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 
 import torch
 
@@ -69,7 +71,9 @@ def _joined(parts: list, join=torch.stack):
 
 
 def _epilogue(out, ra, rb, da, db, out_dtype: torch.dtype) -> torch.Tensor:
-    """:func:`~fp4train.backends.emulated.scale_output` with per-row (or per-expert) factors, broadcast."""
+    """:func:`~fp4train.backends.emulated.scale_output` with the factors already broadcast to the output (there,
+    ``rb`` is one vector for every row; here each expert's rows have their own) and a BF16 output taken to FP32
+    first."""
     if any(f is not None for f in (ra, rb, da, db)):
         out = out.float()
         for f in (ra, rb):
@@ -91,34 +95,51 @@ def _cuda_splits(a_ops: list, b_ops: list, kernels: bool, name: str):
     return None if splits_a is None or splits_b is None else (splits_a, splits_b)
 
 
+def _offsets(sizes: list[int], device) -> torch.Tensor:
+    """The grouped GEMM's group ends (int32), from the groups' sizes."""
+    return torch.tensor(list(itertools.accumulate(sizes)), dtype=torch.int32, device=device)
+
+
 def grouped_rows(a_ops: list, b_ops: list, out_dtype: torch.dtype, *, kernels: bool = False) -> torch.Tensor:
     """``cat_e(A_e @ B_e^T)``: ``A_e [m_e, k]`` (each ``m_e`` a multiple of 16 on CUDA), ``B_e [n, k]``."""
     if (splits := _cuda_splits(a_ops, b_ops, kernels, "grouped_rows")) is None:
         return torch.cat([_EMULATED.gemm(a, b, out_dtype, kernels=kernels) for a, b in zip(a_ops, b_ops)])
-    splits_a, splits_b = splits
+    return rows_of_splits(*splits, out_dtype)
+
+
+def rows_of_splits(splits_a: list, splits_b: list, out_dtype: torch.dtype) -> torch.Tensor:
+    """:func:`grouped_rows` of operands given as their BF16 splits ``(values, row_scale, divisor)``: one grouped GEMM
+    of the values, each expert's factors applied to its rows."""
     va = torch.cat([s[0] for s in splits_a])
     vb = torch.stack([s[0] for s in splits_b]).transpose(-2, -1)
-    m = torch.tensor([s[0].shape[0] for s in splits_a], device=va.device, dtype=torch.int32)
+    sizes = [s[0].shape[0] for s in splits_a]
     ra = _joined([s[1] for s in splits_a], torch.cat)  # A's row scales: one per output row
     da, rb, db = (_joined([s[i] for s in splits]) for splits, i in ((splits_a, 2), (splits_b, 1), (splits_b, 2)))
-    out = _grouped_mm(va, vb, torch.cumsum(m, 0, dtype=torch.int32), out_dtype, any(f is not None for f in (ra, da, rb, db)))
-    rows = m.long()
-    ra = ra[:, None] if ra is not None else None
-    rb = rb.repeat_interleave(rows, dim=0, output_size=out.shape[0]) if rb is not None else None
-    da = da.repeat_interleave(rows, output_size=out.shape[0])[:, None] if da is not None else None
-    db = db.repeat_interleave(rows, output_size=out.shape[0])[:, None] if db is not None else None
-    return _epilogue(out, ra, rb, da, db, out_dtype)
+    out = _grouped_mm(va, vb, _offsets(sizes, va.device), out_dtype, any(f is not None for f in (ra, da, rb, db)))
+    rows = torch.tensor(sizes, device=va.device)
+
+    def per_row(f):  # each expert's factor on each of its rows
+        return f.repeat_interleave(rows, dim=0, output_size=out.shape[0])
+
+    return _epilogue(out, ra[:, None] if ra is not None else None, per_row(rb) if rb is not None else None,
+                     per_row(da)[:, None] if da is not None else None, per_row(db)[:, None] if db is not None else None,
+                     out_dtype)
 
 
 def grouped_inner(a_ops: list, b_ops: list, out_dtype: torch.dtype, *, kernels: bool = False) -> torch.Tensor:
     """``stack_e(A_e @ B_e^T)``: ``A_e [n, m_e]``, ``B_e [k, m_e]`` (each ``m_e`` a multiple of 16 on CUDA)."""
     if (splits := _cuda_splits(a_ops, b_ops, kernels, "grouped_inner")) is None:
         return torch.stack([_EMULATED.gemm(a, b, out_dtype, kernels=kernels) for a, b in zip(a_ops, b_ops)])
-    splits_a, splits_b = splits
+    return inner_of_splits(*splits, out_dtype)
+
+
+def inner_of_splits(splits_a: list, splits_b: list, out_dtype: torch.dtype) -> torch.Tensor:
+    """:func:`grouped_inner` of operands given as their BF16 splits ``(values, row_scale, divisor)``: one grouped GEMM
+    of the values, each expert's factors applied to its output."""
     va = torch.cat([s[0] for s in splits_a], dim=1)
     vb = torch.cat([s[0] for s in splits_b], dim=1).T
-    m = torch.tensor([s[0].shape[1] for s in splits_a], device=va.device, dtype=torch.int32)
+    sizes = [s[0].shape[1] for s in splits_a]
     ra, da, rb, db = (_joined([s[i] for s in splits]) for splits in (splits_a, splits_b) for i in (1, 2))
-    out = _grouped_mm(va, vb, torch.cumsum(m, 0, dtype=torch.int32), out_dtype, any(f is not None for f in (ra, da, rb, db)))
+    out = _grouped_mm(va, vb, _offsets(sizes, va.device), out_dtype, any(f is not None for f in (ra, da, rb, db)))
     return _epilogue(out, ra[:, :, None] if ra is not None else None, rb[:, None, :] if rb is not None else None,
                      da[:, None, None] if da is not None else None, db[:, None, None] if db is not None else None, out_dtype)
