@@ -138,10 +138,10 @@ def _recipe_files(folder: Path, variants: dict, method: str = "Full-Stack FP4") 
     return paths
 
 
-def _bf16_runs_from(out: Path, other: Path, seeds: list[int], recipes: tuple[str, ...] = ()) -> None:
-    """Link the main comparison's BF16 runs (and their reordered twins) into ``other``: a recipe file or calibration
-    changes nothing in a BF16 run, so an ablation reuses them instead of training them again; so too its runs of
-    the preset ``recipes`` that the ablation trains as they are."""
+def _link_runs_from(out: Path, other: Path, seeds: list[int], recipes: tuple[str, ...] = ()) -> None:
+    """Link the main comparison's finished runs that an ablation would train again into ``other``: its BF16 runs (and
+    their reordered twins; a recipe file or calibration changes nothing in a BF16 run) and its runs of the presets
+    ``recipes`` that the ablation trains as they are (its full recipe, its own baseline)."""
     for s in seeds:
         for name in (run_name(BASELINE, s), run_name(REORDERED, s), *(run_name(r, s) for r in recipes)):
             link = other / "runs" / name
@@ -205,17 +205,17 @@ def main(argv=None):
         compare(base, recipes, seeds, out, noise_floor=True, **run)
     if args.fullstack_ablation:
         abl = out / "fullstack-ablation"
-        _bf16_runs_from(out, abl, seeds, recipes=(ROOT_BASELINE, "fullstack"))
+        _link_runs_from(out, abl, seeds, recipes=(ROOT_BASELINE, "fullstack"))
         compare(dataclasses.replace(base, out=str(abl)), fullstack_ablation(abl / "recipes"), seeds, abl, noise_floor=True,
                 **run)
     if args.tib2d_ablation:
         abl = out / "tib2d-ablation"
-        _bf16_runs_from(out, abl, seeds, recipes=("tib2d",))
+        _link_runs_from(out, abl, seeds, recipes=("tib2d",))
         compare(dataclasses.replace(base, out=str(abl)), tib2d_ablation(abl / "recipes"), seeds, abl, noise_floor=True, **run)
     if args.ablation:
         cal = calibration_run(base, out / "adahop-calibration-run")
         abl = out / "adahop-precalibrated"
-        _bf16_runs_from(out, abl, seeds)
+        _link_runs_from(out, abl, seeds)
         compare(dataclasses.replace(base, calibration=str(cal), out=str(abl)), ["adahop"], seeds, abl, **run)
 
 if __name__ == "__main__":

@@ -4,11 +4,11 @@ Question: what do quantized experts cost against BF16 experts? fp4train's expert
 (:func:`fp4train.linear.experts.experts_forward`) runs each projection as grouped GEMMs over all experts
 (operands prepared per expert, one ``torch._grouped_mm`` per GEMM); it is timed against BF16's grouped GEMM
 (``torch._grouped_mm`` on the BF16 weights) and BF16's loop over experts (transformers' own), and against
-fp4train's own loop (one quantized linear call pair per expert, what outlier-extraction recipes run). One MoE block of a model preset (router, top-k, SwiGLU
-experts; default ``moe-1b``: 8 experts of 2048 -> 1024, two per token), ``--tokens`` tokens in BF16 autocast, the
-block's output backpropagated; the router's choices are the same for every variant (one seed). Timed per
-forward + backward with a synchronisation after each (both paths read the experts' token counts on the host,
-so this is the time a training step sees), median of ``--repeats``.
+fp4train's own loop (one quantized linear call pair per expert, what outlier-extraction recipes run).
+One MoE block of a model preset (router, top-k, SwiGLU experts; default ``moe-1b``: 8 experts of 2048 -> 1024,
+two per token), ``--tokens`` tokens in BF16 autocast, the block's output backpropagated; the router's choices are
+the same for every variant (one seed). Timed per forward + backward with a synchronisation after each (both
+paths read the experts' token counts on the host, so this is the time a training step sees), median of ``--repeats``.
 
     python bench/experts_speed.py [--model moe-1b] [--tokens 16384] [--recipes nvfp4,tib2d,mxfp4]
 

@@ -202,7 +202,8 @@ def ablation_table(rep: dict, folder: str, full: str) -> str:
         mean = sum(diff) / len(diff)
         verdict = ("within noise" if d_ci is None or d_ci[0] <= 0 <= d_ci[1]
                    else f"resolved: {'worse' if d_ci[0] > 0 else 'better'} than {full}")
-        lines.append(row + (f" {mean:+.2f} [{d_ci[0]:+.2f}, {d_ci[1]:+.2f}] | {verdict} |" if d_ci else f" {mean:+.2f} | {verdict} |"))
+        interval = f" [{d_ci[0]:+.2f}, {d_ci[1]:+.2f}]" if d_ci else ""
+        lines.append(row + f" {mean:+.2f}{interval} | {verdict} |")
     return "\n".join(lines + ["", f"_Gaps to {base}; `{rep['model']}`, {rep['tokens_per_run']:,} tokens per run, "
                                    f"seeds {rep['seeds']}, {rep['gpu']}, {rep['date']}; `bench/results/{folder}/`._"])
 

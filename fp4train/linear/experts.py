@@ -112,8 +112,13 @@ def _weight(module: nn.Module, name: str, e: int) -> torch.Tensor:
 
 
 def _bias(module: nn.Module, name: str, e: int) -> torch.Tensor | None:
-    b = getattr(module, f"{name}_bias", None) if module.has_bias else None
+    b = _biases(module, name)
     return None if b is None else b[e]
+
+
+def _biases(module: nn.Module, name: str) -> torch.Tensor | None:
+    """Every expert's bias of projection ``name`` (``[E, out]``), or None."""
+    return getattr(module, f"{name}_bias", None) if module.has_bias else None
 
 
 def experts_forward(module: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -170,10 +175,6 @@ def _grouped_forward(module: nn.Module, q: QuantizedExperts, first: str, hidden_
     y = q.grouped["down_proj"](h, module.down_proj, _biases(module, "down_proj"), sizes, module.is_transposed)
     y = y[dest] * top_k_weights[tok, pos, None]
     return torch.zeros_like(hidden_states).index_add(0, tok, y.to(hidden_states.dtype))
-
-
-def _biases(module: nn.Module, name: str) -> torch.Tensor | None:
-    return getattr(module, f"{name}_bias", None) if module.has_bias else None
 
 
 def register_hf() -> None:

@@ -5,11 +5,14 @@ operands are prepared exactly as that expert's weight would prepare them as a qu
 rows (the layer's operand plan for BF16 tensor cores, :mod:`fp4train.linear.plan`; NVFP4's tensor scale per
 expert, one seed per expert and call drawn as the linear op draws it), and each of the three GEMMs multiplies
 all experts at once (:mod:`fp4train.backends.grouped`). What forward keeps for backward is what the linear op
-keeps, per expert. Not for GEMMs under outlier extraction or seeds drawn on the device: those experts run as
-quantized linears one after another (:mod:`fp4train.linear.experts`).
+keeps, per expert - held by the autograd function's context, not passed through ``save_for_backward``, so saved-
+tensor hooks (activation offloading) do not see them. Not for GEMMs under outlier extraction or seeds drawn on the
+device: those experts run as quantized linears one after another (:mod:`fp4train.linear.experts`).
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 
@@ -19,6 +22,7 @@ from ..quantizer import kernels_usable_on
 from ..recipes.spec import LinearSpec
 from .gemms import backward_operands, fprop_operands, saved_operands
 from .layer_config import LayerConfig, config_key, parse
+from .op import call_settings
 from .plan import plan_for
 
 #: the backend whose operand plans the grouped GEMMs execute: BF16 tensor cores (exact BF16 splits)
@@ -40,14 +44,15 @@ class _GroupedLinear(torch.autograd.Function):
         cfg = parse(key)
         spec, backend = cfg.spec, cfg.backend
         n = w3.shape[2] if transposed else w3.shape[1]
-        starts = [sum(sizes[:e]) for e in range(len(sizes))]
+        starts = [0, *itertools.accumulate(sizes)][:-1]
         active = [e for e, s in enumerate(sizes) if s]
+        usable = kernels_usable_on(x)
         plans, seeds, xs_saved, ws_saved, xas, wbs = [], [], [], [], [], []
         with torch.autocast(x.device.type, enabled=False):
             for e in active:
                 xe, we = x[starts[e]:starts[e] + sizes[e]], _expert_weight(w3, e, transposed)
                 plan = plan_for(key, sizes[e], x.shape[1], n, x.dtype, w3.dtype, out_dtype, x.is_cuda,
-                                kernels_usable_on(x), save_x, save_w)
+                                usable, save_x, save_w)
                 seed = fresh_seed() if spec.needs_seed else 0
                 xa, wb, _ = fprop_operands(xe, we, spec, plan, backend, seed, out_dtype)
                 x_saved, w_saved = saved_operands(xe, xa, wb, None, spec, plan, backend, seed, out_dtype,
@@ -107,7 +112,5 @@ class GroupedLinear:
                  transposed: bool) -> torch.Tensor:
         """``x [sum sizes, in]`` (expert ``e``'s rows the ``e``-th ``sizes[e]``) through each expert's weight of
         ``w3`` (``[E, out, in]``, or ``[E, in, out]`` where ``transposed``) and bias ``b3 [E, out]``."""
-        from .op import call_settings
-
         out_dtype, save_x, save_w = call_settings(x, w3)
         return _GroupedLinear.apply(x, w3, b3, self.key, list(sizes), transposed, out_dtype, save_x, save_w)
