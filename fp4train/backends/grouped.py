@@ -85,14 +85,16 @@ def _epilogue(out, ra, rb, da, db, out_dtype: torch.dtype) -> torch.Tensor:
     return out.to(out_dtype)
 
 
-def _cuda_splits(a_ops: list, b_ops: list, kernels: bool, name: str):
-    """Both sides' exact BF16 splits where the grouped GEMM can take them (CUDA, every operand split), else None."""
+def _grouped(a_ops: list, b_ops: list, out_dtype: torch.dtype, kernels: bool, join, of_splits) -> torch.Tensor:
+    """``of_splits`` of both sides' exact BF16 splits where the grouped GEMM can take them (CUDA, every operand
+    split); else the ``emulated`` backend's GEMM per expert, its outputs joined by ``join``."""
     if not a_ops:
-        raise ValueError(f"{name} needs at least one expert")
-    if a_ops[0].device.type != "cuda":
-        return None
-    splits_a, splits_b = _splits(a_ops, kernels), _splits(b_ops, kernels)
-    return None if splits_a is None or splits_b is None else (splits_a, splits_b)
+        raise ValueError("a grouped GEMM needs at least one expert")
+    if a_ops[0].device.type == "cuda":
+        splits_a, splits_b = _splits(a_ops, kernels), _splits(b_ops, kernels)
+        if splits_a is not None and splits_b is not None:
+            return of_splits(splits_a, splits_b, out_dtype)
+    return join([_EMULATED.gemm(a, b, out_dtype, kernels=kernels) for a, b in zip(a_ops, b_ops)])
 
 
 def _offsets(sizes: list[int], device) -> torch.Tensor:
@@ -102,9 +104,7 @@ def _offsets(sizes: list[int], device) -> torch.Tensor:
 
 def grouped_rows(a_ops: list, b_ops: list, out_dtype: torch.dtype, *, kernels: bool = False) -> torch.Tensor:
     """``cat_e(A_e @ B_e^T)``: ``A_e [m_e, k]`` (each ``m_e`` a multiple of 16 on CUDA), ``B_e [n, k]``."""
-    if (splits := _cuda_splits(a_ops, b_ops, kernels, "grouped_rows")) is None:
-        return torch.cat([_EMULATED.gemm(a, b, out_dtype, kernels=kernels) for a, b in zip(a_ops, b_ops)])
-    return rows_of_splits(*splits, out_dtype)
+    return _grouped(a_ops, b_ops, out_dtype, kernels, torch.cat, rows_of_splits)
 
 
 def rows_of_splits(splits_a: list, splits_b: list, out_dtype: torch.dtype) -> torch.Tensor:
@@ -128,9 +128,7 @@ def rows_of_splits(splits_a: list, splits_b: list, out_dtype: torch.dtype) -> to
 
 def grouped_inner(a_ops: list, b_ops: list, out_dtype: torch.dtype, *, kernels: bool = False) -> torch.Tensor:
     """``stack_e(A_e @ B_e^T)``: ``A_e [n, m_e]``, ``B_e [k, m_e]`` (each ``m_e`` a multiple of 16 on CUDA)."""
-    if (splits := _cuda_splits(a_ops, b_ops, kernels, "grouped_inner")) is None:
-        return torch.stack([_EMULATED.gemm(a, b, out_dtype, kernels=kernels) for a, b in zip(a_ops, b_ops)])
-    return inner_of_splits(*splits, out_dtype)
+    return _grouped(a_ops, b_ops, out_dtype, kernels, torch.stack, inner_of_splits)
 
 
 def inner_of_splits(splits_a: list, splits_b: list, out_dtype: torch.dtype) -> torch.Tensor:
