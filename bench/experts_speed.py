@@ -8,7 +8,9 @@ fp4train's own loop (one quantized linear call pair per expert, what outlier-ext
 One MoE block of a model preset (router, top-k, SwiGLU experts; default ``moe-1b``: 8 experts of 2048 -> 1024,
 two per token), ``--tokens`` tokens in BF16 autocast, the block's output backpropagated; the router's choices are
 the same for every variant (one seed). Timed per forward + backward with a synchronisation after each (both
-paths read the experts' token counts on the host, so this is the time a training step sees), median of ``--repeats``.
+paths read the experts' token counts on the host, so this is the time a training step sees), median of ``--repeats``;
+and the GPU's kernel time of one of them (``torch.profiler``), which does not depend on the host: where the wall
+time is well above it, the path is bound by its host-side launches.
 
     python bench/experts_speed.py [--model moe-1b] [--tokens 16384] [--recipes nvfp4,tib2d,mxfp4]
 
@@ -55,8 +57,18 @@ def _block(model: str, device: str) -> MoE:
     return block
 
 
-def measure(block: MoE, x: torch.Tensor, repeats: int, grouped: bool = False) -> float:
-    """Median seconds of the block's forward + backward (with ``grouped``: the BF16 grouped GEMMs for its experts)."""
+def kernel_ms(step) -> float:
+    """Milliseconds of GPU kernels in one call of ``step`` (``torch.profiler``): what the work costs the GPU, apart
+    from the host's time to launch it - a host-bound path's wall time follows the CPU, this does not."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    return sum(e.device_time_total for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA) / 1e3
+
+
+def measure(block: MoE, x: torch.Tensor, repeats: int, grouped: bool = False) -> tuple[float, float | None]:
+    """Median seconds of the block's forward + backward (with ``grouped``: the BF16 grouped GEMMs for its experts),
+    and the milliseconds of GPU kernels in one of them (None off a GPU)."""
     def step():
         with torch.autocast(x.device.type, dtype=torch.bfloat16):
             if grouped:
@@ -69,7 +81,12 @@ def measure(block: MoE, x: torch.Tensor, repeats: int, grouped: bool = False) ->
         for p in block.parameters():
             p.grad = None
 
-    return median_time(step, repeats, back_to_back=False)
+    t = median_time(step, repeats, back_to_back=False)
+    return t, kernel_ms(step) if x.is_cuda else None
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f} ms"
 
 
 def main(argv=None):
@@ -90,24 +107,27 @@ def main(argv=None):
     c = PRESETS[args.model]
     block = _block(args.model, args.device)
     x = torch.randn(args.tokens, c.dim, device=args.device, requires_grad=True)
-    bf16 = measure(block, x, args.repeats)
-    grouped = measure(block, x, args.repeats, grouped=True)
-    row = {"recipe": "bf16", "ms": bf16 * 1e3, "grouped_ms": grouped * 1e3}
+    bf16, bf16_gpu = measure(block, x, args.repeats)
+    grouped, grouped_gpu = measure(block, x, args.repeats, grouped=True)
+    row = {"recipe": "bf16", "ms": bf16 * 1e3, "grouped_ms": grouped * 1e3, "gpu_ms": bf16_gpu, "grouped_gpu_ms": grouped_gpu}
     rows = [row]
-    print(f"bf16: looped {bf16 * 1e3:.2f} ms, grouped {grouped * 1e3:.2f} ms", flush=True)
+    print(f"bf16: looped {bf16 * 1e3:.2f} ms, grouped {grouped * 1e3:.2f} ms (GPU kernels {_ms(bf16_gpu)}, {_ms(grouped_gpu)})",
+          flush=True)
     settings = dict(model=args.model, tokens=args.tokens, experts=c.n_experts, experts_per_token=c.experts_per_token,
                     dim=c.dim, ffn_dim=c.ffn_dim, repeats=args.repeats)
     for recipe in args.recipes.split(","):
         q = fp4train.convert(_block(args.model, args.device), recipe)
-        t = measure(q, x, args.repeats)
+        t, gpu = measure(q, x, args.repeats)
         experts = q.experts.fp4train_experts
         row = {"recipe": recipe, "ms": t * 1e3, "vs_bf16_looped": bf16 / t, "vs_bf16_grouped": grouped / t,
-               "path": "grouped" if experts.grouped is not None else "looped"}
+               "path": "grouped" if experts.grouped is not None else "looped", "gpu_ms": gpu}
         if experts.grouped is not None:
             experts.grouped = None  # fp4train's loop over experts, for comparison
-            row["looped_ms"] = measure(q, x, args.repeats) * 1e3
+            looped, looped_gpu = measure(q, x, args.repeats)
+            row.update(looped_ms=looped * 1e3, looped_gpu_ms=looped_gpu)
         rows.append(row)
-        print(f"{recipe}: {t * 1e3:.2f} ms, {row['path']} ({bf16 / t:.2f}x bf16 looped, {grouped / t:.2f}x bf16 grouped)"
+        print(f"{recipe}: {t * 1e3:.2f} ms (GPU kernels {_ms(gpu)}), {row['path']} ({bf16 / t:.2f}x bf16 looped, "
+              f"{grouped / t:.2f}x bf16 grouped)"
               + (f"; its loop over experts {row['looped_ms']:.2f} ms" if "looped_ms" in row else ""), flush=True)
         write_results(args.json or results_path("experts_speed", args.model), rows, **settings)
     write_results(args.json or results_path("experts_speed", args.model), rows, **settings)

@@ -277,3 +277,23 @@ def test_a_step_profile_puts_each_kernel_in_one_class_and_tables_the_preparation
     t = tables.profile_table(d)
     assert "| nvfp4 | 366.5 | 126.5 | 21.1 | 11.7 | 207.2 | `_cols_kernel` 34.1 × 98 |" in t
     assert "| tib2d | failed |" in t and "`nvjet`" not in t and "python bench/profile_step.py" in t
+
+
+@pytest.mark.parametrize("gpu", [True, False])
+def test_experts_table_gives_each_path_its_ratios_to_bf16_and_its_kernel_time_where_measured(gpu):
+    bf16 = {"recipe": "bf16", "ms": 12.0, "grouped_ms": 6.0, "gpu_ms": 10.0 if gpu else None,
+            "grouped_gpu_ms": 5.0 if gpu else None}
+    nv = {"recipe": "nvfp4", "ms": 24.0, "vs_bf16_looped": 0.5, "vs_bf16_grouped": 0.25, "path": "grouped",
+          "gpu_ms": 8.0 if gpu else None, "looped_ms": 48.0, "looped_gpu_ms": 9.0 if gpu else None}
+    d = {"model": "moe-x", "experts": 8, "dim": 64, "ffn_dim": 32, "experts_per_token": 2, "tokens": 1024,
+         "gpu": "G", "torch": "2.11.0", "commit": "abc1234", "date": "2026-12-04", "results": [bf16, nv]}
+    lines = tables.experts_table(d).splitlines()
+    if gpu:
+        assert lines[0].endswith("| ms | GPU kernels (ms) | × BF16 looped | × BF16 grouped |")
+        assert lines[2:6] == ["| bf16, grouped (`torch._grouped_mm`) | 6.00 | 5.00 | 2.00× | 1.00× |",
+                              "| bf16, looped | 12.00 | 10.00 | 1.00× | 0.50× |",
+                              "| nvfp4, grouped | 24.00 | 8.00 | 0.50× | 0.25× |",
+                              "| nvfp4, looped | 48.00 | 9.00 | 0.25× | 0.12× |"]
+    else:
+        assert "GPU kernels" not in lines[0]
+        assert lines[4:6] == ["| nvfp4, grouped | 24.00 | 0.50× | 0.25× |", "| nvfp4, looped | 48.00 | 0.25× | 0.12× |"]

@@ -113,6 +113,25 @@ def test_e4m3_integer_rounding_equals_the_reference_cast():
     assert torch.equal(codes.cpu().to(torch.uint8), ref) and torch.equal(vals.cpu(), e4m3.decode(ref))
 
 
+def test_nvfp4_tensor_scale_on_the_device_is_the_references():
+    """The kernels' tensor scale (an amax per row, then one launch for the scale) equals the reference's
+    ``scale_from_amax(finite_amax(x))``: every row counts (more rows than one program's block), NaN/Inf are left
+    out, an all-zero or empty tensor gets 1, and a subnormal amax saturates at the largest FP32."""
+    from fp4train.formats import nvfp4
+    from fp4train.kernels.nvfp4_quantize import device_tensor_scale
+
+    g = torch.Generator().manual_seed(0)
+    many = torch.randn(2100, 16, generator=g)
+    many[1500, 3] = 40.0  # the largest, in the second block of rows
+    cases = {"many rows": many, "special": _special(9, 160, seed=3), "zeros": torch.zeros(5, 32),
+             "empty": torch.zeros(0, 16), "subnormal": torch.full((3, 16), 1e-40),
+             "non-finite only": torch.tensor([[float("nan"), float("inf")] * 8])}
+    for name, x in cases.items():
+        want = nvfp4.tensor_scale(x).reshape(1)
+        got = device_tensor_scale(x.to(DEV)).cpu()
+        assert torch.equal(got, want), (name, got, want)
+
+
 @pytest.mark.parametrize("shape", [(1, 16), (9, 160)])
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 def test_nvfp4_kernel_equals_reference(shape, rounding):

@@ -12,6 +12,7 @@ Works along either axis of a 2D tensor through strides (axis 0 transforms column
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -105,6 +106,7 @@ def _hadamard_kernel(
     tl.store(y_ptr + r[:, None] * sy_r + c[None, :] * sy_c, out, mask=mask)
 
 
+@functools.lru_cache(maxsize=None)
 def norm(block: int) -> float:
     """The reference's FP32 normalization constant ``1/sqrt(block)``."""
     return float(torch.tensor(1.0 / math.sqrt(block), dtype=torch.float32))

@@ -22,7 +22,7 @@ import triton.language as tl
 from ..formats import nvfp4 as ref_nvfp4
 from ..formats.layout import BlockLayout
 from ..formats.qtensor import QuantizedTensor
-from .amax import finite_amax, hadamard_finite_amax
+from .amax import finite_amax_along, hadamard_finite_amax
 from .hadamard import cols_as_rows, norm
 from .e4m3 import e4m3_rtne, e4m3_value
 from .mx_quantize import _e2m1_codes, _kernel_keys, _keys, _uniforms
@@ -86,13 +86,33 @@ def _nvfp4_kernel(
     tl.store(scales_ptr + row * stride_s + blk, tl.where(nan_block, 0x7F, sb_code).to(tl.uint8), mask=bmask)
 
 
+@triton.jit
+def _scale_from_amaxes_kernel(amax_ptr, n, out_ptr, TOP: tl.constexpr, FP32_MAX: tl.constexpr, BLOCK: tl.constexpr):
+    """``formats.nvfp4.scale_from_amax`` of the largest of ``n`` finite amaxes: ``TOP / amax`` rounded once,
+    at most the largest FP32, 1 where the amax is 0 (none, or all zero)."""
+    amax = tl.zeros([BLOCK], tl.float32)
+    for i in range(0, n, BLOCK):
+        o = i + tl.arange(0, BLOCK)
+        amax = tl.maximum(amax, tl.load(amax_ptr + o, mask=o < n, other=0.0))
+    a = tl.max(amax, axis=0)
+    s = tl.minimum(tl.math.div_rn(TOP, tl.where(a == 0, 1.0, a)), FP32_MAX)
+    tl.store(out_ptr, tl.where(a == 0, 1.0, s))
+
+
 def device_tensor_scale(x: torch.Tensor, hadamard: bool = False, signs: torch.Tensor | None = None) -> torch.Tensor:
     """NVFP4's ``s_enc`` of ``x`` (``formats.nvfp4.scale_from_amax`` of the finite amax, taken in one
-    pass by :func:`.amax.finite_amax`) as a 1-element FP32 tensor on ``x``'s device, which the kernels
-    load: no host synchronisation. ``hadamard``: of ``x``'s 16-row block Hadamard transform with ``signs``
-    (:func:`.amax.hadamard_finite_amax`: the transform recomputed, not written)."""
-    amax = hadamard_finite_amax(x, signs, 16) if hadamard else finite_amax(x)
-    return ref_nvfp4.scale_from_amax(amax).reshape(1).contiguous()
+    pass by :func:`.amax.finite_amax_along`) as a 1-element FP32 tensor on ``x``'s device, which the kernels
+    load: no host synchronisation, and two launches (the amax, then the scale from it). ``hadamard``: of
+    ``x``'s 16-row block Hadamard transform with ``signs`` (:func:`.amax.hadamard_finite_amax`: the transform
+    recomputed, not written)."""
+    if hadamard:
+        amaxes = hadamard_finite_amax(x, signs, 16).reshape(1)
+    else:
+        amaxes = finite_amax_along(x, 1)[0] if x.numel() else x.new_zeros(0, dtype=torch.float32)
+    s_enc = torch.empty(1, dtype=torch.float32, device=x.device)
+    _scale_from_amaxes_kernel[(1,)](amaxes, amaxes.numel(), s_enc, TOP=448.0 * 6.0, FP32_MAX=ref_nvfp4._FP32_MAX,
+                                    BLOCK=1024, num_warps=4)
+    return s_enc
 
 
 def check_hadamard(name: str, x: torch.Tensor, signs: torch.Tensor | None) -> torch.Tensor:
