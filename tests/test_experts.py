@@ -200,3 +200,40 @@ def test_one_grouped_gemm_applies_each_experts_factors_to_its_own_output(factors
     want = torch.stack([scale_output(a[0].float() @ b[0].float().T, a[1], b[1], a[2], b[2], torch.float32)
                         for a, b in zip(inner_a, inner_b)])
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_a_compiled_model_runs_its_quantized_experts_eagerly(grouped, monkeypatch):
+    """Under ``torch.compile`` the quantized experts (grouped, or looped where they cannot be grouped) run outside
+    the compiled graph: their groups' sizes are read on the host every step, and tracing their per-expert
+    preparation would break the graph at every call and recompile for every size. The block's output and
+    gradients are the eager ones."""
+    from fp4train.linear import experts, grouped_linear
+    from fp4train.models.moe import MoE
+
+    cls = grouped_linear.GroupedLinear if grouped else experts._Gemm
+    traced, real = [], cls.__call__
+
+    def spy(self, *args, **kwargs):
+        traced.append(torch.compiler.is_compiling())
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "__call__", spy)
+    torch.manual_seed(0)
+    block = MoE(64, 32, 4, 2)
+    for p in block.parameters():
+        nn.init.normal_(p, std=0.1)
+    block = fp4train.convert(block, "tib2d")
+    if not grouped:
+        block.experts.fp4train_experts.grouped = None
+    x = torch.randn(48, 64, generator=torch.Generator().manual_seed(1))
+    results = []
+    for run in (block, torch.compile(block, backend="eager")):
+        xi = x.clone().requires_grad_()
+        torch.manual_seed(5)
+        y = run(xi)
+        y.square().sum().backward()
+        results.append((y.detach(), xi.grad))
+    torch._dynamo.reset()
+    assert traced and not any(traced)
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])

@@ -130,9 +130,25 @@ def experts_forward(module: nn.Module, hidden_states: torch.Tensor, top_k_index:
         raise ValueError(f"{type(module).__name__}: fp4train's experts do not implement a post-expert norm; keep this "
                          "model's experts in high precision")
     first = "gate_up_proj" if module.has_gate else "up_proj"
-    if q is not None and q.grouped is not None:
-        return _grouped_forward(module, q, first, hidden_states, top_k_index, top_k_weights)
+    if q is not None:
+        return _quantized_forward(module, q, first, hidden_states, top_k_index, top_k_weights)
+    return _looped_forward(module, q, first, hidden_states, top_k_index, top_k_weights)
 
+
+@torch.compiler.disable
+def _quantized_forward(module: nn.Module, q: QuantizedExperts, first: str, hidden_states: torch.Tensor,
+                       top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    """Quantized experts, grouped where they can be, else looped - eagerly, also inside a compiled model (a graph
+    break there): their groups' sizes are read on the host every step, and each expert's operands are prepared
+    by calls that a compiled graph would recompile for every new size."""
+    if q.grouped is not None:
+        return _grouped_forward(module, q, first, hidden_states, top_k_index, top_k_weights)
+    return _looped_forward(module, q, first, hidden_states, top_k_index, top_k_weights)
+
+
+def _looped_forward(module: nn.Module, q: QuantizedExperts | None, first: str, hidden_states: torch.Tensor,
+                    top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The experts one after another (transformers' loop), each through its quantized GEMMs where ``q`` is given."""
     def gemm(name, x, e):
         w, b = _weight(module, name, e), _bias(module, name, e)
         return q.gemms[name](x, w, b) if q is not None else F.linear(x, w, b)
