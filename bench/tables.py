@@ -131,16 +131,20 @@ def experts_table(d: dict) -> str:
 
 
 def runs_table(folder: str) -> str:
-    """The runs of a results folder (``<folder>/runs/<name>/summary.json``): final validation loss, tokens/s, memory."""
-    lines = ["| run | steps | tokens | val loss | tokens/s | peak GiB |", "|---|---:|---:|---:|---:|---:|"]
-    summaries = [json.loads(p.read_text()) for p in sorted((RESULTS / folder / "runs").glob("*/summary.json"))]
+    """The runs of a results folder (``<folder>/runs/<name>/summary.json``, and compiled ones in ``runs-compiled/``):
+    how each ran, final validation loss, tokens/s, memory."""
+    lines = ["| run | how | steps | tokens | val loss | tokens/s | peak GiB |", "|---|---|---:|---:|---:|---:|---:|"]
+    summaries = [json.loads(p.read_text()) for sub in ("runs", "runs-compiled")
+                 for p in sorted((RESULTS / folder / sub).glob("*/summary.json"))]
     for s in summaries:
-        lines.append(f"| {s['model']} {s['recipe']} | {s['steps']} | {s['tokens']:,} | {s['final_val_loss']:.4f} | "
+        how = f"compiled ({s['compiled_graphs']} graphs)" if s["compile"] and s.get("compiled_graphs") else \
+            "compiled" if s["compile"] else "eager"
+        lines.append(f"| {s['model']} {s['recipe']} | {how} | {s['steps']} | {s['tokens']:,} | {s['final_val_loss']:.4f} | "
                      f"{s['tokens_per_s']:,.0f} | {s['peak_mem_gib']:.2f} |")
     s = summaries[0]
-    how = "compiled" if s["compile"] else "eager (`--no-compile`)"
-    return "\n".join(lines + ["", f"_{s['gpu']}, torch {s['torch'].split('+')[0]}, commit {s['commit']}, {how}; "
-                               f"`bench/results/{folder}/runs/*/config.json` hold each run's settings._"])
+    commits = ", ".join(sorted({x["commit"] for x in summaries}))
+    return "\n".join(lines + ["", f"_{s['gpu']}, torch {s['torch'].split('+')[0]}, commit{'s' if ',' in commits else ''} "
+                               f"{commits}; `bench/results/{folder}/runs*/*/config.json` hold each run's settings._"])
 
 
 def _minutes(s: float) -> str:

@@ -337,7 +337,8 @@ def speed_settings(cfg: TrainConfig, device) -> tuple[bool, str, str]:
     whose gradient collectives run between the compiled pieces) - and a CPU run stays eager (Inductor's CPU code
     is no faster here and compiles for minutes). A mixture of experts (:func:`has_experts`) stays eager on a GPU too
     unless asked, and compiles without CUDA graphs if it is: its experts' token counts change every step, and
-    compiled graphs would be recompiled or re-recorded for them (it has not been measured compiled). ``why`` says
+    compiled graphs would be recompiled or re-recorded for them, and its quantized experts run eagerly inside a
+    compiled model anyway (at ``moe-20m`` compiling made no quantized recipe faster: docs/models.md). ``why`` says
     so in a line."""
     gpu = getattr(device, "type", str(device)) == "cuda"
     moe = has_experts(cfg)
