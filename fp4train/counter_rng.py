@@ -83,11 +83,14 @@ def random_signs(seed: int, n: int, device=None) -> torch.Tensor:
 
     Made on the host from the seed (a Python int): a handful of signs as one copy to ``device`` (from pinned
     memory, asynchronously, on a GPU) rather than the two dozen tensor ops the hash takes - the same bits as
-    :func:`random_signs_keys`."""
+    :func:`random_signs_keys`, which makes them where a copy from the host cannot be kept: in a CUDA graph being
+    captured (a replay would read a host buffer long since reused) and in a graph being compiled."""
+    device = torch.device("cpu" if device is None else device)
+    if device.type == "cuda" and (torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling()):
+        return random_signs_keys(torch.tensor(seed_keys(seed), dtype=torch.int64), n, device)
     key, key2 = seed_keys(seed)
     signs = torch.tensor([1.0 - 2.0 * (_lowbias32_int(_lowbias32_int(i ^ key) ^ key2) >> 31) for i in range(n)],
                          dtype=torch.float32)
-    device = torch.device("cpu" if device is None else device)
     if device.type == "cuda":
         return signs.pin_memory().to(device, non_blocking=True)
     return signs.to(device)

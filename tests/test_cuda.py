@@ -45,6 +45,25 @@ def test_gpu_hadamard_matches_cpu():
         torch.testing.assert_close(hadamard(x.cuda(), b, seed=3).cpu(), hadamard(x, b, seed=3), rtol=1e-6, atol=1e-6)
 
 
+def test_gpu_random_signs_are_the_hashs_copied_from_the_host_or_made_in_a_captured_graph():
+    """Random Hadamard signs reach a GPU as one copy from pinned host memory, the hash's bits; inside a CUDA graph
+    being captured they are made on the device instead, so that a replay does not read a reused host buffer."""
+    from fp4train import counter_rng
+
+    for s in (0, 12345, 2**62 - 1):
+        assert torch.equal(counter_rng.random_signs(s, 64, device="cuda").cpu(), counter_rng.random_signs(s, 64))
+    out = torch.zeros(16, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out.copy_(counter_rng.random_signs(7, 16, device="cuda"))
+    for s in range(64):  # host buffers taken and given back meanwhile
+        counter_rng.random_signs(s, 16, device="cuda")
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), counter_rng.random_signs(7, 16))
+
+
 @pytest.mark.parametrize("name", ["fp8_rowwise", "mxfp4", "nvfp4", "hadamard_mxfp4", "tib2d"])
 def test_gpu_layer_matches_cpu_layer(name):
     torch.manual_seed(0)
