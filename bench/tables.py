@@ -195,7 +195,7 @@ def compare_table(rep: dict, folder: str) -> str:
 def ablation_table(rep: dict, folder: str, full: str) -> str:
     """A method's ablation (one part changed at a time, from an ablation folder's report.json): each variant's gap to
     its baseline, and its paired difference to the full recipe ``full`` (per seed, mean with a 95% interval)."""
-    from fp4train.train.compare import interval95
+    from fp4train.train.compare import interval95, verdict
 
     seeds = [str(s) for s in rep["seeds"]]
     whole = rep["recipes"][full]["gap_pct_per_seed"]
@@ -213,10 +213,8 @@ def ablation_table(rep: dict, folder: str, full: str) -> str:
         diff = [x["gap_pct_per_seed"][s] - whole[s] for s in seeds]
         d_ci = interval95(diff)
         mean = sum(diff) / len(diff)
-        verdict = ("within noise" if d_ci is None or d_ci[0] <= 0 <= d_ci[1]
-                   else f"resolved: {'worse' if d_ci[0] > 0 else 'better'} than {full}")
         interval = f" [{d_ci[0]:+.2f}, {d_ci[1]:+.2f}]" if d_ci else ""
-        lines.append(row + f" {mean:+.2f}{interval} | {verdict} |")
+        lines.append(row + f" {mean:+.2f}{interval} | {verdict(d_ci, full)} |")
     return "\n".join(lines + ["", f"_Gaps to {base}; `{rep['model']}`, {rep['tokens_per_run']:,} tokens per run, "
                                    f"seeds {rep['seeds']}, {rep['gpu']}, {rep['date']}; `bench/results/{folder}/`._"])
 

@@ -138,7 +138,7 @@ def test_ablation_table_pairs_each_variant_with_the_full_recipe_by_seed():
     lines = tables.ablation_table(rep, "f", "full").splitlines()
     assert not any(line.startswith("| bf16-root") for line in lines)  # its gap is to another baseline
     assert lines[2] == "| part | +0.50 [+0.00, +1.00] | -1.00 [-1.00, -1.00] | resolved: better than full |"
-    assert lines[3].startswith("| same | +1.20 [+0.90, +1.60] | -0.30 [") and lines[3].endswith("| within noise |")
+    assert lines[3].startswith("| same | +1.20 [+0.90, +1.60] | -0.30 [") and lines[3].endswith("| not resolved (the interval holds 0) |")
     assert lines[4].endswith("| — | the full recipe |") and "Gaps to bf16-root" in lines[-1]
 
 

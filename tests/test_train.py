@@ -119,6 +119,15 @@ def test_compare_writes_report(tmp_path):
         write_report(out, ["bf16", "mxfp4"], [0, 1, 2])
 
 
+def test_a_gaps_verdict_names_the_run_it_was_measured_against():
+    from fp4train.train.compare import _gap_stats
+
+    assert _gap_stats([0.4, 0.6, 0.5], "fullstack", "bf16-root")["verdict"] == "resolved: worse than bf16-root"
+    assert _gap_stats([-0.4, -0.6, -0.5], "mxfp4")["verdict"] == "resolved: better than BF16"
+    assert _gap_stats([-0.4, 0.6, 0.1], "mxfp4")["verdict"] == "not resolved (the interval holds 0)"
+    assert _gap_stats([0.5], "mxfp4")["verdict"] == "one seed: no interval"
+
+
 @pytest.mark.parametrize("gpus", ["none", "0"])  # in this process / as a subprocess (the path a GPU machine takes)
 def test_compare_resumes_an_interrupted_run(tmp_path, monkeypatch, capsys, gpus):
     args = ["compare", *SMALL, "--recipes", "mxfp4", "--max-steps", "6", "--ckpt-every", "2", "--eval-every", "3", "--log-every", "1"]

@@ -322,23 +322,26 @@ def interval95(xs: list[float]) -> tuple[float, float] | None:
     return m - half, m + half
 
 
-def _verdict(ci: tuple[float, float] | None) -> str:
+def verdict(ci: tuple[float, float] | None, than: str = "BF16") -> str:
+    """What a gap's 95% interval ``ci`` (None: one seed) says against ``than``, the run it was measured against."""
     if ci is None:
         return "one seed: no interval"
     if ci[0] > 0:
-        return "resolved: worse than BF16"
+        return f"resolved: worse than {than}"
     if ci[1] < 0:
-        return "resolved: better than BF16"
+        return f"resolved: better than {than}"
     return "not resolved (the interval holds 0)"
 
 
-def _gap_stats(gaps: list[float], recipe: str) -> dict:
-    """A recipe's gaps (% per seed) summarized: mean, 95% interval, verdict (the baseline's gap is 0 by definition)."""
+def _gap_stats(gaps: list[float], recipe: str, baseline: str = BASELINE) -> dict:
+    """A recipe's gaps (% per seed) to ``baseline`` summarized: mean, 95% interval, verdict (the baseline's gap is 0
+    by definition)."""
     if recipe == BASELINE:
         return {"gap_pct_mean": 0.0, "verdict": "baseline"}
     ci = interval95(gaps)
     return {"gap_pct_mean": statistics.mean(gaps), "gap_pct_ci95": list(ci) if ci else None,
-            "resolved": ci is not None and (ci[0] > 0 or ci[1] < 0), "verdict": _verdict(ci)}
+            "resolved": ci is not None and (ci[0] > 0 or ci[1] < 0),
+            "verdict": verdict(ci, "BF16" if baseline == BASELINE else baseline)}
 
 
 def _baseline_of(recipe: str, optimizer: str | None, recipes: list[str]) -> str:
@@ -407,7 +410,7 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
             "val_loss_mean": statistics.mean(losses),
             "val_loss_per_seed": dict(zip(map(str, seeds), losses)),
             "gap_pct_per_seed": dict(zip(map(str, seeds), gaps)),
-            **_gap_stats(gaps, r),
+            **_gap_stats(gaps, r, baseline),
             "tokens_per_s": statistics.mean(tps) if tps else None,
             "peak_mem_gib": max(mem) if mem else None,
             "bf16_steps": max(by[(r, s)].get("bf16_steps", 0) for s in seeds),
@@ -425,7 +428,7 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
             if paired:
                 egaps = [(got[s] / base[s] - 1) * 100 for s in paired]
                 evals[name] = {"loss_mean": statistics.mean(got[s] for s in paired), "gap_pct_per_seed": egaps,
-                               **_gap_stats(egaps, r)}
+                               **_gap_stats(egaps, r, baseline)}
         if evals:
             summary[recipe_label(r)]["eval"] = evals
     first = runs[0]
