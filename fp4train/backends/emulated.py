@@ -47,20 +47,25 @@ def _bf16_factors(op: Operand):
 _FP32_MM: bool | None = None  # does this torch have torch.mm(..., out_dtype=float32) for BF16? learnt on first use
 
 
+def apply_factors(out: torch.Tensor, ra, rb, da, db, out_dtype: torch.dtype) -> torch.Tensor:
+    """``out`` times ``ra`` and ``rb``, divided by ``da`` and ``db`` (each optional and broadcast against ``out``), one
+    rounding each, in that order, cast to ``out_dtype``: the epilogue of every BF16-split GEMM, dense
+    (:func:`scale_output`) or grouped (:mod:`fp4train.backends.grouped`, each expert's factors on its rows)."""
+    for f in (ra, rb):
+        if f is not None:
+            out = out * f
+    for f in (da, db):
+        if f is not None:
+            out = out / f
+    return out.to(out_dtype)
+
+
 def scale_output(out: torch.Tensor, ra, rb, da, db, out_dtype: torch.dtype) -> torch.Tensor:
     """A BF16-split GEMM's FP32 output with its operands' factors applied - ``A``'s row scales ``ra``, ``B``'s
     ``rb`` (the output's columns), the divisors ``da`` and ``db`` (each optional), one rounding each, in that order -
     and cast to ``out_dtype``. (Under ``triton`` numerics the same runs in one pass:
     :func:`fp4train.kernels.gemm_epilogue.scale_output`.)"""
-    if ra is not None:
-        out = out * ra[:, None]
-    if rb is not None:
-        out = out * rb[None, :]
-    if da is not None:
-        out = out / da
-    if db is not None:
-        out = out / db
-    return out.to(out_dtype)
+    return apply_factors(out, None if ra is None else ra[:, None], None if rb is None else rb[None, :], da, db, out_dtype)
 
 
 def _bf16_gemm(a, b, out_dtype: torch.dtype, epilogue=scale_output) -> torch.Tensor | None:

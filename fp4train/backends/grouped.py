@@ -28,7 +28,7 @@ import itertools
 
 import torch
 
-from .emulated import EmulatedBackend, _bf16_factors, _split_with_kernel
+from .emulated import EmulatedBackend, _bf16_factors, _split_with_kernel, apply_factors
 
 _EMULATED = EmulatedBackend()
 
@@ -71,18 +71,11 @@ def _joined(parts: list, join=torch.stack):
 
 
 def _epilogue(out, ra, rb, da, db, out_dtype: torch.dtype) -> torch.Tensor:
-    """:func:`~fp4train.backends.emulated.scale_output` with the factors already broadcast to the output (there,
-    ``rb`` is one vector for every row; here each expert's rows have their own) and a BF16 output taken to FP32
-    first."""
+    """The factors (already broadcast to the output: each expert's rows have their own) applied as the dense GEMM's
+    epilogue applies them, to an output taken to FP32 first where there are any (a BF16 grouped output)."""
     if any(f is not None for f in (ra, rb, da, db)):
         out = out.float()
-        for f in (ra, rb):
-            if f is not None:
-                out = out * f
-        for f in (da, db):
-            if f is not None:
-                out = out / f
-    return out.to(out_dtype)
+    return apply_factors(out, ra, rb, da, db, out_dtype)
 
 
 def _grouped(a_ops: list, b_ops: list, out_dtype: torch.dtype, kernels: bool, join, of_splits) -> torch.Tensor:
