@@ -89,13 +89,6 @@ def finite_amax_along(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Te
     return bits[0].view(torch.float32), bits[1].bool()
 
 
-def finite_amax(x: torch.Tensor) -> torch.Tensor:
-    """FP32 max |x| over the finite elements of a 2D tensor (0-d; 0 when there are none)."""
-    if x.numel() == 0:
-        return torch.zeros((), dtype=torch.float32, device=x.device)
-    return finite_amax_along(x, 1)[0].amax()
-
-
 @triton.jit
 def _hadamard_amax_kernel(x_ptr, d_ptr, amax_ptr, M, K, sx, HAS_D: tl.constexpr, B: tl.constexpr, LOG_B: tl.constexpr,
                           NORM: tl.constexpr, ROUND_BF16: tl.constexpr, BK: tl.constexpr, RB: tl.constexpr):
@@ -112,7 +105,7 @@ def _hadamard_amax_kernel(x_ptr, d_ptr, amax_ptr, M, K, sx, HAS_D: tl.constexpr,
 
 
 def hadamard_finite_amax(x: torch.Tensor, d: torch.Tensor | None, block: int) -> torch.Tensor:
-    """:func:`finite_amax` of ``fp4train.hadamard(x, block, axis=0)`` with signs ``d`` (float32 ``[block]`` or None) for
+    """The finite amax (:func:`finite_amax_along`, over every element) of ``fp4train.hadamard(x, block, axis=0)`` with signs ``d`` (float32 ``[block]`` or None) for
     a 2D float32/bfloat16 ``x`` whose dim 0 is a multiple of ``block``, without the transformed tensor written: the
     transform is recomputed in registers (the same bits as the Triton transform, rounded to ``x``'s dtype)."""
     if x.ndim != 2 or x.dtype not in (torch.float32, torch.bfloat16) or block < 2 or block & (block - 1) or x.shape[0] % block:

@@ -2,8 +2,8 @@
 
 Bit-identical to ``fp4train.quantize(x, "nvfp4", ...)`` along the last dim of a 2D tensor whose
 last dim is a multiple of 16. The tensor scale ``s_enc`` is the reference's
-(``formats.nvfp4.scale_from_amax``) of the finite amax that :func:`.amax.finite_amax` takes in one
-pass, left on the device - no host sync; the kernel then does the per-block work in the
+(``formats.nvfp4.scale_from_amax``) of the finite amax, taken in one pass and left on the device
+(:func:`device_tensor_scale`) - no host sync; the kernel then does the per-block work in the
 reference's float order::
 
     sb = e4m3((amax_b / 6) * s_enc)      q = e2m1((x * s_enc) / sb)

@@ -1,7 +1,7 @@
 """NVFP4 with 16x16 tiles (the weights of NVIDIA's NVFP4 recipe) in Triton: codes, or the BF16 values.
 
 ``quantize(x, "nvfp4", block=(16, 16), ...)`` of a 2D tensor, bit for bit: one FP32 tensor scale
-``s_enc`` from the finite amax (:func:`.amax.finite_amax`, one pass, left on the device), then per
+``s_enc`` from the finite amax (:func:`.nvfp4_quantize.device_tensor_scale`, left on the device), then per
 16x16 tile - 256 elements sharing one E4M3 scale - the 1x16 kernels' float order
 (:func:`.nvfp4_quantize._nvfp4_scale` / ``_nvfp4_scaled``)::
 
