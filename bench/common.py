@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -40,6 +41,16 @@ def write_results(path: Path, results, **settings) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     return out
+
+
+def kernel_times(prof, steps: int) -> dict[str, tuple[float, int]]:
+    """Kernel name -> (milliseconds per step, calls per step) of the profiled steps."""
+    out: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            out[e.name][0] += e.device_time_total / 1e3 if hasattr(e, "device_time_total") else e.cuda_time_total / 1e3
+            out[e.name][1] += 1
+    return {k: (v[0] / steps, v[1] // steps) for k, v in out.items()}
 
 
 def sqnr_db(ref: torch.Tensor, approx: torch.Tensor) -> float:

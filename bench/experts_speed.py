@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 import fp4train
-from common import results_path, write_results
+from common import kernel_times, results_path, write_results
 from fp4train.models import PRESETS
 from fp4train.models.moe import MoE
 from fp4train.timing import median_time
@@ -63,7 +63,7 @@ def kernel_ms(step) -> float:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
-    return sum(e.device_time_total for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA) / 1e3
+    return sum(ms for ms, _ in kernel_times(prof, 1).values())
 
 
 def measure(block: MoE, x: torch.Tensor, repeats: int, grouped: bool = False) -> tuple[float, float | None]:

@@ -29,7 +29,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from common import data_label, results_path, write_results
+from common import data_label, kernel_times, results_path, write_results
 
 import fp4train
 from fp4train.train import TrainConfig, Trainer
@@ -44,16 +44,6 @@ CLASSES = (
 def kernel_class(name: str) -> str:
     """The class of a GPU kernel's name (see the module docstring)."""
     return next((c for c, pat in CLASSES if pat.search(name)), "other")
-
-
-def _kernel_times(prof, steps: int) -> dict[str, tuple[float, int]]:
-    """Kernel name -> (milliseconds per step, calls per step) of the profiled steps."""
-    out: dict[str, list] = defaultdict(lambda: [0.0, 0])
-    for e in prof.events():
-        if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA:
-            out[e.name][0] += e.device_time_total / 1e3 if hasattr(e, "device_time_total") else e.cuda_time_total / 1e3
-            out[e.name][1] += 1
-    return {k: (v[0] / steps, v[1] // steps) for k, v in out.items()}
 
 
 def profile(recipe: str, *, model: str, data: str | None, batch: int, seq: int, warmup: int, steps: int, out: Path, top: int) -> dict:
@@ -73,7 +63,7 @@ def profile(recipe: str, *, model: str, data: str | None, batch: int, seq: int, 
             torch.cuda.synchronize()
     finally:
         t.close()
-    kernels = _kernel_times(prof, steps)
+    kernels = kernel_times(prof, steps)
     classes = defaultdict(float)
     for name, (ms, _) in kernels.items():
         classes[kernel_class(name)] += ms
