@@ -187,19 +187,14 @@ def test_one_grouped_gemm_applies_each_experts_factors_to_its_own_output(factors
     ints = lambda *shape: torch.randint(-2, 3, shape, generator=g).to(torch.bfloat16)  # noqa: E731
     scale = lambda n: torch.rand(n, generator=g) + 0.5 if factors == "fp8" else None  # noqa: E731
     div = lambda: torch.rand((), generator=g) * 100 + 1 if factors == "nvfp4" else None  # noqa: E731
+    split = lambda rows, cols: (ints(rows, cols), scale(rows), div())  # noqa: E731
     sizes, n, k = [16, 48, 32], 24, 32
-    rows_a = [(ints(m, k), scale(m), div()) for m in sizes]
-    rows_b = [(ints(n, k), scale(n), div()) for _ in sizes]
-    got = grouped.rows_of_splits(rows_a, rows_b, torch.float32)
-    want = torch.cat([scale_output(a[0].float() @ b[0].float().T, a[1], b[1], a[2], b[2], torch.float32)
-                      for a, b in zip(rows_a, rows_b)])
-    assert torch.equal(got, want)
-    inner_a = [(ints(n, m), scale(n), div()) for m in sizes]
-    inner_b = [(ints(k, m), scale(k), div()) for m in sizes]
-    got = grouped.inner_of_splits(inner_a, inner_b, torch.float32)
-    want = torch.stack([scale_output(a[0].float() @ b[0].float().T, a[1], b[1], a[2], b[2], torch.float32)
-                        for a, b in zip(inner_a, inner_b)])
-    assert torch.equal(got, want)
+    for of_splits, join, a_shape, b_shape in ((grouped.rows_of_splits, torch.cat, lambda m: (m, k), lambda m: (n, k)),
+                                              (grouped.inner_of_splits, torch.stack, lambda m: (n, m), lambda m: (k, m))):
+        a_ops, b_ops = [split(*a_shape(m)) for m in sizes], [split(*b_shape(m)) for m in sizes]
+        want = join([scale_output(a[0].float() @ b[0].float().T, a[1], b[1], a[2], b[2], torch.float32)
+                     for a, b in zip(a_ops, b_ops)])
+        assert torch.equal(of_splits(a_ops, b_ops, torch.float32), want), of_splits.__name__
 
 
 @pytest.mark.parametrize("grouped", [True, False])
