@@ -16,6 +16,8 @@ runs the experts one after another instead (one pair of quantized linear calls p
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -180,7 +182,8 @@ def _grouped_forward(module: nn.Module, q: QuantizedExperts, first: str, hidden_
         counts_host = counts.tolist()  # the groups' sizes: one sync, as the experts' loop has
         sizes = [c + (-c % ROW_GROUP) for c in counts_host]
         order = order[:sum(counts_host)]
-        shift = torch.tensor([sum(sizes[:e]) - sum(counts_host[:e]) for e in range(n_experts)], device=flat.device)
+        padding_before = [0, *itertools.accumulate(s - c for s, c in zip(sizes, counts_host))][:-1]
+        shift = torch.tensor(padding_before, device=flat.device)
         dest = torch.arange(order.numel(), device=flat.device) + shift[flat[order]]  # each pair's padded row
     tok, pos = order // k, order % k
     x = hidden_states.new_zeros((sum(sizes), hidden_states.shape[1])).index_copy(0, dest, hidden_states[tok])
