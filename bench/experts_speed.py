@@ -57,18 +57,20 @@ def _block(model: str, device: str) -> MoE:
     return block
 
 
-def kernel_ms(step) -> float:
-    """Milliseconds of GPU kernels in one call of ``step`` (``torch.profiler``): what the work costs the GPU, apart
-    from the host's time to launch it - a host-bound path's wall time follows the CPU, this does not."""
+def gpu_kernels(step) -> tuple[float, int]:
+    """Milliseconds of GPU kernels, and how many were launched, in one call of ``step`` (``torch.profiler``): what the
+    work costs the GPU apart from the host's time to launch it - a host-bound path's wall time follows the CPU, this
+    does not."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
-    return sum(ms for ms, _ in kernel_times(prof, 1).values())
+    per_kernel = kernel_times(prof, 1).values()
+    return sum(ms for ms, _ in per_kernel), sum(calls for _, calls in per_kernel)
 
 
-def measure(block: MoE, x: torch.Tensor, repeats: int, grouped: bool = False) -> tuple[float, float | None]:
-    """Median seconds of the block's forward + backward (with ``grouped``: the BF16 grouped GEMMs for its experts),
-    and the milliseconds of GPU kernels in one of them (None off a GPU)."""
+def measure(block: MoE, x: torch.Tensor, repeats: int, grouped: bool = False) -> dict:
+    """The block's forward + backward (with ``grouped``: the BF16 grouped GEMMs for its experts): ``ms`` (median wall
+    time), ``gpu_ms`` and ``gpu_kernels`` (kernel time and launches of one of them; None off a GPU)."""
     def step():
         with torch.autocast(x.device.type, dtype=torch.bfloat16):
             if grouped:
@@ -81,12 +83,18 @@ def measure(block: MoE, x: torch.Tensor, repeats: int, grouped: bool = False) ->
         for p in block.parameters():
             p.grad = None
 
-    t = median_time(step, repeats, back_to_back=False)
-    return t, kernel_ms(step) if x.is_cuda else None
+    ms = median_time(step, repeats, back_to_back=False) * 1e3
+    gpu_ms, kernels = gpu_kernels(step) if x.is_cuda else (None, None)
+    return {"ms": ms, "gpu_ms": gpu_ms, "gpu_kernels": kernels}
 
 
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f} ms"
+def _prefixed(prefix: str, m: dict) -> dict:
+    return {f"{prefix}_{k}": v for k, v in m.items()}
+
+
+def _said(m: dict) -> str:
+    gpu = "" if m["gpu_ms"] is None else f" (GPU kernels {m['gpu_ms']:.2f} ms, {m['gpu_kernels']} launches)"
+    return f"{m['ms']:.2f} ms{gpu}"
 
 
 def main(argv=None):
@@ -107,30 +115,29 @@ def main(argv=None):
     c = PRESETS[args.model]
     block = _block(args.model, args.device)
     x = torch.randn(args.tokens, c.dim, device=args.device, requires_grad=True)
-    bf16, bf16_gpu = measure(block, x, args.repeats)
-    grouped, grouped_gpu = measure(block, x, args.repeats, grouped=True)
-    row = {"recipe": "bf16", "ms": bf16 * 1e3, "grouped_ms": grouped * 1e3, "gpu_ms": bf16_gpu, "grouped_gpu_ms": grouped_gpu}
-    rows = [row]
-    print(f"bf16: looped {bf16 * 1e3:.2f} ms, grouped {grouped * 1e3:.2f} ms (GPU kernels {_ms(bf16_gpu)}, {_ms(grouped_gpu)})",
-          flush=True)
+    bf16 = measure(block, x, args.repeats)
+    grouped = measure(block, x, args.repeats, grouped=True)
+    rows = [{"recipe": "bf16", **bf16, **_prefixed("grouped", grouped)}]
+    print(f"bf16: looped {_said(bf16)}, grouped {_said(grouped)}", flush=True)
     settings = dict(model=args.model, tokens=args.tokens, experts=c.n_experts, experts_per_token=c.experts_per_token,
                     dim=c.dim, ffn_dim=c.ffn_dim, repeats=args.repeats)
+    path = args.json or results_path("experts_speed", args.model)
     for recipe in args.recipes.split(","):
         q = fp4train.convert(_block(args.model, args.device), recipe)
-        t, gpu = measure(q, x, args.repeats)
+        m = measure(q, x, args.repeats)
         experts = q.experts.fp4train_experts
-        row = {"recipe": recipe, "ms": t * 1e3, "vs_bf16_looped": bf16 / t, "vs_bf16_grouped": grouped / t,
-               "path": "grouped" if experts.grouped is not None else "looped", "gpu_ms": gpu}
+        row = {"recipe": recipe, **m, "vs_bf16_looped": bf16["ms"] / m["ms"], "vs_bf16_grouped": grouped["ms"] / m["ms"],
+               "path": "grouped" if experts.grouped is not None else "looped"}
         if experts.grouped is not None:
             experts.grouped = None  # fp4train's loop over experts, for comparison
-            looped, looped_gpu = measure(q, x, args.repeats)
-            row.update(looped_ms=looped * 1e3, looped_gpu_ms=looped_gpu)
+            looped = measure(q, x, args.repeats)
+            row.update(_prefixed("looped", looped))
         rows.append(row)
-        print(f"{recipe}: {t * 1e3:.2f} ms (GPU kernels {_ms(gpu)}), {row['path']} ({bf16 / t:.2f}x bf16 looped, "
-              f"{grouped / t:.2f}x bf16 grouped)"
-              + (f"; its loop over experts {row['looped_ms']:.2f} ms" if "looped_ms" in row else ""), flush=True)
-        write_results(args.json or results_path("experts_speed", args.model), rows, **settings)
-    write_results(args.json or results_path("experts_speed", args.model), rows, **settings)
+        print(f"{recipe}: {_said(m)}, {row['path']} ({row['vs_bf16_looped']:.2f}x bf16 looped, "
+              f"{row['vs_bf16_grouped']:.2f}x bf16 grouped)" + (f"; its loop over experts {_said(looped)}"
+                                                                 if "looped_ms" in row else ""), flush=True)
+        write_results(path, rows, **settings)
+    write_results(path, rows, **settings)  # BF16's row too when no recipe is asked for
 
 
 if __name__ == "__main__":
