@@ -113,7 +113,17 @@ def _config_from_args(args, *, drop=()):
 
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
                  if f.metadata["cli"] and f.name not in drop and getattr(args, f.name, None) is not None}
-    defaults = {"out": args.default_out}
+    cfg = _merged_config(args, overrides, {"out": args.default_out})
+    if cfg.hf_config is not None and "model" in overrides:
+        raise ValueError(f"--model {cfg.model} and --hf-config {cfg.hf_config} both name the model to train: give one "
+                         "(--hf-config trains its config's architecture)")
+    return cfg
+
+
+def _merged_config(args, overrides: dict, defaults: dict):
+    """``defaults`` < the run's config.json (on --resume) < the --config TOML < ``overrides``, as one config."""
+    from .train.config import TrainConfig
+
     if getattr(args, "config", None):
         return TrainConfig.from_toml(args.config, defaults=defaults, **overrides)
     if getattr(args, "resume", False):
@@ -246,14 +256,14 @@ def _add_run_commands(command) -> None:
     """``eval``, ``export``, ``generate`` (each reads a finished run) and ``recipes``."""
     e = command("eval")
     _add_run_flags(e)
-    e.add_argument("--data", default=None, help="text to evaluate on (default: the packaged tiny-shakespeare - the "
-                   "default training text: a run trained on it is told so)")
+    e.add_argument("--data", default=None, help="text to evaluate on (default: the run's own validation split - the "
+                   "documents its training never saw - its first 1,048,576 tokens unless --max-tokens says otherwise)")
     e.add_argument("--forward", default="recipe", choices=["recipe", "bf16"], help="recipe: the quantized forward the "
                    "run trained with; bf16: the same weights unquantized (LoRA-SVD merged) (default: recipe)")
     e.add_argument("--seq-len", type=_at_least(1), default=None, help="window length, >= 1 (default: the run's)")
     e.add_argument("--batch-size", type=_at_least(1), default=None, help="windows per forward, >= 1 (default: the run's)")
     e.add_argument("--max-tokens", type=_at_least(2), default=None, help="evaluate on the first N tokens only, at least "
-                   "one window (default: all of the text)")
+                   "one window (default: all of --data's text; 1,048,576 tokens of the validation split)")
     e.add_argument("--device", default="auto", help="auto (GPU if there is one), cpu, cuda or cuda:N (default: auto)")
     e.add_argument("--json", help="also write the result to this JSON file")
     e.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -416,14 +426,14 @@ def _run(args) -> int:
 
 
 def _check_output_file(path: str, flag: str) -> None:
-    """Refuse, before any work, a file that cannot be written: a folder, a missing folder, a read-only place."""
+    """Refuse, before any work, a file that cannot be written: a folder, a read-only place. Missing folders above it
+    are made."""
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"{flag} {path} is a folder; give a file name, e.g. {p / 'result.json'}")
-    if not p.parent.is_dir():
-        raise ValueError(f"{flag} {path}: the folder {p.parent} does not exist; create it first")
     existed = p.exists()
     try:
+        p.parent.mkdir(parents=True, exist_ok=True)
         with open(p, "a"):
             pass
     except OSError as e:

@@ -102,6 +102,12 @@ def convert(
     known = [i for i in indices.values() if i is not None]
     num_blocks = max(known) + 1 if known else None
 
+    if recipe.attention == "nvfp4":  # what the attention cannot run is refused before anything changes
+        from .attention import unsupported
+
+        if attention_problems := unsupported(model):
+            raise ValueError(f"recipe {recipe.name!r} quantizes attention (NVFP4), which {type(model).__name__}'s attention "
+                             f"cannot run: {'; '.join(attention_problems)}")
     report = ConversionReport(recipe.name)
     plan, problems = [], []
     roles = _roles(model, recipe)
@@ -253,12 +259,12 @@ def unconvert(model: nn.Module) -> nn.Module:
         new.train(mod.training)
         _set_submodule(model, name, new)
     _set_experts(model, [(m, None) for m in model.modules() if _experts.is_experts(m)])
-    from .attention import HF_NAME, set_attention, switchable
+    from .attention import HF_NAME, hf_configs, set_attention, switchable
 
     for m in model.modules():  # attention back to the model's own
         if switchable(m):
             m.attention = "sdpa"
-    if getattr(getattr(model, "config", None), "_attn_implementation", None) == HF_NAME:
+    if any(config._attn_implementation == HF_NAME for _, config in hf_configs(model)):
         set_attention(model, "sdpa")  # a Hugging Face model: the implementation it had before
     return model
 

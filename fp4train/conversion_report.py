@@ -83,7 +83,16 @@ def unhandled_reason(module: nn.Module) -> str:
     """Why fp4train leaves a weight-bearing module that is not a linear layer as it is."""
     if isinstance(module, nn.Embedding):
         return "an embedding (fp4train quantizes the GEMMs of linear layers; embeddings are lookups)"
+    kind = type(module).__name__
+    if isinstance(module, nn.modules.conv._ConvNd):
+        return (f"a convolution ({kind}): fp4train quantizes the GEMMs of linear layers (nn.Linear, transformers' Conv1D); "
+                "convolutions stay in high precision")
+    if isinstance(module, nn.Bilinear):
+        return f"a bilinear layer ({kind}, x1^T W x2): fp4train has no quantized layer for it"
+    if isinstance(module, nn.MultiheadAttention):
+        return (f"PyTorch's {kind}, whose projections are not nn.Linear calls: fp4train has no quantized layer for it; "
+                "write the attention with nn.Linear projections to quantize them")
     if any(p.ndim >= 3 for p in module.parameters(recurse=False)):
-        return ("weights of 3 or more dims (e.g. a mixture of experts' stacked expert weights): fp4train has no "
-                "quantized layer for them")
-    return f"a {type(module).__name__}: fp4train has no quantized layer for it"
+        return (f"a {kind} with weights of 3 or more dims that fp4train does not recognise as a mixture of experts' "
+                "stacked expert weights (it knows transformers' experts modules and fp4train's own)")
+    return f"a {kind}: fp4train has no quantized layer for it"

@@ -49,11 +49,34 @@ def text_windows(data: str, tokenizer, seq_len: int, *, text_field: str = "text"
             break
     if max_tokens:
         ids = ids[:max_tokens]
+    return token_windows(np.asarray(ids, dtype=np.int64), seq_len, data)
+
+
+def token_windows(ids: np.ndarray, seq_len: int, what: str) -> torch.Tensor:
+    """``[n, seq_len + 1]`` int64 windows of the tokens ``ids`` (the last partial window dropped)."""
     n = len(ids) // (seq_len + 1)
     if n == 0:
-        raise ValueError(f"{data}: {len(ids)} tokens, fewer than one window of {seq_len + 1}; give more text or a "
+        raise ValueError(f"{what}: {len(ids)} tokens, fewer than one window of {seq_len + 1}; give more text or a "
                          "smaller --seq-len")
     return torch.from_numpy(np.asarray(ids[: n * (seq_len + 1)], dtype=np.int64).reshape(n, seq_len + 1))
+
+
+#: how many tokens of a run's validation split ``fp4train eval`` scores when no --data and no --max-tokens is given
+VALIDATION_TOKENS = 1 << 20
+
+
+def validation_windows(cfg: dict, tokenizer, seq_len: int, max_tokens: int | None) -> tuple[torch.Tensor, str]:
+    """The windows of the run's own validation split (the documents its training never saw: ``--val-data``, or the
+    fraction held out of ``--data``), its first ``max_tokens`` tokens (default :data:`VALIDATION_TOKENS`), and a
+    phrase that says what they are."""
+    from .data import load_splits
+
+    _, val = load_splits(cfg.get("data"), cfg.get("val_data"), tokenizer, val_fraction=cfg.get("val_fraction", 0.05),
+                         cache_dir=cfg.get("cache_dir"), text_field=cfg.get("text_field", "text"), verbose=False)
+    limit = max_tokens or VALIDATION_TOKENS
+    source = cfg.get("val_data") or f"{cfg.get('data') or 'tinyshakespeare (packaged)'}, held-out documents"
+    what = f"the run's validation split ({source}; the first {min(limit, len(val)):,} of its {len(val):,} tokens)"
+    return token_windows(np.asarray(val.tokens[:limit]), seq_len, what), what
 
 
 def build_model(ck: dict, forward: str, device: torch.device) -> Llama:
@@ -99,12 +122,16 @@ def evaluate(run: str | Path, data: str | None, *, checkpoint: str | Path | None
     batch_size = batch_size or cfg["batch_size"]
     if seq_len > ck["model_config"]["max_seq_len"]:
         raise ValueError(f"--seq-len {seq_len} exceeds the model's max_seq_len {ck['model_config']['max_seq_len']}")
-    seen = trained_on(cfg, data)
+    seen = trained_on(cfg, data) if data is not None else []
     if seen:
         print(f"fp4train: warning: the run trained on {', '.join(seen)}: a loss on it is not a held-out loss (--data names "
               "other text)", file=sys.stderr, flush=True)
     tokenizer = load_tokenizer(cfg.get("tokenizer"))
-    windows = text_windows(data, tokenizer, seq_len, text_field=cfg.get("text_field", "text"), max_tokens=max_tokens)
+    if data is None:
+        windows, scored = validation_windows(cfg, tokenizer, seq_len, max_tokens)
+    else:
+        windows = text_windows(data, tokenizer, seq_len, text_field=cfg.get("text_field", "text"), max_tokens=max_tokens)
+        scored = data
     model = build_model(ck, forward, dev)
     amp = torch.bfloat16 if dev.type == "cuda" else None
     total, n = 0.0, 0
@@ -121,7 +148,7 @@ def evaluate(run: str | Path, data: str | None, *, checkpoint: str | Path | None
             raise ValueError(f"the loss is {loss.item()} on windows {i}..{i + len(w) - 1}: the checkpoint's forward is not finite")
         total += loss.float().item() * w[:, 1:].numel()
         n += w[:, 1:].numel()
-    res = {"run": str(run), "step": ck["step"], "data": data or "tinyshakespeare (packaged)", "forward": forward,
+    res = {"run": str(run), "step": ck["step"], "data": scored, "forward": forward,
            "recipe": ck["recipe"]["name"], "seq_len": seq_len, "tokens": n, "loss": total / n,
            "ppl": math.exp(min(total / n, 50))}
     log(f"fp4train: {res['recipe']} step {res['step']} on {res['data']} ({n:,} tokens, {forward} forward): "

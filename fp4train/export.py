@@ -18,6 +18,7 @@ import torch
 from .linear.lora_svd import RESIDUAL
 from . import models
 from .models.llama import Llama, LlamaConfig
+from .train.run_dir import make_dirs
 
 
 def load_checkpoint(run: str | Path, checkpoint: str | Path | None = None, *, trust: bool = False) -> dict:
@@ -103,12 +104,13 @@ def export_hf(run: str | Path, out: str | Path, *, checkpoint: str | Path | None
         raise ValueError(f"--out {out} is a file; give a new or empty folder")
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"--out {out} is not empty; export into a new or empty folder")
-    if not out.parent.is_dir():
-        raise ValueError(f"--out {out}: the folder {out.parent} does not exist; create it first")
+    created = make_dirs(out.parent)  # the folders above --out, made as needed (removed again if the export fails)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         tmp.mkdir()
     except OSError as e:
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
         raise ValueError(f"--out {out} cannot be written: {e.strerror or e}") from None
     try:
         model, ck = load_model(run, checkpoint, trust=trust)
@@ -136,6 +138,8 @@ def export_hf(run: str | Path, out: str | Path, *, checkpoint: str | Path | None
         tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
         raise
     return out
 

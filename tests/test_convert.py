@@ -115,7 +115,8 @@ def test_convert_reports_every_weight_bearing_module_and_strict_refuses_what_it_
 
     m = model()
     before = {k: v.clone() for k, v in m.state_dict().items()}
-    with pytest.raises(ValueError, match=r"conv \(Conv2d\): skipped(.|\n)*experts \(_Experts\): skipped - weights of 3"):
+    with pytest.raises(ValueError, match=r"conv \(Conv2d\): skipped - a convolution \(Conv2d\)(.|\n)*experts \(_Experts\): "
+                                         r"skipped - a _Experts with weights of 3 or more dims that fp4train does not recognise"):
         fp4train.convert(m, "mxfp4", filter=lambda n, _: n != "head", strict=True)
     assert all(type(x) is nn.Linear for x in (m.proj, m.head))  # refused before anything changed
     assert all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())
@@ -243,3 +244,14 @@ def test_a_tied_lm_head_stays_in_high_precision_whatever_its_name():
     blocks = nn.ModuleDict(dict(embeddings=nn.Embedding(64, 32), layers=nn.ModuleList([nn.Linear(32, 64)])))
     fp4train.convert(blocks, "mxfp4")  # an MLP as wide as the vocabulary inside a block is no head
     assert isinstance(blocks["layers"][0], QuantizedLinear)
+
+
+def test_a_skipped_modules_reason_is_its_kind_not_the_number_of_its_weights_dims():
+    """A convolution or a bilinear layer (3-dim weights, like stacked experts) is reported as what it is."""
+    from fp4train.conversion_report import unhandled_reason
+
+    assert unhandled_reason(nn.Conv1d(4, 8, 3)).startswith("a convolution (Conv1d)")
+    assert unhandled_reason(nn.Bilinear(4, 4, 8)).startswith("a bilinear layer (Bilinear")
+    assert unhandled_reason(nn.MultiheadAttention(8, 2)).startswith("PyTorch's MultiheadAttention")
+    assert "3 or more dims" in unhandled_reason(_Experts())
+    assert not any("3 or more dims" in unhandled_reason(m) for m in (nn.Conv1d(4, 8, 3), nn.Bilinear(4, 4, 8)))

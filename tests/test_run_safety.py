@@ -262,7 +262,7 @@ def _bad_inputs_around_a_run(d, done):
         (["train", "--out", run, "--resume", "--max-steps", "4", "--lr", "nan"], ["lr must be > 0 and finite"]),
         (["train", "--out", run, "--resume", "--max-steps", "4", "--grad-clip", "-1"], ["grad_clip must be > 0"]),
         (["eval", "--run", run, "--json", str(d)], [f"--json {d} is a folder"]),
-        (["eval", "--run", run, "--json", str(d / "no" / "e.json")], ["the folder", "does not exist"]),
+        (["eval", "--run", run, "--json", "/proc/no/e.json"], ["--json /proc/no/e.json cannot be written"]),
         (["eval", "--run", run, "--max-tokens", "0"], ["--max-tokens", "must be >= 2, got 0"]),
         (["eval", "--run", run, "--max-tokens", "-5"], ["--max-tokens", "must be >= 2, got -5"]),
         (["eval", "--run", run, "--batch-size", "0"], ["--batch-size", "must be >= 1, got 0"]),
@@ -803,7 +803,7 @@ def test_export_files_take_the_umask_and_a_failed_export_leaves_no_folder(finish
 
 
 def test_eval_says_when_its_text_is_the_runs_training_text_and_shows_progress(finished_run, tmp_path, capsys):
-    rc, err = _run(["eval", "--run", str(finished_run), "--max-tokens", "2000"], capsys)
+    rc, err = _run(["eval", "--run", str(finished_run), "--data", "shakespeare", "--max-tokens", "2000"], capsys)
     assert rc == 0
     assert "warning: the run trained on the packaged tiny-shakespeare: a loss on it is not a held-out loss" in err
     other = tmp_path / "other.txt"
@@ -892,3 +892,18 @@ def test_the_version_and_the_top_level_help_do_not_load_torch():
     for args in (["--version"], ["--help"]):
         r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "False", (args, r.stdout, r.stderr)
+
+
+def test_eval_without_data_scores_a_bounded_part_of_the_runs_validation_split_and_says_so(finished_run, tmp_path, capsys):
+    """No --data: the documents the run held out (never its training text), at most VALIDATION_TOKENS of them, named in
+    the output and the JSON; --json's missing folders are made."""
+    from fp4train.evaluate import VALIDATION_TOKENS
+
+    out = tmp_path / "new" / "folder" / "e.json"
+    rc, err = _run(["eval", "--run", str(finished_run), "--json", str(out)], capsys)
+    res = json.loads(out.read_text())
+    assert rc == 0 and "warning" not in err
+    assert res["data"].startswith("the run's validation split (tinyshakespeare (packaged), held-out documents; the first")
+    assert 0 < res["tokens"] <= VALIDATION_TOKENS
+    rc, err = _run(["eval", "--run", str(finished_run), "--max-tokens", "600", "--json", str(out)], capsys)
+    assert rc == 0 and "the first 600 of its" in json.loads(out.read_text())["data"]

@@ -133,31 +133,75 @@ def nvfp4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
 
 def set_attention(model: nn.Module, kind: str) -> int:
     """Give ``model``'s attention ``kind``'s numerics (``"sdpa"``: the model's own - on a Hugging Face model the
-    implementation it had before ``"nvfp4"`` - or ``"nvfp4"``): fp4train's Llama
-    (its ``Attention`` modules), and Hugging Face models with an attention interface (``config._attn_implementation``).
-    Returns the number of attention modules switched; raises if ``model`` has none that it can switch."""
+    implementation it had before ``"nvfp4"`` - or ``"nvfp4"``): fp4train's Llama (its ``Attention`` modules), and
+    Hugging Face models with an attention interface (``config._attn_implementation``), also where one sits inside
+    another module (fp4train's trainer wraps them). ``"nvfp4"`` first refuses, before changing anything, a model whose
+    attention asks for what the NVFP4 attention does not do (:func:`unsupported`). Returns the number of attention
+    modules switched; raises if ``model`` has none that it can switch."""
     if kind not in KINDS:
         raise ValueError(f"attention must be one of {KINDS}, got {kind!r}")
+    if kind == "nvfp4" and (problems := unsupported(model)):
+        raise AttentionUnsupported(f"{type(model).__name__}'s attention cannot run fp4train's NVFP4 attention: "
+                                   + "; ".join(problems))
     n = 0
     for m in model.modules():
         if switchable(m):
             m.attention = kind
             n += 1
-    config = getattr(model, "config", None)
-    if n == 0 and config is not None and hasattr(config, "_attn_implementation"):
-        if kind == "nvfp4":
-            register_hf()
-            if config._attn_implementation != HF_NAME:  # what "sdpa" switches back to (eager, flash, ...), kept on the
-                model.fp4train_attn_before = config._attn_implementation  # model, not in its saved config
-            config._attn_implementation = HF_NAME
-        else:
-            config._attn_implementation = getattr(model, "fp4train_attn_before", None) or "sdpa"
-        # Hugging Face attention modules say whether they are causal (Llama's self_attn, GPT-2's attn, BERT's self)
-        n = sum(1 for m in model.modules() if m is not model and isinstance(getattr(m, "is_causal", None), bool))
+    if n == 0:
+        for owner, config in hf_configs(model):
+            if kind == "nvfp4":
+                register_hf()
+                if config._attn_implementation != HF_NAME:  # what "sdpa" switches back to (eager, flash, ...), kept on
+                    owner.fp4train_attn_before = config._attn_implementation  # the model, not in its saved config
+                config._attn_implementation = HF_NAME
+            else:
+                config._attn_implementation = getattr(owner, "fp4train_attn_before", None) or "sdpa"
+            # Hugging Face attention modules say whether they are causal (Llama's self_attn, GPT-2's attn, BERT's self)
+            n += sum(1 for m in owner.modules() if m is not owner and isinstance(getattr(m, "is_causal", None), bool))
     if n == 0:
         raise ValueError(f"{type(model).__name__} has no attention fp4train can switch: it knows fp4train's Llama and Hugging "
                          "Face models with an attention interface; call fp4train.attention.nvfp4_attention in your own")
     return n
+
+
+class AttentionUnsupported(ValueError):
+    """A model's attention asks for what fp4train's NVFP4 attention does not do (dropout, soft-capping, sinks)."""
+
+
+def hf_configs(model: nn.Module) -> list[tuple[nn.Module, object]]:
+    """``[(module, config)]``: each Hugging Face config with an attention interface in ``model`` (``model`` itself or
+    a module inside it), once, with the outermost module that holds it."""
+    seen: dict[int, tuple[nn.Module, object]] = {}
+    for m in model.modules():
+        config = getattr(m, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation") and id(config) not in seen:
+            seen[id(config)] = (m, config)
+    return list(seen.values())
+
+
+#: a Hugging Face config's attention settings the NVFP4 attention does not implement: (field, its value is a problem)
+_DROPOUT_FIELDS = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob")
+
+
+def unsupported(model: nn.Module) -> list[str]:
+    """What ``model``'s attention asks for that the NVFP4 attention does not do, each with the config field to change:
+    attention dropout, logit soft-capping (Gemma 2), attention sinks (gpt-oss). Empty: it can run."""
+    out = []
+    for _, config in hf_configs(model):
+        for name in _DROPOUT_FIELDS:
+            v = getattr(config, name, None)
+            if isinstance(v, (int, float)) and v > 0:
+                out.append(f"attention dropout {name}={v}: set it to 0 in the config")
+        v = getattr(config, "attn_logit_softcapping", None)
+        if v is not None:
+            out.append(f"attention logit soft-capping attn_logit_softcapping={v}: set it to null in the config, or keep "
+                       "attention in high precision (a recipe without attention='nvfp4')")
+    sinks = [n for n, m in model.named_modules() if isinstance(getattr(m, "sinks", None), torch.Tensor)]
+    if sinks:
+        out.append(f"attention sinks ({sinks[0]}.sinks{', ...' if len(sinks) > 1 else ''}): keep attention in high precision "
+                   "(a recipe without attention='nvfp4')")
+    return out
 
 
 def switchable(module: nn.Module) -> bool:
@@ -210,4 +254,4 @@ def register_hf() -> None:
     AttentionMaskInterface.register(HF_NAME, sdpa_mask)
 
 
-__all__ = ["HF_NAME", "KINDS", "TILE", "nvfp4_attention", "quantize_ds", "quantize_heads", "register_hf", "set_attention"]
+__all__ = ["HF_NAME", "KINDS", "AttentionUnsupported", "hf_configs", "unsupported", "TILE", "nvfp4_attention", "quantize_ds", "quantize_heads", "register_hf", "set_attention"]

@@ -95,26 +95,73 @@ class HFCausalLM(nn.Module):
         return n - self.hf.get_input_embeddings().weight.numel() if non_embedding else n
 
 
-def build(path: str | Path, *, vocab_size: int, seq_len: int, log=print) -> HFCausalLM:
-    """The model of the config at ``path`` for a tokenizer of ``vocab_size`` tokens and sequences of ``seq_len``:
-    a smaller vocabulary than the tokenizer's is raised to it (said in ``log``); a sequence longer than the
-    model's positions is refused."""
+#: encoder families whose causal-LM class is causal only when the config says so, and the field that says it
+_DECODER_FIELD = {"xlm": "causal"}
+
+
+def check_config(path: str | Path, *, seq_len: int | None = None):
+    """The transformers config at ``path``, refused (``ValueError``, one line naming the field to change) unless it
+    describes a causal language model fp4train can train: a decoder-only architecture with a causal LM class
+    (``AutoModelForCausalLM``), a vocabulary, and positions for ``seq_len``. An encoder family that transformers also
+    builds as a causal LM (BERT, RoBERTa, ...) must say so (``is_decoder``); an encoder-decoder config is refused.
+    Nothing is built: the trainer calls this before it tokenizes or builds anything."""
     config = load_config(path)
     if not isinstance(getattr(config, "vocab_size", None), int):
         raise ValueError(f"--hf-config {path}: {type(config).__name__} has no vocab_size: not a language model's config")
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise ValueError(f"--hf-config {path}: model_type {config.model_type!r} has no causal LM in transformers "
                          "(AutoModelForCausalLM); fp4train trains causal language models")
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(f"--hf-config {path}: \"is_encoder_decoder\": true - an encoder-decoder config, and fp4train trains "
+                         "decoder-only causal LMs; set it to false (and \"is_decoder\": true) to train the decoder alone")
+    field = _DECODER_FIELD.get(config.model_type, "is_decoder")
+    if config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, field, False):
+        raise ValueError(f"--hf-config {path}: {config.model_type!r} is an encoder (every position attends to every other), "
+                         f"and \"{field}\" is not true: as a causal LM each position would see its own target; set "
+                         f"\"{field}\": true in the config, or train a decoder architecture")
     limit = _max_positions(config)
-    if limit is not None and seq_len > limit:
+    if seq_len is not None and limit is not None and seq_len > limit:
         raise ValueError(f"--seq-len {seq_len} exceeds the positions of --hf-config {path} ({limit}); use a shorter "
                          "--seq-len or raise max_position_embeddings (n_positions for GPT-2) in the config")
+    return config
+
+
+def build(path: str | Path, *, vocab_size: int, seq_len: int, log=print) -> HFCausalLM:
+    """The model of the config at ``path`` (checked by :func:`check_config`) for a tokenizer of ``vocab_size`` tokens
+    and sequences of ``seq_len``: a smaller vocabulary than the tokenizer's is raised to it (said in ``log``). The
+    model built is probed for causality (:func:`check_causal`)."""
+    config = check_config(path, seq_len=seq_len)
     if config.vocab_size < vocab_size:
         log(f"fp4train: --hf-config {path}: vocab_size {config.vocab_size} raised to the tokenizer's {vocab_size}")
         config.vocab_size = vocab_size
-    return HFCausalLM(config)
+    model = HFCausalLM(config)
+    check_causal(model, f"--hf-config {path}")
+    return model
+
+
+def check_causal(model: nn.Module, what: str, length: int = 8) -> None:
+    """Refuse a model whose logits at a position move when a later token changes: its attention is not causal, and
+    trained as a causal LM every position would see its own target. One forward of two ``length``-token sequences
+    that differ in their last token, in eval mode (no dropout), on the model's device."""
+    p = next(model.parameters())
+    vocab = model.config.vocab_size
+    idx = torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(0)).to(p.device)
+    other = idx.clone()
+    other[0, -1] = (idx[0, -1] + 1) % vocab
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            a, b = model(idx).float(), model(other).float()
+    finally:
+        model.train(training)
+    moved = (a[:, :-1] - b[:, :-1]).abs().max().item()
+    if moved > 1e-3 * max(1.0, a.abs().max().item()):
+        raise ValueError(f"{what}: the model's logits at earlier positions change with a later token (by {moved:.3g}): its "
+                         "attention is not causal, so as a causal LM every position would see its own target; make the "
+                         "config a decoder's (\"is_decoder\": true for encoder architectures)")
 
 
 def from_config_dict(d: dict) -> HFCausalLM:

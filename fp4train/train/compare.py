@@ -7,7 +7,8 @@ subprocesses - then writes a report folder:
   the gap to BF16 in percent (per seed, at the same seed, and the mean), plus BF16's own
   seed-to-seed spread, so a real difference can be told from noise;
 * ``report.md``: the same as tables;
-* ``loss.png``: validation-loss curves (mean over seeds) and the gap to BF16 over training.
+* ``loss.png``: training-loss curves (every logged step) and validation losses (means over seeds), and the
+  validation gap to BF16 over training.
 """
 
 from __future__ import annotations
@@ -276,12 +277,14 @@ def run_parallel(cfgs: dict, slots: list[list[int]], on_finish=None) -> None:
         raise RuntimeError("runs failed: " + ", ".join(failed))
 
 
-def _curve(run_dir: Path) -> list[tuple[int, float]]:
+def _curve(run_dir: Path, key: str = "val_loss") -> list[tuple[int, float]]:
+    """``[(step, value)]`` of ``key`` (``val_loss``, or ``loss``: the training loss at every logged step) in a run's
+    metrics."""
     pts = []
     for ln in (run_dir / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(ln)
-        if "val_loss" in rec:
-            pts.append((rec["step"], rec["val_loss"]))
+        if key in rec:
+            pts.append((rec["step"], rec[key]))
     return pts
 
 
@@ -395,7 +398,7 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
         for s in seeds:
             d = done[(r, s)]
             summ = json.loads((d / "summary.json").read_text())
-            runs.append({**summ, "recipe_arg": r, "run": d.name, "curve": _curve(d)})
+            runs.append({**summ, "recipe_arg": r, "run": d.name, "curve": _curve(d), "train_curve": _curve(d, "loss")})
     by = {(x["recipe_arg"], x["seed"]): x for x in runs}
     base_losses = {s: by[(BASELINE, s)]["final_val_loss"] for s in seeds}
     nf = noise_floor(out, seeds, base_losses)
@@ -438,7 +441,7 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
         "noise_floor": nf, "recipes": summary, "unfinished": unfinished,
         "numerics": sorted({x.get("numerics") or "eager" for x in runs}),
         "backends": sorted({x.get("backend") or "emulated" for x in runs}), "runs_per_gpu": runs_per_gpu,
-        "runs": [{k: v for k, v in x.items() if k != "curve"} for x in runs],
+        "runs": [{k: v for k, v in x.items() if k not in ("curve", "train_curve")} for x in runs],
     }
     write_text(out / "report.json", json.dumps(report, indent=1))
     write_text(out / "report.md", _markdown(report))
@@ -506,9 +509,21 @@ def _markdown(rep: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _plot(path: Path, runs: list[dict], recipes: list[str], seeds: list[int]) -> None:
-    """Left: validation loss, the mean over seeds with a band from the lowest to the highest seed. Right: the gap
-    to BF16 at the same seed, its mean with the 95% interval over seeds as a band."""
+def loss_axis(values) -> tuple[float, float, bool]:
+    """``(low, high, log)``: a loss axis that holds every value of ``values`` with a small margin, logarithmic where
+    the largest is more than 1.5 times the smallest (a training curve from its first steps)."""
+    lo, hi = min(values), max(values)
+    if hi > 1.5 * lo > 0:
+        return lo / 1.03, hi * 1.03, True
+    pad = 0.05 * (hi - lo) or 0.05 * abs(hi) or 0.05
+    return lo - pad, hi + pad, False
+
+
+def loss_figure(runs: list[dict], recipes: list[str], seeds: list[int]):
+    """The comparison's figure. Left: each recipe's training loss at every logged step (line) and its validation loss at
+    every evaluation (markers), means over seeds, the validation band from the lowest to the highest seed; the axis
+    fits the data (:func:`loss_axis`). Right: the gap to BF16 at the same seed of the validation loss, its mean with
+    the 95% interval over seeds as a band."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -516,33 +531,48 @@ def _plot(path: Path, runs: list[dict], recipes: list[str], seeds: list[int]) ->
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
     by = {(x["recipe_arg"], x["seed"]): dict(x["curve"]) for x in runs}
-    ends = []  # each recipe's last mean loss
+    train = {(x["recipe_arg"], x["seed"]): dict(x.get("train_curve") or ()) for x in runs}
+    shown = []  # every plotted loss, for the axis
     for i, r in enumerate(recipes):
         color = f"C{i % 10}"  # the same colour for a recipe in both panels
         label = recipe_label(r)
+        tsteps = sorted(set.intersection(*(set(train[(r, s)]) for s in seeds)))
+        tmeans = [statistics.mean(train[(r, s)][t] for s in seeds) for t in tsteps]
+        if tsteps:
+            ax1.plot(tsteps, tmeans, color=color, lw=1, alpha=0.8, label=f"{label} (training)")
         steps = sorted(set.intersection(*(set(by[(r, s)]) for s in seeds)))
         vals = [[by[(r, s)][t] for s in seeds] for t in steps]
         means = [statistics.mean(v) for v in vals]
-        ends += means[-1:]
-        ax1.plot(steps, means, label=label, color=color, marker="." if len(steps) < 30 else None)
-        if len(seeds) > 1:
+        shown += tmeans + [x for v in vals for x in v]
+        ax1.plot(steps, means, ls="none", marker="o", ms=5, mec="k", mew=0.5, color=color, label=f"{label} (validation)")
+        if len(seeds) > 1 and len(steps) > 1:
             ax1.fill_between(steps, [min(v) for v in vals], [max(v) for v in vals], color=color, alpha=0.15, lw=0)
         if r != BASELINE:
             ts = [t for t in steps if all(t in by[(BASELINE, s)] for s in seeds)]
             gaps = [[(by[(r, s)][t] / by[(BASELINE, s)][t] - 1) * 100 for s in seeds] for t in ts]
-            ax2.plot(ts, [statistics.mean(g) for g in gaps], label=label, color=color)
+            ax2.plot(ts, [statistics.mean(g) for g in gaps], label=label, color=color, marker="o", ms=4)
             cis = [interval95(g) for g in gaps]
             if ts and cis[0] is not None:
                 ax2.fill_between(ts, [c[0] for c in cis], [c[1] for c in cis], color=color, alpha=0.15, lw=0)
-    ax1.set(xlabel="step", ylabel="validation loss", title="validation loss (mean over seeds, band: lowest to highest)")
-    if ends:  # the end of training, where the recipes differ, rather than the first evaluation's loss
-        ax1.set_ylim(min(ends) - 0.1, min(ends) + 1.5)
+    ax1.set(xlabel="step", ylabel="loss", title="training loss (lines) and validation loss (markers), mean over seeds")
+    if shown:
+        lo, hi, log = loss_axis(shown)
+        if log:
+            ax1.set_yscale("log")
+        ax1.set_ylim(lo, hi)
     ax2.axhline(0, color="k", lw=0.8)
-    ax2.set(xlabel="step", ylabel="gap to BF16 (%)", title="gap to BF16, same seed (mean, band: 95% interval)")
+    ax2.set(xlabel="step", ylabel="gap to BF16 (%)", title="validation gap to BF16, same seed (mean, band: 95% interval)")
     for a in (ax1, ax2):
-        a.grid(alpha=0.3)
+        a.grid(alpha=0.3, which="both")
         if a.get_legend_handles_labels()[0]:
             a.legend(fontsize=7)
     fig.tight_layout()
+    return fig
+
+
+def _plot(path: Path, runs: list[dict], recipes: list[str], seeds: list[int]) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = loss_figure(runs, recipes, seeds)
     fig.savefig(path, dpi=110)
     plt.close(fig)

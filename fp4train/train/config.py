@@ -212,6 +212,9 @@ class TrainConfig:
             # micro-batches left in the graphs' memory
             problems.append(f"compile_mode reduce-overhead takes grad_accum 1 (got {self.grad_accum}): a larger batch_size "
                             "instead, or compile_mode default")
+        if self.hf_config is not None and self.model != "tiny":
+            problems.append(f"--model {self.model} and --hf-config {self.hf_config} both name the model to train: give one "
+                            "(--hf-config trains its config's architecture)")
         if self.optimizer is None:  # resolved here, so a saved config names the optimizer the run used
             try:
                 from .. import recipes
@@ -226,6 +229,11 @@ class TrainConfig:
     def order_seed(self) -> int:
         """The seed of the training windows' order."""
         return self.seed if self.data_seed is None else self.data_seed
+
+    @property
+    def model_name(self) -> str:
+        """What the run trains, as its summary and a comparison's report name it: the preset, or ``hf:<config>``."""
+        return self.model if self.hf_config is None else f"hf:{self.hf_config}"
 
     @property
     def tokens_per_step(self) -> int:

@@ -135,6 +135,10 @@ class Trainer:
     def _build(self, model_hook) -> None:
         """The data, the model, the optimizer and the schedule (see :meth:`__init__`), then the features' start."""
         cfg = self.cfg
+        if cfg.hf_config:  # the config refused, if it must be, before anything is tokenized or built
+            from ..models import hf
+
+            hf.check_config(cfg.hf_config, seq_len=cfg.seq_len)
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         # CUDA graphs (compile_mode reduce-overhead): compiled layers draw stochastic-rounding seeds on the device,
@@ -497,7 +501,7 @@ class Trainer:
         for f in self.features:
             features.update(f.summary())
         return {
-            "model": cfg.model, "recipe": self.recipe.name, "seed": cfg.seed, "data_seed": cfg.order_seed,
+            "model": cfg.model_name, "recipe": self.recipe.name, "seed": cfg.seed, "data_seed": cfg.order_seed,
             "optimizer": cfg.optimizer, "steps": self.step,
             "tokens": self.step * cfg.tokens_per_step, "params": self.model.num_params(),
             "final_val_loss": val_loss, "final_val_ppl": math.exp(min(val_loss, 50)) if val_loss is not None else None,
