@@ -222,7 +222,16 @@ def _bad_inputs(tmp_path):
     run.mkdir()
     (run / "checkpoints.json").write_text('{"checkpoints": [{"step": 1, "fi')
     out = ["--out", str(d / "out")]
+    tiny = {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+            "max_position_embeddings": 128}
+    (d / "bert.json").write_text(json.dumps({"model_type": "bert", **tiny}))
+    (d / "llama.json").write_text(json.dumps({"model_type": "llama", **tiny}))
+    (d / "bart.json").write_text(json.dumps({"model_type": "bart", "vocab_size": 128, "d_model": 64}))
     return [
+        (["train", *SMALL[2:], "--hf-config", str(d / "bert.json"), *out], ["bert.json", "'bert' is an encoder", '"is_decoder": true']),
+        (["train", *SMALL[2:], "--hf-config", str(d / "bart.json"), *out], ["bart.json", '"is_encoder_decoder": true']),
+        (["train", *SMALL[2:], "--model", "60m", "--hf-config", str(d / "llama.json"), *out], ["--model 60m and --hf-config",
+                                                                                          "both name the model"]),
         (["recipes", "--show", "nope"], ["unknown recipe 'nope'"]),
         (["train", *SMALL[:-2], "--device", "gpu", *out], ["device must be", "'gpu'"]),
         (["train", *SMALL, "--model", "huge", *out], ["--model", "invalid choice", "'huge'"]),
@@ -800,6 +809,15 @@ def test_export_files_take_the_umask_and_a_failed_export_leaves_no_folder(finish
     with pytest.raises(OSError):
         export_hf(finished_run, tmp_path / "hf2")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no partial folder, no temporary one
+
+
+def test_export_makes_the_folders_above_its_out_and_removes_them_if_it_fails(finished_run, tmp_path, capsys, monkeypatch):
+    rc, err = _run(["export", "--run", str(finished_run), "--out", str(tmp_path / "exports" / "my-model")], capsys)
+    assert rc == 0 and (tmp_path / "exports" / "my-model" / "model.safetensors").is_file(), err
+    monkeypatch.setattr("transformers.LlamaForCausalLM.save_pretrained",
+                        lambda *a, **k: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    rc, err = _run(["export", "--run", str(finished_run), "--out", str(tmp_path / "new" / "deeper" / "m")], capsys)
+    assert rc != 0 and not (tmp_path / "new").exists()
 
 
 def test_eval_says_when_its_text_is_the_runs_training_text_and_shows_progress(finished_run, tmp_path, capsys):

@@ -463,3 +463,28 @@ def test_calibration_file_is_not_a_result_setting_of_a_recipe_that_does_not_cali
 def test_lora_lr_multiplier_is_a_result_setting_of_lora_svd_recipes_only():
     assert TrainConfig(recipe="bf16", lora_lr_multiplier=1.0).result_settings() == TrainConfig(recipe="bf16").result_settings()
     assert TrainConfig(recipe="fullstack", lora_lr_multiplier=1.0).result_settings()["lora_lr_multiplier"] == 1.0
+
+
+def test_the_comparison_figure_shows_every_logged_training_loss_on_an_axis_fit_to_the_data():
+    """After a run with one evaluation, loss.png still shows a curve: the training loss at every logged step beside the
+    evaluation marker, on a y-range from the data (logarithmic when the losses span a wide range)."""
+    import matplotlib.pyplot as plt
+
+    from fp4train.train.compare import loss_axis, loss_figure
+
+    def run(recipe, scale):
+        train = [(s, scale * (10.4 - 4 * (1 - 0.9 ** s))) for s in range(1, 41)]
+        return {"recipe_arg": recipe, "seed": 0, "curve": [(40, scale * 6.6)], "train_curve": train}
+
+    runs = [run("bf16", 1.0), run("mxfp4", 1.01)]
+    fig = loss_figure(runs, ["bf16", "mxfp4"], [0])
+    ax = fig.axes[0]
+    lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) == 40]
+    assert len(lines) == 2  # one training curve per recipe, every logged step
+    values = [v for r in runs for _, v in r["train_curve"] + r["curve"]]
+    lo, hi = ax.get_ylim()
+    assert lo <= min(values) and hi >= max(values) and hi < 1.1 * max(values) and lo > 0.9 * min(values)
+    assert ax.get_yscale() == "log"  # 10.5 down to 6.4
+    plt.close(fig)
+    assert loss_axis([6.40, 6.45]) == pytest.approx((6.3975, 6.4525, False))
+    assert loss_axis([6.4])[0] < 6.4 < loss_axis([6.4])[1]
