@@ -161,9 +161,29 @@ def quickstart_table(report_md: str, timing: dict) -> str:
         took.append(f"the test suite {_minutes(t['tests_s'])}")
     where = f"{timing['cores']}-core CPU" if timing["gpu"] == "cpu" else timing["gpu"]
     if timing.get("cpu"):
-        where += f" ({timing['cpu']} kernels)"
-    return "\n".join(table + ["", f"_{where}: {'; '.join(took)}; {_provenance(timing, device=False)}; "
-                              "`python bench/quickstart.py --tests`._"])
+        where += f" ({timing['cpu']} kernels{', ' + timing['vendor'] if timing.get('vendor') else ''})"
+    lines = table + ["", f"_{where}: {'; '.join(took)}; {_provenance(timing, device=False)}; "
+                         "`python bench/quickstart.py --tests --platforms`._"]
+    moved = platform_moves(timing.get("platforms") or [])
+    if moved:
+        lines += ["", "_The same comparison on this machine with other CPU kernels, largest change of a validation loss "
+                      f"(BF16 / FP4 rows): {'; '.join(moved)}._"]
+    return "\n".join(lines)
+
+
+def platform_moves(platforms: list[dict]) -> list[str]:
+    """For each run of the quickstart after the first (``--platforms``): its setting and how far its validation losses
+    are from the first run's, the largest relative change of the BF16 row and of the other rows."""
+    if len(platforms) < 2:
+        return []
+    first = platforms[0]["val_loss"]
+    out = []
+    for p in platforms[1:]:
+        rel = {r: abs(v / first[r] - 1) * 100 for r, v in p["val_loss"].items() if r in first}
+        fp4 = max((x for r, x in rel.items() if r != "bf16"), default=0.0)
+        what = f"{p['kernels']} kernels, {p['threads']} thread{'s' if p['threads'] > 1 else ''}"
+        out.append(f"{what} {rel.get('bf16', 0.0):.2f}% / {fp4:.2f}%")
+    return out
 
 
 def compare_table(rep: dict, folder: str) -> str:

@@ -297,3 +297,19 @@ def test_experts_table_gives_each_path_its_ratios_to_bf16_and_its_kernel_time_wh
     else:
         assert "GPU kernels" not in lines[0]
         assert lines[4:6] == ["| nvfp4, grouped | 24.00 | 0.50× | 0.25× |", "| nvfp4, looped | 48.00 | 0.25× | 0.12× |"]
+
+
+def test_quickstart_table_says_how_far_the_losses_move_with_other_cpu_kernels():
+    report = "| recipe | val loss |\n|---|---:|\n| bf16 | 6.44 |\n"
+    timing = {"gpu": "cpu", "cores": 2, "torch": "2.13.0+cpu", "commit": "abc1234", "date": "2026-12-05", "cpu": "AVX512",
+              "vendor": "GenuineIntel", "results": {"compare_s": 120.0, "compare_disk_mb": 200.0},
+              "platforms": [{"kernels": "AVX512", "threads": 2, "vendor": "GenuineIntel", "val_loss": {"bf16": 6.0, "mxfp4": 6.0}},
+                            {"kernels": "AVX2", "threads": 2, "vendor": "GenuineIntel", "val_loss": {"bf16": 6.0, "mxfp4": 6.06}},
+                            {"kernels": "AVX512", "threads": 1, "vendor": "GenuineIntel", "val_loss": {"bf16": 6.003, "mxfp4": 5.97}}]}
+    text = tables.quickstart_table(report, timing)
+    assert "_2-core CPU (AVX512 kernels, GenuineIntel): " in text
+    assert text.splitlines()[-1] == ("_The same comparison on this machine with other CPU kernels, largest change of a "
+                                     "validation loss (BF16 / FP4 rows): AVX2 kernels, 2 threads 0.00% / 1.00%; AVX512 "
+                                     "kernels, 1 thread 0.05% / 0.50%._")
+    timing["platforms"] = timing["platforms"][:1]
+    assert "other CPU kernels" not in tables.quickstart_table(report, timing)
