@@ -16,7 +16,8 @@ import re
 
 from common import RESULTS, ROOT
 
-DOCS = (ROOT / "docs/performance.md", ROOT / "docs/comparing.md", ROOT / "docs/models.md", ROOT / "README.md")
+DOCS = (ROOT / "docs/performance.md", ROOT / "docs/comparing.md", ROOT / "docs/models.md", ROOT / "docs/parallel.md",
+        ROOT / "README.md")
 
 
 def _load(name: str) -> dict | None:

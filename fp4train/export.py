@@ -18,7 +18,6 @@ import torch
 from .linear.lora_svd import RESIDUAL
 from . import models
 from .models.llama import Llama, LlamaConfig
-from .train.run_dir import make_dirs
 
 
 def load_checkpoint(run: str | Path, checkpoint: str | Path | None = None, *, trust: bool = False) -> dict:
@@ -104,9 +103,11 @@ def export_hf(run: str | Path, out: str | Path, *, checkpoint: str | Path | None
         raise ValueError(f"--out {out} is a file; give a new or empty folder")
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"--out {out} is not empty; export into a new or empty folder")
-    created = make_dirs(out.parent)  # the folders above --out, made as needed (removed again if the export fails)
+    missing = [p for p in (out.parent, *out.parent.parents) if not p.exists()]
+    created = missing[-1] if missing else None  # the topmost folder above --out made here (removed if the export fails)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
     except OSError as e:
         if created is not None:

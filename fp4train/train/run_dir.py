@@ -141,7 +141,7 @@ class RunLock:
             warnings.warn(f"fp4train: no file locks on this system: nothing stops a second process writing {self.dir}",
                           stacklevel=2)
             return self
-        self.created = make_dirs(self.dir)
+        self.created = _make_dirs(self.dir)
         while True:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -215,7 +215,7 @@ def _unlock(path: Path, fd: int) -> None:
     os.close(fd)  # closing unlocks
 
 
-def make_dirs(d: Path) -> Path | None:
+def _make_dirs(d: Path) -> Path | None:
     """``mkdir -p d``; the topmost folder it created (None if ``d`` existed)."""
     missing = []
     while not d.exists():
@@ -294,4 +294,4 @@ def write_text(path: Path, text: str) -> None:
 
 
 __all__ = ["LAUNCHER_FILES", "LOCK", "RUN_FILES", "RunDirBusy", "RunLock", "check_free_space", "check_run_dir", "describe_run",
-           "make_dirs", "resume_command", "run_files", "unwritable", "write_text"]
+           "resume_command", "run_files", "unwritable", "write_text"]
