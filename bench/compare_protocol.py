@@ -17,6 +17,10 @@ with Root + AdamW), into ``--out``:
   changed at a time - 1x32 blocks in place of 32x32 tiles (the 1D-vs-2D comparison at a matched recipe the paper
   does not make), floor scales in place of ceil, round-to-nearest gradients in place of stochastic rounding,
   attention's Q/K projections in MXFP4 in place of MXFP8; paired with the main comparison's BF16 runs;
+* ``--seed-ablation``: the paper-named presets against our additions, into ``<out>/seed-fidelity``: ``fullstack``
+  (the paper's Q-Root with native NVFP4 Newton-Schulz, 4/6 on) beside ``fullstack_bf16ns`` (Q-Root with BF16
+  Newton-Schulz, ours) and ``fullstack_no46`` (4/6 off), and ``adahop`` (IHT or OE) beside ``adahop_plain`` (plain
+  MXFP4 allowed, ours); paired with BF16 and BF16 Root + AdamW (``--seed-ablation-recipes`` picks among them);
 * ``--ablation``: AdaHOP without its BF16 start - a calibration made by a separate short run (another seed)
   loaded with ``--calibration``, so that every step of every seed is quantized - into ``<out>/adahop-precalibrated``,
   paired with the same BF16 runs;
@@ -110,6 +114,24 @@ def tib2d_ablation(folder: Path) -> list[str]:
     }, "Transposition-invariant 2D blocks"), "tib2d"]
 
 
+def seed_fidelity(folder: Path, names: list[str]) -> list[str]:
+    """The paper-named presets and our additions beside them (see ``--seed-ablation``), ``names`` among
+    :data:`SEED_FIDELITY`: preset names and recipe files in ``folder``."""
+    full = fp4train.recipes.get("fullstack")
+    files = dict(zip(("fullstack_bf16ns", "fullstack_no46"), _recipe_files(folder, {
+        "fullstack_bf16ns": ("Q-Root with BF16 Newton-Schulz (ours)", full.replace(optimizer="qroot_bf16ns")),
+        "fullstack_no46": ("4/6 block scaling off", full.replace(four_over_six=False)),
+    })))
+    unknown = [n for n in names if n not in SEED_FIDELITY]
+    if unknown:
+        raise SystemExit(f"--seed-ablation-recipes: unknown {unknown}; choose among {SEED_FIDELITY}")
+    return [files.get(n, n) for n in names]
+
+
+#: the seed-fidelity ablation's recipes (``--seed-ablation``)
+SEED_FIDELITY = ("fullstack", "fullstack_bf16ns", "fullstack_no46", "adahop", "adahop_plain")
+
+
 def _one_d(q):
     """A 32x32-tile quantization as 1x32 blocks along the GEMM's inner dim (the same scale rule and rounding)."""
     return dataclasses.replace(q, block=q.block[1]) if isinstance(q.block, tuple) else q
@@ -170,6 +192,8 @@ def main(argv=None):
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     ap.add_argument("--components", action="store_true", help="also Full-Stack FP4 less one part at a time")
     ap.add_argument("--ablation", action="store_true", help="also AdaHOP with a calibration loaded from another run")
+    ap.add_argument("--seed-ablation", action="store_true", help="also the paper-named presets against our additions")
+    ap.add_argument("--seed-ablation-recipes", default=",".join(SEED_FIDELITY), help="which of them (comma-separated)")
     ap.add_argument("--fullstack-ablation", action="store_true",
                     help="also Full-Stack FP4's parts added one at a time, paired to BF16 Root + AdamW")
     ap.add_argument("--tib2d-ablation", action="store_true",
@@ -212,6 +236,12 @@ def main(argv=None):
         abl = out / "tib2d-ablation"
         _link_runs_from(out, abl, seeds, recipes=("tib2d",))
         compare(dataclasses.replace(base, out=str(abl)), tib2d_ablation(abl / "recipes"), seeds, abl, noise_floor=True, **run)
+    if args.seed_ablation:
+        abl = out / "seed-fidelity"
+        _link_runs_from(out, abl, seeds, recipes=(ROOT_BASELINE,))
+        names = [n for n in args.seed_ablation_recipes.split(",") if n]
+        compare(dataclasses.replace(base, out=str(abl)), seed_fidelity(abl / "recipes", names), seeds, abl, noise_floor=True,
+                **run)
     if args.ablation:
         cal = calibration_run(base, out / "adahop-calibration-run")
         abl = out / "adahop-precalibrated"

@@ -11,7 +11,8 @@ PyTorch version, one set per instruction set this machine can run (each computed
 ``ATEN_CPU_CAPABILITY``), all on one thread, under ``"<instruction set>/<CPU vendor>"`` (sets under a bare
 instruction set were made before the vendor was recorded; a machine without a set of its own vendor uses them).
 Rewriting replaces the running PyTorch's sets of this machine's vendor and keeps the rest (rewrite those on such a
-machine, or with that PyTorch, after a change of numerics).
+machine, or with that PyTorch, after a change of numerics; until then the changed presets are left out of them, and
+their band comes from the sets that have them).
 
 A machine with no set of its own still checks something: every preset's losses must fall in the band the committed
 sets span (:func:`band`), and the quantizers' bits, which do not depend on the machine, are checked exactly by
@@ -90,8 +91,7 @@ def band(losses: dict, recipe: str) -> tuple[list[float], list[float]]:
     """``(lows, highs)``, per training step and then the validation loss: the range of ``recipe``'s losses over every
     committed set (every PyTorch version, instruction set and CPU vendor measured), widened on each side by that
     range again or :data:`BAND_MARGIN` of the loss, whichever is larger. A machine with no set of its own must land
-    in it: across the platforms at hand the spread reaches 0.7% of a loss after 8 steps (fullstack, whose Q-Root
-    multiplies in FP32), under 0.15% for the others."""
+    in it (how far the platforms measured spread: docs/running.md)."""
     runs = [v[recipe] for sets in losses.values() for v in sets.values() if recipe in v]
     cols = list(zip(*[r["train"] + [r["val"]] for r in runs]))
     lows, highs = [], []
@@ -112,7 +112,7 @@ def _all_presets() -> dict:
     import fp4train
 
     with tempfile.TemporaryDirectory() as d:
-        return {r: golden_run(r, Path(d)) for r in fp4train.recipes.names()}
+        return {r.name: golden_run(r.name, Path(d)) for r in fp4train.recipes.PRESETS}
 
 
 def main() -> None:

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from fp4train.adahop import (
-    DEFAULT_RULES, Extraction, Pattern, Relative, Strategy, classify, derive_rules, foid, gemm_pair, oe_gemm,
-    outlier_ratios, relative, split, strategy_gemm,
+    DEFAULT_RULES, PLAIN_RULES, WITH_PLAIN, Extraction, Pattern, Relative, Strategy, classify, derive_rules, foid,
+    gemm_pair, oe_gemm, outlier_ratios, relative, rules_for, split, strategy_gemm,
 )
 from fp4train.adahop.strategy import iht_gemm
 
@@ -123,9 +123,16 @@ def test_default_rules_are_derived_from_the_committed_measurements():
     planted = json.loads((ROOT / "bench/results/adahop_pattern_pairs.json").read_text())["results"]
     real = json.loads((ROOT / "bench/results/analyze-60m-enwiki/analysis.json").read_text())["pattern_pairs"]
     assert merge_rules(real, planted) == DEFAULT_RULES
-    assert len(DEFAULT_RULES) == 9
+    assert merge_rules(real, planted, strategies=WITH_PLAIN) == PLAIN_RULES
+    assert len(DEFAULT_RULES) == len(PLAIN_RULES) == 9
+    # AdaHOP chooses between its two strategies only; plain MXFP4 is the named variant's
+    assert set(DEFAULT_RULES.values()) == {Strategy.IHT, Strategy.OE} and Strategy.PLAIN in PLAIN_RULES.values()
+    assert rules_for(("oe", "iht")) is DEFAULT_RULES and rules_for(WITH_PLAIN) is PLAIN_RULES
+    with pytest.raises(ValueError, match="use calibrate='measured'"):
+        rules_for(("plain",))
     # a cheaper strategy wins within the tolerance
     row = {"a": "none", "b": "none", "err_plain": 0.105, "err_iht": 0.1, "err_oe": 0.1}
-    assert derive_rules([row])[(Relative.NONE, Relative.NONE)] is Strategy.PLAIN
-    row["err_plain"] = 0.2
+    assert derive_rules([row], strategies=WITH_PLAIN)[(Relative.NONE, Relative.NONE)] is Strategy.PLAIN
     assert derive_rules([row])[(Relative.NONE, Relative.NONE)] is Strategy.IHT
+    row["err_plain"] = 0.2
+    assert derive_rules([row], strategies=WITH_PLAIN)[(Relative.NONE, Relative.NONE)] is Strategy.IHT

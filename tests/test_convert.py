@@ -93,7 +93,7 @@ def test_refuses_bad_shapes_naming_every_module_and_the_fix():
 def test_refuses_bare_linear_unknown_recipe_and_backend():
     with pytest.raises(TypeError, match="wrap a bare nn.Linear"):
         fp4train.convert(nn.Linear(32, 32), "mxfp4")
-    with pytest.raises(ValueError, match="unknown recipe 'mxfp5'; available: adahop, adahop_measured, bf16, fp8_rowwise"):
+    with pytest.raises(ValueError, match="unknown recipe 'mxfp5'; available: adahop, adahop_measured, adahop_plain, bf16, fp8_rowwise"):
         fp4train.convert(Tiny(), "mxfp5")
     with pytest.raises(ValueError, match="unknown GEMM backend 'cuda'"):
         fp4train.convert(Tiny(), "mxfp4", backend="cuda")

@@ -114,13 +114,16 @@ def test_shape_problems():
     assert fp4train.recipes.get("fp8_rowwise").linear.shape_problems(7, 9) == []
 
 
-def test_four_over_six_is_a_recipe_option_on_every_nvfp4_operand():
-    r = fp4train.recipes.get("fullstack").replace(four_over_six=True)
-    spec = r.spec_for("layers.0.attention.wq", 0, 4)
-    ops = [q for g in (spec.fprop, spec.dgrad, spec.wgrad) for q in (g.a, g.b)]
-    assert all(q.four_over_six for q in ops) and not any(q.four_over_six for g in (r.linear.fprop,) for q in (g.a, g.b))
+def test_four_over_six_is_a_recipe_option_on_every_nvfp4_operand_and_on_in_fullstack():
+    # Full-Stack FP4 fixes 4/6 for all its experiments: on in its presets
+    for name in ("fullstack", "fullstack_qadamw"):
+        r = fp4train.recipes.get(name)
+        assert r.four_over_six
+        spec = r.spec_for("layers.0.attention.wq", 0, 4)
+        ops = [q for g in (spec.fprop, spec.dgrad, spec.wgrad) for q in (g.a, g.b)]
+        assert all(q.four_over_six for q in ops) and not any(q.four_over_six for g in (r.linear.fprop,) for q in (g.a, g.b))
     assert Recipe.from_dict(r.to_dict()) == r and "four_over_six = true" in r.to_toml()
-    plain = fp4train.recipes.get("fullstack").spec_for("layers.0.attention.wq", 0, 4)
+    plain = fp4train.recipes.get("fullstack").replace(four_over_six=False).spec_for("layers.0.attention.wq", 0, 4)
     assert not any(q.four_over_six for g in (plain.fprop, plain.dgrad, plain.wgrad) for q in (g.a, g.b))
     # it changes the layer's numerics: 4/6 picks per block the scale with the smaller error
     lin = torch.nn.Linear(64, 32)

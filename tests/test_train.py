@@ -358,19 +358,21 @@ def test_qadamw_trains_and_resumes_bit_for_bit(tmp_path):
         return [(r["step"], r["loss"], r["grad_norm"]) for r in _records(run)]
 
     assert losses(tmp_path / "full") == losses(tmp_path / "cut")
-    with pytest.raises(ValueError, match="optimizer must be one of adamw, qadamw, muon, qmuon, root, qroot, got .sgd."):
+    with pytest.raises(ValueError, match="optimizer must be one of adamw, qadamw, muon, qmuon, root, qroot, qroot_bf16ns, got .sgd."):
         TrainConfig(optimizer="sgd")
 
 
-@pytest.mark.parametrize("optimizer", ["qmuon", "qroot"])
+@pytest.mark.parametrize("optimizer", ["qmuon", "qroot", "qroot_bf16ns"])
 def test_qmuon_trains_and_resumes_bit_for_bit(tmp_path, optimizer):
     """--optimizer qmuon / qroot: Muon or Root on the 2D hidden weights with an NVFP4 momentum buffer, AdamW on the
-    rest; a resumed run reaches the uninterrupted run's bits."""
+    rest; qroot is Full-Stack FP4's Q-Root, with native NVFP4 Newton-Schulz, qroot_bf16ns ours with BF16's; a resumed
+    run reaches the uninterrupted run's bits."""
     common = dict(model="tiny", recipe="bf16", optimizer=optimizer, seq_len=32, batch_size=2, eval_batches=1, eval_every=0,
                   log_every=1, progress=False, tensorboard=False, device="cpu")
     full = Trainer(TrainConfig(max_steps=4, out=str(tmp_path / "full"), **common), log=lambda m: None)
-    assert isinstance(full.opt, fp4train.optim.QRoot if optimizer == "qroot" else fp4train.optim.QMuon)
-    assert (full.opt.param_groups[0]["robust_quantile"] is not None) == (optimizer == "qroot")
+    assert isinstance(full.opt, fp4train.optim.QRoot if "root" in optimizer else fp4train.optim.QMuon)
+    assert (full.opt.param_groups[0]["robust_quantile"] is not None) == ("root" in optimizer)
+    assert full.opt.param_groups[0]["ns_matmul"] == ("nvfp4" if optimizer == "qroot" else "bf16")
     muon = [g for g in full.opt.param_groups if g["muon"]]
     assert len(muon) == 1 and all(p.ndim == 2 for p in muon[0]["params"])
     assert not any(p is full.model.embed_tokens.weight for p in muon[0]["params"])

@@ -6,9 +6,10 @@ quantizable linear and classifies, on every step, its weight W, its input X (fla
 pattern is the majority over the steps, its *stability* the fraction of steps that agree,
 and each GEMM's strategy comes from the pair of relative patterns:
 
-* ``mode="rules"``: the rule table (:data:`fp4train.adahop.strategy.DEFAULT_RULES`);
-* ``mode="measured"``: per layer and GEMM, the strategy with the lowest relative output error,
-  measured on the calibration batches themselves (plain, IHT and OE on the real operands).
+* ``mode="rules"``: the rule table over the recipe's ``calibration_strategies``
+  (:func:`fp4train.adahop.strategy.rules_for`: AdaHOP's IHT and OE, or ours with plain MXFP4 too);
+* ``mode="measured"``: per layer and GEMM, of those strategies the one with the lowest relative output
+  error, measured on the calibration batches themselves (on the real operands).
 
 The result, a :class:`Calibration`, is saved as JSON (``adahop_calibration.json`` beside the
 checkpoints) and turns into a per-layer :class:`~fp4train.recipes.Recipe` with
@@ -27,7 +28,7 @@ import torch.nn as nn
 
 from ..recipes.spec import GemmSpec, LinearSpec, OutlierSpec, Override, QuantSpec, Recipe, TransformSpec
 from .patterns import GEMM_OPERANDS, Pattern, Relative, classify, gemm_operands, relative
-from .strategy import DEFAULT_RULES, Strategy, choose, relative_error
+from .strategy import PAPER_STRATEGIES, Strategy, check_strategies, choose, relative_error, rules_for
 
 GEMMS = ("fprop", "dgrad", "wgrad")
 MX = QuantSpec("mxfp4")
@@ -160,11 +161,12 @@ class PatternRecorder:
     """Hooks the given linears and records W / X / dY patterns (and, measured mode, GEMM errors)."""
 
     def __init__(self, modules: dict[str, nn.Linear], *, mode: str = "rules", k: int = 16, threshold: float = 4.0,
-                 rules=None):
+                 rules=None, strategies=PAPER_STRATEGIES):
         if mode not in ("rules", "measured"):
             raise ValueError(f"calibration mode must be 'rules' or 'measured', got {mode!r}")
         self.modules, self.mode, self.k, self.threshold = modules, mode, k, threshold
-        self.rules = rules if rules is not None else DEFAULT_RULES
+        self.strategies = check_strategies(strategies)
+        self.rules = rules if rules is not None else (rules_for(self.strategies) if mode == "rules" else rules_for(PAPER_STRATEGIES))
         self.patterns: dict[str, dict[str, list[str]]] = {n: {"W": [], "X": [], "dY": []} for n in modules}
         self.err_sum: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
         self.err_n: dict = defaultdict(lambda: defaultdict(int))
@@ -175,7 +177,8 @@ class PatternRecorder:
     def for_recipe(cls, model: nn.Module, recipe) -> PatternRecorder:
         """A recorder over every linear of ``model`` (``Conv1D`` included) that ``recipe`` quantizes, with the
         recipe's calibration settings (mode, k, threshold); not attached yet."""
-        return cls(_targets(model, recipe), mode=recipe.calibrate, k=recipe.calibration_k, threshold=recipe.calibration_threshold)
+        return cls(_targets(model, recipe), mode=recipe.calibrate, k=recipe.calibration_k, threshold=recipe.calibration_threshold,
+                   strategies=recipe.calibration_strategies)
 
     def attach(self) -> PatternRecorder:
         for name, mod in self.modules.items():
@@ -213,7 +216,7 @@ class PatternRecorder:
                 "dY": Pattern(self.patterns[name]["dY"][-1])}
         tensors = {"X": x.float(), "W": w.float(), "dY": dy.float()}
         for gemm, a, b, ra, rb in gemm_operands(tensors, pats):
-            for s in Strategy:
+            for s in map(Strategy, self.strategies):
                 self.err_sum[name][gemm][s.value] += relative_error(a, b, s, ra, rb, self.k)
             self.err_n[name][gemm] += 1
 

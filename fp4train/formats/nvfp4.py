@@ -22,7 +22,10 @@ most 448, which cannot overflow since ``amax_b <= amax_t``), so every scaled ele
 block).
 
 "4/6" block scaling (Cook et al. 2025, ``four_over_six=True``): each block tries mapping its
-max to 6 *and* to 4 and keeps whichever gives the smaller squared error (ties keep 6). To make
+max to 6 *and* to 4 and keeps whichever gives the smaller squared error (ties keep 6). The errors
+compared are the round-to-nearest ones, also under stochastic rounding: the choice depends on the block
+alone, so each block's SR stays unbiased (chosen on the SR draw, the scale would depend on the very
+rounding it then applies, and the mean of many draws would miss the input). To make
 room for the 4-candidate (whose ``sb`` is 1.5x larger), the tensor scale becomes
 ``(448 * 4) / amax_t`` in this mode (our choice; documented in docs/formats.md).
 """
@@ -94,8 +97,11 @@ def encode_blocks(
     codes, sb_codes, sb = _encode_with(xb, amax_b, s_enc, 6.0, u)
     if four_over_six:
         codes4, sb_codes4, sb4 = _encode_with(xb, amax_b, s_enc, 4.0, u)
-        err6 = (true_div(e2m1.decode(codes) * sb, s_enc) - xb).square().sum(-1)
-        err4 = (true_div(e2m1.decode(codes4) * sb4, s_enc) - xb).square().sum(-1)
+        # the choice is made on the nearest encodings, so it depends on the block alone, never on a rounding draw
+        near6 = (codes, sb) if u is None else _encode_with(xb, amax_b, s_enc, 6.0, None)[::2]
+        near4 = (codes4, sb4) if u is None else _encode_with(xb, amax_b, s_enc, 4.0, None)[::2]
+        err6 = (true_div(e2m1.decode(near6[0]) * near6[1], s_enc) - xb).square().sum(-1)
+        err4 = (true_div(e2m1.decode(near4[0]) * near4[1], s_enc) - xb).square().sum(-1)
         use4 = err4 < err6
         codes = torch.where(use4.unsqueeze(-1), codes4, codes)
         sb_codes = torch.where(use4, sb_codes4, sb_codes)

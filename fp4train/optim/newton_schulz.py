@@ -5,14 +5,27 @@ For ``G`` ``[m, n]`` (transposed first if ``m > n``), ``X = G / ||G||_F`` and ``
     A = X X^T          B = b A + c A A          X = a X + B X
 
 which pushes every singular value of ``X`` towards 1 (the quintic ``a s + b s^3 + c s^5``). ``matmul="bf16"`` is
-``torch.optim.Muon``'s iteration, bit for bit. ``matmul="nvfp4"`` (Full-Stack FP4's native NVFP4 Newton-Schulz)
-quantizes both operands of every product to NVFP4 along the product's inner dimension (1x16 blocks, E4M3 block
-scales, nearest rounding) and multiplies the quantized values with FP32 accumulation; the additions stay in FP32.
-NVFP4's error in the iteration's products moves where the quintic lands, so its coefficients are chosen for it
-(:data:`NVFP4_COEFFICIENTS`, ``bench/ns_coefficients.py``).
+``torch.optim.Muon``'s iteration, bit for bit. ``matmul="nvfp4"`` is Full-Stack FP4's native NVFP4 Newton-Schulz:
+both operands of every product NVFP4 along the product's inner dimension (1x16 blocks, E4M3 block scales, an FP32
+tensor scale, nearest rounding), multiplied exactly with FP32 accumulation (on a GPU on BF16 tensor cores - an E2M1
+value times an E4M3 scale fits BF16 - the tensor scales applied to the FP32 output; elsewhere an FP32 matmul of the
+dequantized values, the same products), the additions in FP32. NVFP4's rounding moves each product by about a tenth
+of its size, so the NVFP4 iteration differs from the BF16 one in three ways, each measured
+(``bench/root_orthogonality.py``):
+
+* per-step coefficients fitted with the quantized products in the loop (:mod:`.nvfp4_ns_fit`; by shape,
+  :func:`fp4train.optim.ns_coefficients.nvfp4_coefficients`), as Polar Express does for exact products;
+* the start scaled by ``||A||_F^(1/2) = (sum s^4)^(1/4)`` of the first Gram matrix (times :data:`GRAM_MARGIN`)
+  instead of ``||G||_F``: still at least the largest singular value, but up to ``m^(1/4)`` times nearer it, which
+  saves a step of growth (the first product is the one the first step needs anyway);
+* after each step ``X`` divided by its RMS singular value ``||X||_F / sqrt(m)`` where that exceeds 1, so that
+  rounding cannot carry the spectrum into the quintic's divergent range.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
 
 import torch
 
@@ -20,31 +33,53 @@ from ..formats.quantize import quantize
 
 #: torch.optim.Muon's (a, b, c)
 BF16_COEFFICIENTS = (3.4445, -4.775, 2.0315)
-#: the best of a coarse grid for NVFP4 products (bench/ns_coefficients.py): with Muon's own the iteration diverges
-NVFP4_COEFFICIENTS = (3.0, -4.775, 2.3)
+#: the NVFP4 iteration's start divides by the first Gram matrix's sqrt(Frobenius norm) times this (its NVFP4
+#: products can round the norm down by a few percent, and the start must not exceed 1)
+GRAM_MARGIN = 1.05
+
+
+def _is_batched(x: torch.Tensor) -> bool:
+    """Is ``x`` a ``torch.vmap`` batched tensor (which the FP32-output BF16 GEMM does not take)?"""
+    check = getattr(torch._C._functorch, "is_batchedtensor", None)
+    return bool(check is not None and check(x))
 
 
 def _nvfp4_mm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``x @ y`` with both operands NVFP4 along the inner dim (x's rows, y's columns), FP32 accumulation."""
-    qx = quantize(x.float(), "nvfp4", axis=1).dequantize(torch.float32)
-    qy = quantize(y.float(), "nvfp4", axis=0).dequantize(torch.float32)
-    return qx @ qy
+    qx = quantize(x.float(), "nvfp4", axis=1)
+    qy = quantize(y.T.float(), "nvfp4", axis=1)  # y's columns as rows: blocks along the inner dim
+    if x.is_cuda and not _is_batched(x):
+        sx, sy = qx.scaled_bf16(), qy.scaled_bf16()
+        out = torch.mm(sx.values, sy.values.T, out_dtype=torch.float32)  # exact products, FP32 accumulation
+        return out / sx.divisor / sy.divisor
+    return qx.dequantize(torch.float32) @ qy.dequantize(torch.float32).T
 
 
-def newton_schulz(g: torch.Tensor, coefficients: tuple[float, float, float] = BF16_COEFFICIENTS, steps: int = 5,
+def per_step(coefficients, steps: int) -> tuple[tuple[float, float, float], ...]:
+    """``coefficients`` as one ``(a, b, c)`` per step: a single triple repeated, or a sequence of ``steps`` triples."""
+    if len(coefficients) == 3 and all(isinstance(v, (int, float)) for v in coefficients):
+        return (tuple(float(v) for v in coefficients),) * steps
+    triples = tuple(tuple(float(v) for v in t) for t in coefficients)
+    if len(triples) != steps or any(len(t) != 3 for t in triples):
+        raise ValueError(f"Newton-Schulz coefficients: one (a, b, c) or {steps} of them (one per step), got {coefficients!r}")
+    return triples
+
+
+def newton_schulz(g: torch.Tensor, coefficients: Sequence = BF16_COEFFICIENTS, steps: int = 5,
                   eps: float = 1e-7, *, matmul: str = "bf16") -> torch.Tensor:
-    """The orthogonalized ``g`` (2D): BF16 for ``matmul="bf16"``, FP32 for ``"nvfp4"`` (see the module docstring)."""
+    """The orthogonalized ``g`` (2D): BF16 for ``matmul="bf16"``, FP32 for ``"nvfp4"`` (see the module docstring).
+    ``coefficients``: one ``(a, b, c)`` for every step, or one per step."""
     if g.ndim != 2:
         raise ValueError(f"newton_schulz takes a 2D matrix, got shape {tuple(g.shape)}")
     if matmul not in ("bf16", "nvfp4"):
         raise ValueError(f"matmul must be bf16 or nvfp4, got {matmul!r}")
-    a, b, c = coefficients
+    coefficients = per_step(coefficients, steps)
     if matmul == "bf16":  # torch.optim.Muon's _zeropower_via_newtonschulz, in its order
         x = g.bfloat16()
         if g.size(0) > g.size(1):
             x = x.T
         x.div_(x.norm().clamp(min=eps))
-        for _ in range(steps):
+        for a, b, c in coefficients:
             gram = x @ x.T
             update = torch.addmm(gram, gram, gram, beta=b, alpha=c)
             x = torch.addmm(x, update, x, beta=a)
@@ -52,11 +87,16 @@ def newton_schulz(g: torch.Tensor, coefficients: tuple[float, float, float] = BF
     x = g.float()
     if g.size(0) > g.size(1):
         x = x.T
-    x = x / x.norm().clamp(min=eps)
     if x.shape[0] % 16 or x.shape[1] % 16:
         raise ValueError(f"nvfp4 Newton-Schulz needs both dims a multiple of 16 (NVFP4 blocks), got {tuple(g.shape)}")
-    for _ in range(steps):
-        gram = _nvfp4_mm(x, x.T)
-        update = b * gram + c * _nvfp4_mm(gram, gram)
-        x = a * x + _nvfp4_mm(update, x)
+    x = x / x.norm().clamp(min=eps)
+    gram = _nvfp4_mm(x, x.T)
+    f = gram.norm().sqrt().clamp(min=eps) * GRAM_MARGIN
+    x, gram = x / f, gram / (f * f)
+    rows = math.sqrt(x.shape[0])
+    for k, (a, b, c) in enumerate(coefficients):
+        if k:
+            gram = _nvfp4_mm(x, x.T)
+        x = a * x + _nvfp4_mm(b * gram + c * _nvfp4_mm(gram, gram), x)
+        x = x / (x.norm() / rows).clamp(min=1.0)
     return x.T if g.size(0) > g.size(1) else x

@@ -14,6 +14,9 @@ Root tunes the coefficients to each weight shape. Two sources here:
   Measured (``bench/root_orthogonality.py``): Gaussian matrices land 1.1-5x nearer their orthogonal factor than with
   Muon's coefficients, but rank-8-plus-noise matrices - closer to what a momentum is - land 1.1-1.3x farther
   (no quintic of 5 steps lifts both a spread spectrum and values 1e-3 under the largest). Hence not the default.
+* :func:`nvfp4_coefficients` - per-step coefficients for the NVFP4 iteration (Full-Stack FP4's native NVFP4
+  Newton-Schulz), fitted with the quantized products in the loop (:mod:`.nvfp4_ns_fit`) for each aspect ratio of
+  the presets' hidden matrices (:data:`NVFP4_TABLE`, written by ``bench/ns_coefficients.py --nvfp4``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,40 @@ ROOT_RELEASE_COEFFICIENTS = {
     (2048, 8192): (2.9794, -3.6674, 1.6207),
     (2048, 16384): (3.1943, -3.8221, 1.5322),
 }
+
+
+#: per-step NVFP4 Newton-Schulz coefficients (5 steps) by the aspect ratio max/min of the matrix, fitted by
+#: fp4train.optim.nvfp4_ns_fit.fit on the shape named (bench/ns_coefficients.py --nvfp4 rewrites this table)
+NVFP4_TABLE: dict[tuple[int, int], tuple[tuple[float, float, float], ...]] = {
+    (384, 384): ((3.1515, -5.3514, 2.3024), (4.0007, -5.6098, 2.3578), (4.7017, -4.3073, 1.4055),
+                 (2.6553, -1.4234, 0.2321), (1.6861, -0.6535, 0.0813)),
+    (256, 512): ((3.2998, -5.6445, 2.2619), (4.0804, -5.329, 2.3994), (4.9709, -3.8466, 1.0481),
+                 (3.0536, -1.4142, 0.206), (1.522, -0.7031, 0.1139)),
+    (384, 1024): ((3.2968, -5.8305, 2.2602), (4.0232, -5.2574, 2.4005), (5.0093, -3.8594, 1.0298),
+                 (3.1178, -1.4376, 0.1971), (1.517, -0.7097, 0.1173)),
+    (256, 768): ((3.3313, -6.1806, 2.2307), (3.945, -5.175, 2.4477), (5.0328, -3.8407, 0.9883),
+                 (3.0989, -1.4163, 0.1981), (1.4986, -0.7286, 0.1283)),
+    (512, 2048): ((3.4517, -6.7116, 2.2541), (3.9564, -5.168, 2.4675), (5.0369, -3.8257, 1.0125),
+                 (2.9236, -1.3632, 0.1886), (1.4573, -0.6743, 0.1122)),
+}
+
+
+def nvfp4_coefficients(m: int, n: int, steps: int = 5) -> tuple[tuple[float, float, float], ...]:
+    """Per-step coefficients for the NVFP4 iteration on an ``[m, n]`` matrix (either orientation): the table's entry
+    of the nearest aspect ratio (log scale) for 5 steps; for other step counts a fit of this shape
+    (:func:`fp4train.optim.nvfp4_ns_fit.fit`, minutes on a CPU, memoized in the process)."""
+    if steps != 5:
+        return _fit(min(m, n), max(m, n), steps)
+    ratio = math.log(max(m, n) / min(m, n))
+    key = min(NVFP4_TABLE, key=lambda k: (abs(math.log(k[1] / k[0]) - ratio), k))
+    return NVFP4_TABLE[key]
+
+
+@functools.lru_cache(maxsize=None)
+def _fit(m: int, n: int, steps: int):
+    from .nvfp4_ns_fit import fit
+
+    return fit(m, n, steps)
 
 
 def shape_coefficients(m: int, n: int, steps: int = 5) -> tuple[float, float, float]:

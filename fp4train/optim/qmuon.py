@@ -9,10 +9,10 @@ order:
 with ``lr' = adjust(lr, shape)`` (``"match_rms_adamw"`` by default, ``0.2 sqrt(max(rows, cols)) lr``: Muon then
 reuses AdamW's learning rate, as the trainer's single ``--lr`` needs). The momentum buffer is stored in NVFP4
 (1x16 blocks, :func:`fp4train.optim.state_codec.encode_signed`) where its shape tiles. Newton-Schulz multiplies in
-BF16 (``ns_matmul="bf16"``, Muon's own) or on NVFP4 operands (``"nvfp4"``, Full-Stack FP4's native NVFP4
-iteration, with :data:`~fp4train.optim.newton_schulz.NVFP4_COEFFICIENTS` unless ``ns_coefficients`` says
-otherwise). The BF16 iteration is the default: with NVFP4 products the iteration lands 2.5x further from the
-orthogonal factor than BF16's (docs/findings.md). The other groups are :class:`~fp4train.optim.QAdamW`'s.
+BF16 (``ns_matmul="bf16"``, Muon's own, the default) or on NVFP4 operands (``"nvfp4"``, Full-Stack FP4's native
+NVFP4 iteration, with per-step coefficients fitted for it by weight shape,
+:func:`~fp4train.optim.ns_coefficients.nvfp4_coefficients`, unless ``ns_coefficients`` says otherwise). The other
+groups are :class:`~fp4train.optim.QAdamW`'s.
 
 ``quantize_states=False`` with ``ns_matmul="bf16"`` is ``torch.optim.Muon`` plus ``torch.optim.AdamW``, bit for
 bit (tested); ``fp4train train --optimizer muon`` runs that, ``--optimizer qmuon`` the quantized states.
@@ -31,8 +31,8 @@ import torch
 from .. import row_shards
 from ..row_shards import local
 from . import state_codec
-from .newton_schulz import BF16_COEFFICIENTS, NVFP4_COEFFICIENTS, newton_schulz
-from .ns_coefficients import fitted_coefficients, shape_coefficients
+from .newton_schulz import BF16_COEFFICIENTS, newton_schulz
+from .ns_coefficients import fitted_coefficients, nvfp4_coefficients, shape_coefficients
 from .qadamw import QAdamW, _as_tensors, _compile_limit, _put, _stacked, _stacked_keys, _sub
 
 _BUF = "momentum_buffer"
@@ -118,12 +118,15 @@ class QMuon(QAdamW):
             raise ValueError(f"QMuon: momentum must be in [0, 1), got {momentum}")
         if robust_quantile is not None and not 0.0 < robust_quantile <= 1.0:
             raise ValueError(f"QMuon: robust_quantile must be in (0, 1] or None, got {robust_quantile}")
-        if isinstance(ns_coefficients, str) and ns_coefficients not in ("shape", "fitted"):
-            raise ValueError(f"QMuon: ns_coefficients must be (a, b, c), 'shape', 'fitted' or None, got {ns_coefficients!r}")
+        if isinstance(ns_coefficients, str) and ns_coefficients not in ("shape", "fitted", "nvfp4"):
+            raise ValueError(f"QMuon: ns_coefficients must be (a, b, c), per-step triples, 'shape', 'fitted', 'nvfp4' or "
+                             f"None, got {ns_coefficients!r}")
+        if ns_coefficients == "nvfp4" and ns_matmul != "nvfp4":
+            raise ValueError("QMuon: ns_coefficients='nvfp4' are fitted for NVFP4 products: use them with ns_matmul='nvfp4'")
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, quantize_states=quantize_states,
                          compiled=compiled, stochastic_states=stochastic_states, seed=seed, multi_tensor=multi_tensor)
-        coefficients = ns_coefficients or (NVFP4_COEFFICIENTS if ns_matmul == "nvfp4" else BF16_COEFFICIENTS)
-        coefficients = coefficients if isinstance(coefficients, str) else tuple(coefficients)
+        coefficients = ns_coefficients or ("nvfp4" if ns_matmul == "nvfp4" else BF16_COEFFICIENTS)
+        coefficients = coefficients if isinstance(coefficients, str) else _as_triples(coefficients)
         for group in self.param_groups:
             group.setdefault("muon", False)
             for k, v in dict(momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, ns_matmul=ns_matmul,
@@ -171,7 +174,9 @@ class QMuon(QAdamW):
                 for chunk in (_chunks(items) if not self.multi_tensor else [items]):
                     keys = [k for *_, k in chunk]
                     keys = _stacked_keys(keys, device) if keys[0] is not None else None
-                    update = _batched_muon_updates if self.multi_tensor else _quantized_muon_updates
+                    # the NVFP4 iteration's quantizer writes in place, which torch.vmap cannot map: one call a parameter
+                    batched = self.multi_tensor and settings["ns_matmul"] == "bf16"
+                    update = _batched_muon_updates if batched else _quantized_muon_updates
                     for (p, step, *_), stored in zip(chunk, update(
                             [p for p, *_ in chunk], [g for _, _, g, *_ in chunk], [st for *_, st, _ in chunk], keys,
                             **settings, **scalars)):
@@ -187,11 +192,19 @@ class QMuon(QAdamW):
 def _muon_settings(group: dict, shape: torch.Size) -> dict:
     """The per-shape constants of a Muon group's update (the coefficients picked for the shape where Root's are)."""
     coefficients = group["ns_coefficients"]
-    if isinstance(coefficients, str):  # Root: chosen for this weight's shape
-        pick = shape_coefficients if coefficients == "shape" else fitted_coefficients
+    if isinstance(coefficients, str):  # chosen for this weight's shape
+        pick = {"shape": shape_coefficients, "fitted": fitted_coefficients, "nvfp4": nvfp4_coefficients}[coefficients]
         coefficients = pick(shape[0], shape[1], group["ns_steps"])
     return dict(mu=group["momentum"], nesterov=group["nesterov"], robust_quantile=group["robust_quantile"],
-                coefficients=tuple(coefficients), ns_steps=group["ns_steps"], ns_matmul=group["ns_matmul"])
+                coefficients=_as_triples(coefficients), ns_steps=group["ns_steps"], ns_matmul=group["ns_matmul"])
+
+
+def _as_triples(coefficients) -> tuple:
+    """One ``(a, b, c)`` or per-step triples as nested tuples (hashable: compiled steps specialize on them; a
+    checkpoint's JSON lists come back as tuples)."""
+    if len(coefficients) == 3 and all(isinstance(v, (int, float)) for v in coefficients):
+        return tuple(float(v) for v in coefficients)
+    return tuple(tuple(float(v) for v in t) for t in coefficients)
 
 
 def _muon_update(pl, g, buf, *, p=None, mu, nesterov, robust_quantile, coefficients, ns_steps, ns_matmul, decay, step_lr):
@@ -310,17 +323,20 @@ class QRoot(QMuon):
     """Root (arXiv 2511.20626) on the groups marked ``muon=True``, AdamW on the others, states in NVFP4 (Full-Stack
     FP4's Q-Root): QMuon's momentum and update, with the update's outliers soft-thresholded away before
     orthogonalizing (:func:`robust_part`, the 0.9 quantile of ``|U|`` as Root's release takes it) and Newton-Schulz
-    coefficients by weight shape (``ns_coefficients="shape"``: the released ones where the shape has them, else
-    Muon's, :func:`~fp4train.optim.ns_coefficients.shape_coefficients`; ``"fitted"``: fitted to any shape,
-    :func:`~fp4train.optim.ns_coefficients.fitted_coefficients`, which lands low-rank updates farther).
-    ``quantize_states=False`` is Root in BF16 (``fp4train train --optimizer root``), the paper's baseline. The
-    iteration's products run in BF16 unless ``ns_matmul="nvfp4"`` (Full-Stack FP4's native NVFP4 Newton-Schulz,
-    with its own coefficients: docs/findings.md has how far from orthogonal each lands)."""
+    coefficients by weight shape. With quantized states (Q-Root, the default) the iteration is Full-Stack FP4's native
+    NVFP4 Newton-Schulz (``ns_matmul="nvfp4"``, its per-step coefficients fitted for NVFP4 products by shape,
+    :func:`~fp4train.optim.ns_coefficients.nvfp4_coefficients`); ``ns_matmul="bf16"`` with quantized states is ours
+    (``--optimizer qroot_bf16ns``). ``quantize_states=False`` is Root in BF16 (``fp4train train --optimizer root``),
+    the paper's baseline: BF16 products with Root's coefficients (``ns_coefficients="shape"``: the released ones where
+    the shape has them, else Muon's, :func:`~fp4train.optim.ns_coefficients.shape_coefficients`; ``"fitted"``: fitted
+    to any shape's random-matrix spectrum, :func:`~fp4train.optim.ns_coefficients.fitted_coefficients`, which lands
+    low-rank updates farther)."""
 
     def __init__(self, params, lr: float = 1e-3, *, robust_quantile: float | None = 0.9, ns_coefficients=None,
-                 ns_matmul: str = "bf16", **kwargs):
+                 ns_matmul: str | None = None, **kwargs):
+        if ns_matmul is None:
+            ns_matmul = "nvfp4" if kwargs.get("quantize_states", True) else "bf16"
         if ns_coefficients is None:
-            ns_coefficients = NVFP4_COEFFICIENTS if ns_matmul == "nvfp4" else "shape"
+            ns_coefficients = "nvfp4" if ns_matmul == "nvfp4" else "shape"
         super().__init__(params, lr=lr, robust_quantile=robust_quantile, ns_coefficients=ns_coefficients, ns_matmul=ns_matmul,
                          **kwargs)
-

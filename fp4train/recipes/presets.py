@@ -91,15 +91,23 @@ ADAHOP = Recipe(
     name="adahop",
     description=(
         "AdaHOP (arXiv 2604.02525): 20 BF16 calibration steps record W/X/dY outlier patterns, then per layer "
-        "and GEMM plain MXFP4, inner Hadamard, or outlier extraction, by the measured rule table."
+        "and GEMM inner Hadamard or outlier extraction (MXFP4), by the measured rule table."
     ),
     calibrate="rules",
     calibration_steps=20,
 )
 
+ADAHOP_PLAIN = dataclasses.replace(
+    ADAHOP,
+    name="adahop_plain",
+    calibration_strategies=("plain", "iht", "oe"),
+    description="AdaHOP with plain MXFP4 (no transform) as a third strategy where no outlier pattern is seen (ours).",
+)
+
 ADAHOP_MEASURED = Recipe(
     name="adahop_measured",
-    description="AdaHOP with per-layer, per-GEMM strategies picked by the lowest output error on the calibration batches.",
+    description=("AdaHOP with per-layer, per-GEMM strategies (inner Hadamard or outlier extraction) picked by the lowest "
+                 "output error on the calibration batches (ours)."),
     calibrate="measured",
     calibration_steps=20,
 )
@@ -110,10 +118,12 @@ FULLSTACK = Recipe(
     lora_svd=LoRASVDSpec(),
     attention="nvfp4",
     optimizer="qroot",
+    four_over_six=True,
     description=(
-        "Full-Stack FP4 (arXiv 2607.04422) as the paper trains it: NVFP4 LoRA-SVD linears (rank 32, realigned every 4k "
-        "steps, the factors at twice the learning rate), NVFP4 attention (Q/K/V and dS), Q-Root on the hidden matrices "
-        "and AdamW with NVFP4 moments on the rest; every block quantized. Its BF16 baseline trains with --optimizer root."
+        "Full-Stack FP4 (arXiv 2607.04422) as the paper trains it: NVFP4 LoRA-SVD linears with 4/6 block scaling (rank "
+        "32, realigned every 4k steps, the factors at twice the learning rate), NVFP4 attention (Q/K/V and dS), Q-Root "
+        "(native NVFP4 Newton-Schulz) on the hidden matrices and AdamW with NVFP4 moments on the rest; every block "
+        "quantized. Its BF16 baseline trains with --optimizer root."
     ),
 )
 
@@ -124,4 +134,4 @@ FULLSTACK_QADAMW = dataclasses.replace(
     description="Full-Stack FP4 with AdamW (NVFP4 moments) on every parameter instead of Q-Root on the hidden matrices.",
 )
 
-PRESETS = (BF16, FP8_ROWWISE, MXFP4, NVFP4, HADAMARD_MXFP4, TIB2D, ADAHOP, ADAHOP_MEASURED, FULLSTACK, FULLSTACK_QADAMW)
+PRESETS = (BF16, FP8_ROWWISE, MXFP4, NVFP4, HADAMARD_MXFP4, TIB2D, ADAHOP, ADAHOP_PLAIN, ADAHOP_MEASURED, FULLSTACK, FULLSTACK_QADAMW)

@@ -246,7 +246,19 @@ class LoRASVDSpec:
 #: What ``Recipe.attention`` may name: attention's QK^T, dS K and dS^T Q on NVFP4 operands (fp4train.attention).
 ATTENTION_KINDS = ("nvfp4",)
 #: The optimizers the trainer runs (``fp4train train --optimizer``); a recipe may name one as its default.
-OPTIMIZERS = ("adamw", "qadamw", "muon", "qmuon", "root", "qroot")
+#: AdaHOP's per-GEMM strategies (fp4train.adahop.strategy), cheapest first
+CALIBRATION_STRATEGIES = ("plain", "iht", "oe")
+
+
+def check_calibration_strategies(strategies) -> tuple[str, ...]:
+    """``strategies`` as a tuple in cost order, after refusing an empty or unknown set (one line naming the fix)."""
+    names = tuple(strategies)
+    if not names or any(s not in CALIBRATION_STRATEGIES for s in names):
+        raise ValueError(f"calibration_strategies must be a non-empty subset of {CALIBRATION_STRATEGIES}, got {names!r}")
+    return tuple(s for s in CALIBRATION_STRATEGIES if s in names)
+
+
+OPTIMIZERS = ("adamw", "qadamw", "muon", "qmuon", "root", "qroot", "qroot_bf16ns")
 
 
 #: what ``Override("role:NAME")`` may name (fp4train.roles: found from the model, not from layer names)
@@ -320,6 +332,9 @@ class Recipe:
     calibration_steps: int = 0
     calibration_k: int = 16
     calibration_threshold: float = 4.0
+    #: the strategies calibration chooses between per GEMM: AdaHOP's inner Hadamard and outlier extraction; adding
+    #: "plain" (MXFP4 without a transform where neither pays) is ours (the adahop_plain preset)
+    calibration_strategies: tuple = ("iht", "oe")
     #: Full-Stack FP4: quantized linears become LoRA-SVD linears (None: plain quantized linears)
     lora_svd: LoRASVDSpec | None = None
     #: attention numerics: None keeps the model's own (SDPA); "nvfp4" is Full-Stack FP4's quantized attention
@@ -339,6 +354,7 @@ class Recipe:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {OPTIMIZERS} or leave it out")
         if self.calibrate not in (None, "rules", "measured"):
             raise ValueError(f"calibrate must be None, 'rules' or 'measured', got {self.calibrate!r}")
+        object.__setattr__(self, "calibration_strategies", check_calibration_strategies(self.calibration_strategies))
         if isinstance(self.overrides, list):
             object.__setattr__(self, "overrides", tuple(self.overrides))
         if not 0.0 <= self.keep_last_blocks <= 1.0:

@@ -41,7 +41,7 @@ BASELINE = "bf16"
 #: BF16 trained with Root + AdamW: the baseline of recipes trained with Root (``fullstack``: Q-Root, as the paper pairs it)
 ROOT_BASELINE = "bf16-root"
 #: the optimizers ROOT_BASELINE stands beside
-ROOT_FAMILY = ("root", "qroot")
+ROOT_FAMILY = ("root", "qroot", "qroot_bf16ns")
 #: the noise-floor runs: BF16 with each seed's initialization and rounding, the training windows in another order
 REORDERED = "bf16-reordered"
 #: their data-order seed is the run's seed plus this

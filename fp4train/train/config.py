@@ -139,7 +139,8 @@ class TrainConfig:
                                    "NVFP4, fp4train.optim.QAdamW), muon (Muon on the 2D hidden weights, AdamW on the rest: "
                                    "torch's arithmetic), qmuon (the same with NVFP4 states, fp4train.optim.QMuon), root (Root: "
                                    "Muon with outliers soft-thresholded and Newton-Schulz coefficients fitted per shape) or "
-                                   "qroot (the same with NVFP4 states, fp4train.optim.QRoot); "
+                                   "qroot (Full-Stack FP4's Q-Root: NVFP4 states and native NVFP4 Newton-Schulz, "
+                                   "fp4train.optim.QRoot), qroot_bf16ns (ours: Q-Root with BF16 Newton-Schulz); "
                                    "default: the recipe's (fullstack: qroot, fullstack_qadamw: qadamw), else adamw", choices=OPTIMIZERS)
     lr: float = option(3e-3, result=True, help="peak learning rate (of every optimizer)", bounds=POSITIVE)
     lora_lr_multiplier: float = option(2.0, fixed=True, added="0.1.0", before=1.0, help="LoRA-SVD recipes (fullstack): the "

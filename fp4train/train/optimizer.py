@@ -1,7 +1,7 @@
 """A run's optimizer and learning-rate schedule, from its config.
 
 AdamW (fused on CUDA) with decoupled weight decay on the matrices only; QAdamW (both moments in NVFP4);
-Muon or QMuon, Root or QRoot on the 2D hidden weights with AdamW on the rest. The schedule: linear warmup, then cosine
+Muon or QMuon, Root or QRoot (native NVFP4 Newton-Schulz; ``qroot_bf16ns``: BF16's) on the 2D hidden weights with AdamW on the rest. The schedule: linear warmup, then cosine
 decay to ``min_lr_ratio`` of the peak.
 """
 
@@ -27,10 +27,11 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}] + lora_group
     if cfg.optimizer == "qadamw":  # both moments in NVFP4 where a parameter's shape tiles (fp4train.optim)
         return QAdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, compiled=compiled)
-    if cfg.optimizer in ("muon", "qmuon", "root", "qroot"):  # on the 2D hidden weights at AdamW's lr (match_rms_adamw)
-        kind = QRoot if cfg.optimizer in ("root", "qroot") else QMuon
+    if cfg.optimizer in ("muon", "qmuon", "root", "qroot", "qroot_bf16ns"):  # the 2D hidden weights at AdamW's lr
+        kind = QRoot if "root" in cfg.optimizer else QMuon
+        extra = {"ns_matmul": "bf16"} if cfg.optimizer == "qroot_bf16ns" else {}  # ours: Q-Root with BF16 Newton-Schulz
         return kind(muon_groups(model, cfg.weight_decay, exclude=lora) + lora_group, lr=cfg.lr, betas=cfg.betas, eps=1e-8,
-                    quantize_states=cfg.optimizer.startswith("q"), compiled=compiled)
+                    quantize_states=cfg.optimizer.startswith("q"), compiled=compiled, **extra)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, fused=device.type == "cuda")
 
 
