@@ -199,14 +199,19 @@ def test_a_checkpoint_of_the_code_before_features_resumes_bit_for_bit(tmp_path, 
     old = _code_before_features(tmp_path / "old")
     # fullstack as that code knew it: QAdamW, no oversampling in the SVD (a field it does not know: left out of the
     # file it reads, and set to 0 for the code now after it ran)
-    full_r2 = recipes.get("fullstack").replace(name="fullstack_r2", optimizer="qadamw", lora_svd=dataclasses.replace(
-        recipes.get("fullstack").lora_svd, realign_every=2, oversample=0))
-    files = {"adahop3": recipes.get("adahop").replace(name="adahop3", calibration_steps=3), "fullstack_r2": full_r2}
+    # (4/6 scaling: off, as that code's fullstack had it; AdaHOP's strategies: plain allowed, as that code chose)
+    full_r2 = recipes.get("fullstack").replace(name="fullstack_r2", optimizer="qadamw", four_over_six=False,
+                                               lora_svd=dataclasses.replace(recipes.get("fullstack").lora_svd, realign_every=2,
+                                                                            oversample=0))
+    files = {"adahop3": recipes.get("adahop").replace(name="adahop3", calibration_steps=3,
+                                                      calibration_strategies=("plain", "iht", "oe")),
+             "fullstack_r2": full_r2}
     path = None
     if recipe in files:
         path = tmp_path / f"{recipe}.json"
         d = files[recipe].to_dict()
-        d.pop("four_over_six")  # a recipe option that code did not know (off: what it did)
+        d.pop("four_over_six")  # recipe options that code did not know (off / all three: what it did)
+        d.pop("calibration_strategies")
         if "lora_svd" in d:
             d["lora_svd"].pop("oversample")
         path.write_text(json.dumps(d))

@@ -227,8 +227,16 @@ def test_newton_schulz_in_bf16_is_torch_muons():
     for shape in ((64, 128), (128, 64)):
         x = torch.randn(shape, generator=g)
         assert torch.equal(newton_schulz(x), _zeropower_via_newtonschulz(x, BF16_COEFFICIENTS, 5, 1e-7))
-    with pytest.raises(ValueError, match="multiple of 16"):
-        newton_schulz(torch.randn(20, 64), matmul="nvfp4")
+    # NVFP4 products of a matrix whose dims are not whole blocks (a router's [experts, dim]): padded with zeros, which
+    # stay zero, and cut off again
+    from fp4train.optim.ns_coefficients import nvfp4_coefficients
+
+    for shape in ((4, 128), (20, 72), (72, 20)):
+        x = torch.randn(shape, generator=g)
+        y = newton_schulz(x, nvfp4_coefficients(*shape), 5, matmul="nvfp4")
+        u, _, vh = torch.linalg.svd(x.double(), full_matrices=False)
+        assert y.shape == x.shape and torch.isfinite(y).all() and float(torch.linalg.matrix_norm(y, ord=2)) < 1.5
+        assert float((y.double() - u @ vh).norm() / (u @ vh).norm()) < 0.6
     with pytest.raises(ValueError, match="2D matrix"):
         newton_schulz(torch.randn(4, 4, 4))
     with pytest.raises(ValueError, match="one per step"):

@@ -87,16 +87,19 @@ def newton_schulz(g: torch.Tensor, coefficients: Sequence = BF16_COEFFICIENTS, s
     x = g.float()
     if g.size(0) > g.size(1):
         x = x.T
-    if x.shape[0] % 16 or x.shape[1] % 16:
-        raise ValueError(f"nvfp4 Newton-Schulz needs both dims a multiple of 16 (NVFP4 blocks), got {tuple(g.shape)}")
+    rows, cols = x.shape
+    # zeros up to whole NVFP4 blocks: they stay zero through every product (an all-zero block quantizes to zeros, and
+    # a partial block's scale is its own elements'), so the matrix's iteration is unchanged; cut off at the end
+    x = torch.nn.functional.pad(x, (0, -cols % 16, 0, -rows % 16))
     x = x / x.norm().clamp(min=eps)
     gram = _nvfp4_mm(x, x.T)
     f = gram.norm().sqrt().clamp(min=eps) * GRAM_MARGIN
     x, gram = x / f, gram / (f * f)
-    rows = math.sqrt(x.shape[0])
+    root_rows = math.sqrt(rows)
     for k, (a, b, c) in enumerate(coefficients):
         if k:
             gram = _nvfp4_mm(x, x.T)
         x = a * x + _nvfp4_mm(b * gram + c * _nvfp4_mm(gram, gram), x)
-        x = x / (x.norm() / rows).clamp(min=1.0)
+        x = x / (x.norm() / root_rows).clamp(min=1.0)
+    x = x[:rows, :cols]
     return x.T if g.size(0) > g.size(1) else x
