@@ -28,7 +28,8 @@ import torch.nn as nn
 
 from ..recipes.spec import GemmSpec, LinearSpec, OutlierSpec, Override, QuantSpec, Recipe, TransformSpec
 from .patterns import GEMM_OPERANDS, Pattern, Relative, classify, gemm_operands, relative
-from .strategy import PAPER_STRATEGIES, Strategy, check_strategies, choose, relative_error, rules_for
+from ..recipes.spec import check_calibration_strategies
+from .strategy import PAPER_STRATEGIES, Strategy, choose, relative_error, rules_for
 
 GEMMS = ("fprop", "dgrad", "wgrad")
 MX = QuantSpec("mxfp4")
@@ -165,7 +166,7 @@ class PatternRecorder:
         if mode not in ("rules", "measured"):
             raise ValueError(f"calibration mode must be 'rules' or 'measured', got {mode!r}")
         self.modules, self.mode, self.k, self.threshold = modules, mode, k, threshold
-        self.strategies = check_strategies(strategies)
+        self.strategies = check_calibration_strategies(strategies)
         self.rules = rules if rules is not None else (rules_for(self.strategies) if mode == "rules" else rules_for(PAPER_STRATEGIES))
         self.patterns: dict[str, dict[str, list[str]]] = {n: {"W": [], "X": [], "dY": []} for n in modules}
         self.err_sum: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))

@@ -73,14 +73,13 @@ PAPER_STRATEGIES = ("iht", "oe")
 WITH_PLAIN = CALIBRATION_STRATEGIES
 
 
-check_strategies = check_calibration_strategies  # a recipe's set, checked where recipes are made
 
 
 def derive_rules(rows: list[dict], tolerance: float = RULE_TOLERANCE,
                  strategies=PAPER_STRATEGIES) -> dict[tuple[Relative, Relative], Strategy]:
     """The rule table from a measured pattern-pair table: per pair, the cheapest of ``strategies`` whose
     mean relative error is within ``(1 + tolerance)`` of the best of them."""
-    allowed = [Strategy(s) for s in check_strategies(strategies)]
+    allowed = [Strategy(s) for s in check_calibration_strategies(strategies)]
     rules = {}
     for r in rows:
         best = min(r[f"err_{s.value}"] for s in allowed)
@@ -125,7 +124,7 @@ PLAIN_RULES: dict[tuple[Relative, Relative], Strategy] = {**DEFAULT_RULES, (_N, 
 def rules_for(strategies) -> dict[tuple[Relative, Relative], Strategy]:
     """The committed rule table over ``strategies`` (:data:`PAPER_STRATEGIES` or :data:`WITH_PLAIN`)."""
     tables = {PAPER_STRATEGIES: DEFAULT_RULES, WITH_PLAIN: PLAIN_RULES}
-    key = check_strategies(strategies)
+    key = check_calibration_strategies(strategies)
     if key not in tables:
         raise ValueError(f"calibrate='rules' has rule tables for {PAPER_STRATEGIES} and {WITH_PLAIN}, not {key!r}; "
                          "use calibrate='measured' for another set")

@@ -55,11 +55,19 @@ def _nvfp4_mm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return qx.dequantize(torch.float32) @ qy.dequantize(torch.float32).T
 
 
+def as_triples(coefficients) -> tuple:
+    """One ``(a, b, c)`` or per-step triples as float tuples (hashable: compiled steps specialize on them; a
+    checkpoint's JSON lists come back as tuples)."""
+    if len(coefficients) == 3 and all(isinstance(v, (int, float)) for v in coefficients):
+        return tuple(float(v) for v in coefficients)
+    return tuple(tuple(float(v) for v in t) for t in coefficients)
+
+
 def per_step(coefficients, steps: int) -> tuple[tuple[float, float, float], ...]:
     """``coefficients`` as one ``(a, b, c)`` per step: a single triple repeated, or a sequence of ``steps`` triples."""
-    if len(coefficients) == 3 and all(isinstance(v, (int, float)) for v in coefficients):
-        return (tuple(float(v) for v in coefficients),) * steps
-    triples = tuple(tuple(float(v) for v in t) for t in coefficients)
+    triples = as_triples(coefficients)
+    if isinstance(triples[0], float):
+        return (triples,) * steps
     if len(triples) != steps or any(len(t) != 3 for t in triples):
         raise ValueError(f"Newton-Schulz coefficients: one (a, b, c) or {steps} of them (one per step), got {coefficients!r}")
     return triples

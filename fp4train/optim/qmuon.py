@@ -31,7 +31,7 @@ import torch
 from .. import row_shards
 from ..row_shards import local
 from . import state_codec
-from .newton_schulz import BF16_COEFFICIENTS, newton_schulz
+from .newton_schulz import BF16_COEFFICIENTS, as_triples, newton_schulz
 from .ns_coefficients import fitted_coefficients, nvfp4_coefficients, shape_coefficients
 from .qadamw import QAdamW, _as_tensors, _compile_limit, _put, _stacked, _stacked_keys, _sub
 
@@ -126,7 +126,7 @@ class QMuon(QAdamW):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, quantize_states=quantize_states,
                          compiled=compiled, stochastic_states=stochastic_states, seed=seed, multi_tensor=multi_tensor)
         coefficients = ns_coefficients or ("nvfp4" if ns_matmul == "nvfp4" else BF16_COEFFICIENTS)
-        coefficients = coefficients if isinstance(coefficients, str) else _as_triples(coefficients)
+        coefficients = coefficients if isinstance(coefficients, str) else as_triples(coefficients)
         for group in self.param_groups:
             group.setdefault("muon", False)
             for k, v in dict(momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, ns_matmul=ns_matmul,
@@ -196,15 +196,8 @@ def _muon_settings(group: dict, shape: torch.Size) -> dict:
         pick = {"shape": shape_coefficients, "fitted": fitted_coefficients, "nvfp4": nvfp4_coefficients}[coefficients]
         coefficients = pick(shape[0], shape[1], group["ns_steps"])
     return dict(mu=group["momentum"], nesterov=group["nesterov"], robust_quantile=group["robust_quantile"],
-                coefficients=_as_triples(coefficients), ns_steps=group["ns_steps"], ns_matmul=group["ns_matmul"])
+                coefficients=as_triples(coefficients), ns_steps=group["ns_steps"], ns_matmul=group["ns_matmul"])
 
-
-def _as_triples(coefficients) -> tuple:
-    """One ``(a, b, c)`` or per-step triples as nested tuples (hashable: compiled steps specialize on them; a
-    checkpoint's JSON lists come back as tuples)."""
-    if len(coefficients) == 3 and all(isinstance(v, (int, float)) for v in coefficients):
-        return tuple(float(v) for v in coefficients)
-    return tuple(tuple(float(v) for v in t) for t in coefficients)
 
 
 def _muon_update(pl, g, buf, *, p=None, mu, nesterov, robust_quantile, coefficients, ns_steps, ns_matmul, decay, step_lr):
