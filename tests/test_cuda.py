@@ -204,3 +204,38 @@ def test_gpu_training_resumes_from_a_checkpoint(tmp_path):
     log = []
     assert Trainer(cfg, resume=True, log=log.append).run()["steps"] == 4
     assert any(f"resumed {tmp_path} at step 2" in m for m in log)  # continued, not restarted
+
+
+def test_gpu_nvfp4_newton_schulz_products_are_the_dequantized_operands_products():
+    """The NVFP4 iteration's products on the GPU (exact BF16 splits of the NVFP4 operands on BF16 tensor cores, FP32
+    accumulation, tensor scales in the epilogue) are the FP32 products of the dequantized operands, as on the CPU."""
+    from fp4train.optim.newton_schulz import _nvfp4_mm
+
+    g = torch.Generator().manual_seed(0)
+    for m, k, n in ((384, 384, 384), (256, 1024, 256), (48, 128, 64)):
+        x = torch.randn(m, k, generator=g) * torch.logspace(0, -3, k)
+        y = torch.randn(k, n, generator=g) * 5
+        cpu = _nvfp4_mm(x, y)
+        gpu = _nvfp4_mm(x.cuda(), y.cuda()).cpu()
+        scale = (x.abs() @ y.abs()).clamp(min=1e-30)
+        assert ((gpu - cpu).abs() / scale).max() < 1e-5  # the same products, summed in another order
+        assert ((gpu - x @ y).abs() / scale).max() > 1e-3  # the operands were quantized
+
+
+def test_gpu_nvfp4_newton_schulz_lands_where_the_cpu_iteration_lands():
+    """Five NVFP4 Newton-Schulz steps on the GPU: the same distance to the orthogonal factor as on the CPU (FP32
+    summation order may flip an operand's rounding, so near, not equal) and no singular value above 1.5."""
+    from fp4train.optim.newton_schulz import newton_schulz
+    from fp4train.optim.ns_coefficients import nvfp4_coefficients
+    from fp4train.optim.nvfp4_ns_fit import fitted_distance, polar, spectrum_classes
+
+    for m, n in ((384, 384), (384, 1024), (130, 200)):
+        coefficients = nvfp4_coefficients(m, n)
+        for kind, x in spectrum_classes(m, n, 5).items():
+            target = polar(x)
+            cpu = newton_schulz(x, coefficients, matmul="nvfp4")
+            gpu = newton_schulz(x.cuda(), coefficients, matmul="nvfp4").cpu()
+            d_cpu, _ = fitted_distance(cpu, target)
+            d_gpu, _ = fitted_distance(gpu, target)
+            assert abs(float(d_gpu) - float(d_cpu)) <= 0.02 * float(d_cpu) + 1e-3, (m, n, kind, d_cpu, d_gpu)
+            assert float(torch.linalg.matrix_norm(gpu.double(), ord=2)) <= 1.5, (m, n, kind)

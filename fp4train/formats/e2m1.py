@@ -16,6 +16,8 @@ so these functions map NaN to code 0 and leave the flagging to the caller.
 from __future__ import annotations
 
 import torch
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import is_fake
 
 E2M1_MAX = 6.0
 #: Magnitudes in code order; code ``c`` (0..7) has magnitude ``E2M1_GRID[c]``.
@@ -39,14 +41,16 @@ _RTNE_THRESHOLDS = (
 _GRIDS: dict[torch.device, torch.Tensor] = {}
 
 
-def _grid(device: torch.device) -> torch.Tensor:
-    """The code values as a float32 tensor on ``device`` (a tensor's), made once per device: made on every call,
-    the host-to-device copy would be refused inside a CUDA-graph capture (the first call, a warm-up, makes it)."""
-    if torch.compiler.is_compiling():  # traced: a constant of the graph (a traced tensor must not be cached)
-        return torch.tensor(E2M1_GRID, dtype=torch.float32, device=device)
-    grid = _GRIDS.get(device)
+def _grid(like: torch.Tensor) -> torch.Tensor:
+    """The code values as a float32 tensor on ``like``'s device, made once per device: made on every call, the
+    host-to-device copy would be refused inside a CUDA-graph capture (the first call, a warm-up, makes it). While
+    traced (the compiler, or a fake tensor's shape propagation) it is made per call: a traced or fake tensor kept
+    would reach a later trace, which refuses it (a fake tensor of another trace's mode)."""
+    if torch.compiler.is_compiling() or is_fake(like) or detect_fake_mode() is not None:
+        return torch.tensor(E2M1_GRID, dtype=torch.float32, device=like.device)
+    grid = _GRIDS.get(like.device)
     if grid is None:
-        grid = _GRIDS[device] = torch.tensor(E2M1_GRID, dtype=torch.float32, device=device)
+        grid = _GRIDS[like.device] = torch.tensor(E2M1_GRID, dtype=torch.float32, device=like.device)
     return grid
 
 
@@ -70,7 +74,7 @@ def encode_stochastic(v: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     it is never more than one grid step from ``v``. ``|v| >= 6`` saturates to 6 (biased:
     use the ``ceil`` scale rule so nothing exceeds 6).
     """
-    grid = _grid(v.device)
+    grid = _grid(v)
     a = v.abs().clamp(max=E2M1_MAX).contiguous()
     # lower neighbour index: number of grid points <= a, minus one
     lo = (torch.bucketize(a, grid, right=True) - 1).clamp(0, 6)
@@ -84,7 +88,7 @@ def encode_stochastic(v: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 def decode(codes: torch.Tensor) -> torch.Tensor:
     """E2M1 codes (uint8, 0..15) -> float32 values (``-0.0`` for code 8)."""
-    mag = _grid(codes.device)[(codes & 7).long()]
+    mag = _grid(codes)[(codes & 7).long()]
     sign = (codes >> 3).to(torch.bool)
     return torch.where(sign, -mag, mag)
 

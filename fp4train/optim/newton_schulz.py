@@ -10,7 +10,7 @@ both operands of every product NVFP4 along the product's inner dimension (1x16 b
 tensor scale, nearest rounding), multiplied exactly with FP32 accumulation (on a GPU on BF16 tensor cores - an E2M1
 value times an E4M3 scale fits BF16 - the tensor scales applied to the FP32 output; elsewhere an FP32 matmul of the
 dequantized values, the same products), the additions in FP32. NVFP4's rounding moves each product by about a tenth
-of its size, so the NVFP4 iteration differs from the BF16 one in three ways, each measured
+of its size, so the NVFP4 iteration differs from the BF16 one in four ways, each measured
 (``bench/root_orthogonality.py``):
 
 * per-step coefficients fitted with the quantized products in the loop (:mod:`.nvfp4_ns_fit`; by shape,
@@ -19,7 +19,12 @@ of its size, so the NVFP4 iteration differs from the BF16 one in three ways, eac
   instead of ``||G||_F``: still at least the largest singular value, but up to ``m^(1/4)`` times nearer it, which
   saves a step of growth (the first product is the one the first step needs anyway);
 * after each step ``X`` divided by its RMS singular value ``||X||_F / sqrt(m)`` where that exceeds 1, so that
-  rounding cannot carry the spectrum into the quintic's divergent range.
+  rounding cannot carry the spectrum into the quintic's divergent range;
+* before each later step, ``X`` divided by its largest singular value over :data:`TOP_LIMIT` where it exceeds that
+  (estimated from the step's Gram matrix by :data:`POWER_ITERATIONS` power iterations: a few matrix-vector products).
+  The RMS bound leaves a few directions free: on low-rank matrices of shapes off the fitted table, one rounded spike
+  can leave the quintic's basin and grow to a largest singular value of 3-12; the bound, set above the overshoot the
+  fitted coefficients use, leaves the other matrices' iteration as it was.
 """
 
 from __future__ import annotations
@@ -36,6 +41,22 @@ BF16_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 #: the NVFP4 iteration's start divides by the first Gram matrix's sqrt(Frobenius norm) times this (its NVFP4
 #: products can round the norm down by a few percent, and the start must not exceed 1)
 GRAM_MARGIN = 1.05
+#: the NVFP4 iteration's largest singular value before a step is brought down to this where it exceeds it
+TOP_LIMIT = 1.6
+#: power iterations on the Gram matrix that estimate the largest singular value (a separated spike, the case the
+#: bound is for, is found in one or two)
+POWER_ITERATIONS = 3
+
+
+def top_singular_value(gram: torch.Tensor, iterations: int = POWER_ITERATIONS) -> torch.Tensor:
+    """An estimate (from below) of the largest singular value of ``X`` from its Gram matrix ``X X^T``
+    ``[..., m, m]``: power iterations from ``gram``'s row sums, shaped ``[..., 1, 1]``."""
+    v = gram.sum(-1, keepdim=True)
+    for _ in range(iterations):
+        v = gram @ v
+        v = v / v.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-30)
+    lam = (gram @ v).norm(dim=(-2, -1), keepdim=True) / v.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-30)
+    return lam.sqrt()
 
 
 def _is_batched(x: torch.Tensor) -> bool:
@@ -107,6 +128,8 @@ def newton_schulz(g: torch.Tensor, coefficients: Sequence = BF16_COEFFICIENTS, s
     for k, (a, b, c) in enumerate(coefficients):
         if k:
             gram = _nvfp4_mm(x, x.T)
+            over = (top_singular_value(gram) / TOP_LIMIT).clamp(min=1.0)
+            x, gram = x / over, gram / (over * over)
         x = a * x + _nvfp4_mm(b * gram + c * _nvfp4_mm(gram, gram), x)
         x = x / (x.norm() / root_rows).clamp(min=1.0)
     x = x[:rows, :cols]

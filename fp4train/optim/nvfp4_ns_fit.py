@@ -53,7 +53,7 @@ def _mm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def iterate(x: torch.Tensor, coefficients: torch.Tensor, mm=_mm) -> torch.Tensor:
     """The NVFP4 iteration of :func:`~fp4train.optim.newton_schulz.newton_schulz` on ``x`` ``[..., m, n]`` (``m <= n``,
     any scale) with per-step ``coefficients`` ``[..., steps, 3]`` (a batch of candidates broadcast against ``x``)."""
-    from .newton_schulz import GRAM_MARGIN
+    from .newton_schulz import GRAM_MARGIN, TOP_LIMIT, top_singular_value
 
     gram = mm(x, x.transpose(-2, -1))
     f = gram.norm(dim=(-2, -1), keepdim=True).sqrt() * GRAM_MARGIN
@@ -62,6 +62,8 @@ def iterate(x: torch.Tensor, coefficients: torch.Tensor, mm=_mm) -> torch.Tensor
         a, b, c = (coefficients[..., k, i, None, None] for i in range(3))
         if k:
             gram = mm(x, x.transpose(-2, -1))
+            over = (top_singular_value(gram) / TOP_LIMIT).clamp(min=1)
+            x, gram = x / over, gram / (over * over)
         x = a * x + mm(b * gram + c * mm(gram, gram), x)
         x = x / (x.norm(dim=(-2, -1), keepdim=True) / math.sqrt(x.shape[-2])).clamp(min=1)
     return x
