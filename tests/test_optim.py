@@ -624,10 +624,13 @@ def test_roots_order_statistics_are_the_same_on_either_path(n):
                     assert (float(got[0][r]), float(got[1][r])) == (want[lo], want[hi]) == (float(sel[0][r]), float(sel[1][r]))
 
 
-@pytest.mark.parametrize("multi_tensor", [False, True])
-def test_compiled_root_tracks_the_eager_one_and_compiles_once_per_shape(multi_tensor):
+@pytest.mark.parametrize("multi_tensor,ns_matmul", [(False, "bf16"), (True, "bf16"),
+                                                    pytest.param(False, "nvfp4", marks=pytest.mark.slow)])
+def test_compiled_root_tracks_the_eager_one_and_compiles_once_per_shape(multi_tensor, ns_matmul):
     """QRoot(compiled=True): the momentum's decode, Root's update and the encode as one compiled call per shape, equal
-    to the eager step up to the rounding of fused operations, however the learning rate moves."""
+    to the eager step up to the rounding of fused operations, however the learning rate moves. (With NVFP4
+    Newton-Schulz, Full-Stack FP4's default, the compile takes minutes on a CPU: a slow check; the multi-tensor
+    path takes it per parameter.)"""
     from torch._dynamo.utils import counters
 
     from fp4train.optim import QRoot
@@ -640,7 +643,7 @@ def test_compiled_root_tracks_the_eager_one_and_compiles_once_per_shape(multi_te
     fused = [torch.nn.Parameter(p.detach().clone()) for p in eager]
     starts = [p.detach().clone() for p in eager]
     opts = _eager_beside_compiled(lambda ps, c: QRoot([{"params": ps, "muon": True}], lr=1e-2, weight_decay=0.1, compiled=c,
-                                                      multi_tensor=c and multi_tensor),
+                                                      multi_tensor=c and multi_tensor, ns_matmul=ns_matmul),
                                   eager, fused, scales=[1, 1, 1, 100])  # two of a shape, far apart: each its own threshold
     for a, b, start in zip(eager, fused, starts):  # BF16 Newton-Schulz and the NVFP4 codes amplify any rounding
         # difference: a gradient changed by 1e-6 (relative) moves the result by 0.3-0.5% of its path, fusion by ~1%
