@@ -303,6 +303,19 @@ def test_nvfp4_newton_schulz_keeps_a_rounded_spike_of_a_low_rank_matrix_in_bound
     assert top <= 1.5 and float(fitted_distance(out, target)[0]) <= 1.5 * muon, (top, muon)
 
 
+def test_the_fits_batched_nvfp4_is_the_quantizers_nvfp4_on_each_matrix():
+    """The coefficient fit's batched NVFP4 (a tensor scale per matrix) gives fp4train's NVFP4 values bit for bit."""
+    from fp4train.optim.nvfp4_ns_fit import fake_nvfp4_rows
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 2, 24, 64, generator=g) * torch.logspace(-3, 2, 64) * torch.rand(3, 2, 1, 1, generator=g)
+    x[1, 0] = 0.0  # an all-zero matrix: tensor scale 1
+    got = fake_nvfp4_rows(x)
+    for i in range(3):
+        for j in range(2):
+            assert torch.equal(got[i, j], fp4train.fake_quantize(x[i, j], "nvfp4", axis=1)), (i, j)
+
+
 def test_the_largest_singular_value_estimate_is_from_below_and_finds_a_separated_spike():
     from fp4train.optim.newton_schulz import top_singular_value
 

@@ -4,7 +4,7 @@ the loop.
 NVFP4's rounding moves every product of the iteration by about a tenth of its size, so coefficients made for exact
 (or BF16) products land it far from the orthogonal factor or make it diverge. The fit runs the iteration of
 :func:`fp4train.optim.newton_schulz.newton_schulz` (``matmul="nvfp4"``: start scaled by the Gram matrix, the RMS
-singular value renormalized to at most 1 after each step) on a batch of candidate coefficient sets at once and keeps
+singular value renormalized to at most 1 after each step, the largest bounded before each later step) on a batch of candidate coefficient sets at once and keeps
 the ones that land nearest the orthogonal factor, relative to BF16 Muon on the same matrix:
 
 * matrices: of each spectrum class (Gaussian, rank 8 plus noise, a power law from 1 to 1e-3), two draws, at the
@@ -27,7 +27,8 @@ import math
 
 import torch
 
-from ..formats import e2m1, e4m3
+from ..formats import e2m1, nvfp4
+from ..formats.ieee import true_div
 
 #: the smaller side of the matrices the fit runs on
 PROXY = 128
@@ -37,13 +38,14 @@ START = ((3.4445, -4.775, 2.0315),) * 3 + ((2.0, -1.5, 0.5), (1.5, -0.5, 0.0))
 
 def fake_nvfp4_rows(x: torch.Tensor) -> torch.Tensor:
     """NVFP4 (1x16 blocks along the last dim, E4M3 block scales, one FP32 tensor scale per matrix of the batch),
-    rounded to nearest and dequantized: :func:`fp4train.quantize`'s values on each matrix, batched."""
-    amax = x.abs().amax((-2, -1), keepdim=True)
-    s = torch.where(amax > 0, 2688.0 / amax, torch.ones_like(amax)).unsqueeze(-1)
+    rounded to nearest and dequantized: :func:`fp4train.quantize`'s values on each matrix, bit for bit, batched (the
+    format's own scale rules and roundings, with the tensor scale shaped per matrix; inputs finite)."""
+    s = nvfp4.scale_from_amax(x.abs().amax((-2, -1), keepdim=True)).unsqueeze(-1)  # [..., 1, 1, 1]
     xb = x.reshape(*x.shape[:-1], x.shape[-1] // 16, 16)
-    sb = e4m3.decode(e4m3.encode((xb.abs().amax(-1, keepdim=True) / 6) * s))
-    v = torch.where(sb > 0, (xb * s) / torch.where(sb > 0, sb, torch.ones_like(sb)), torch.zeros_like(xb))
-    return ((e2m1.decode(e2m1.encode_nearest(v)) * sb) / s).reshape(x.shape)
+    _, sb = nvfp4.block_scales(xb.abs().amax(-1, keepdim=True), s)
+    v = true_div(xb * s, sb)
+    v = torch.where(sb == 0, torch.zeros_like(v), v)
+    return true_div(e2m1.decode(e2m1.encode_nearest(v)) * sb, s).reshape(x.shape)
 
 
 def _mm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
