@@ -316,6 +316,21 @@ def test_the_fits_batched_nvfp4_is_the_quantizers_nvfp4_on_each_matrix():
             assert torch.equal(got[i, j], fp4train.fake_quantize(x[i, j], "nvfp4", axis=1)), (i, j)
 
 
+def test_the_nvfp4_iteration_starts_at_the_gram_matrixs_bound_on_the_largest_singular_value():
+    """The start divides by ``(sum s^4)^(1/4)`` (from the first, NVFP4, Gram product) times GRAM_MARGIN: the largest
+    singular value starts below 1 but well above where ``||G||_F`` puts it (one step (1, 0, 0) returns the start)."""
+    from fp4train.optim.newton_schulz import GRAM_MARGIN, newton_schulz
+
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(128, 512, generator=g)
+    s = torch.linalg.svdvals(x.double())
+    start = newton_schulz(x, ((1.0, 0.0, 0.0),), steps=1, matmul="nvfp4")
+    top = float(torch.linalg.matrix_norm(start.double(), ord=2))
+    want = float(s[0] / (s.pow(4).sum() ** 0.25 * GRAM_MARGIN))
+    assert top < 1 and abs(top - want) < 0.02 * want, (top, want)
+    assert top > 2 * float(s[0] / s.square().sum().sqrt())  # the Frobenius start's
+
+
 def test_the_largest_singular_value_estimate_is_from_below_and_finds_a_separated_spike():
     from fp4train.optim.newton_schulz import top_singular_value
 
