@@ -57,9 +57,12 @@ def raise_recompile_limit(n: int = 64) -> None:
 
 @functools.cache
 def compiled(fn):
-    """``torch.compile(fn, dynamic=True)``, made once per function (a cache, not a switch)."""
+    """``torch.compile(fn)``, made once per function (a cache, not a switch). Shapes become symbolic where they
+    change between calls (a layer's rows, another layer's width) and nothing else: a block's size and every other
+    integer argument stay constants of the graph. (With every size symbolic, the block size among them, a compiled
+    Full-Stack FP4 step on a GPU stopped in Inductor's code generation: ``CantSplit`` on sizes like ``n // block``.)"""
     raise_recompile_limit()
-    return torch.compile(fn, dynamic=True)
+    return torch.compile(fn, dynamic=None)
 
 
 def operand_values(x, keys, *, fmt, block, block_axis, scale, four_over_six):
