@@ -79,3 +79,31 @@ def test_exact_bf16_gemm_on_gpu_matches_fp32():
     ref = a.dequantize(torch.float64) @ b.dequantize(torch.float64).T
     assert fast.dtype == torch.float32
     torch.testing.assert_close(fast.double(), ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+
+
+def test_compiled_cores_keep_integer_arguments_constant_and_only_changing_sizes_symbolic(monkeypatch):
+    """A compiled core's graph takes as symbols only the sizes that changed between calls: the block size and the
+    other integer arguments stay constants (with every integer symbolic, Inductor's GPU code generation failed to
+    split a block off its loop, ``CantSplit``, in a compiled Full-Stack FP4 step)."""
+    import fp4train.quantizer as quantizer
+
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append([int(a.node.hint) for a in example_inputs if isinstance(a, torch.SymInt)])
+        return gm.forward
+
+    real = torch.compile
+    monkeypatch.setattr(quantizer.torch, "compile", lambda fn, **kw: real(fn, **kw, backend=record))
+    compiled.cache_clear()
+    torch._dynamo.reset()
+    try:
+        shapes = ((64, 128), (32, 256), (96, 192))
+        for shape in shapes:
+            compiled(quantizer.operand_values)(torch.randn(*shape), None, fmt="nvfp4", block=(1, 16), block_axis=1,
+                                               scale="floor", four_over_six=True)
+    finally:
+        compiled.cache_clear()
+        torch._dynamo.reset()
+    sizes = {n for shape in shapes for n in shape}
+    assert graphs and all(set(g) <= sizes for g in graphs), graphs
