@@ -72,16 +72,18 @@ def test_pack_rejects_odd_length():
         e2m1.pack(torch.zeros(3, dtype=torch.uint8))
 
 
-def test_decode_under_a_fake_tensor_mode_keeps_no_fake_grid_for_a_later_trace():
-    """A compiled layer's shape propagation decodes fake tensors; a grid made there and kept would reach the next
-    trace, which refuses another mode's fake tensor ("Mixing fake modes": a Full-Stack FP4 run compiled on a GPU,
-    whose eager path never decodes on the host)."""
+def test_decode_under_successive_fake_tensor_modes_and_then_on_real_tensors():
+    """A compiled layer's shape propagation decodes fake tensors; nothing made there may reach the next trace, which
+    refuses another mode's fake tensor ("Mixing fake modes": a Full-Stack FP4 run compiled on a GPU, whose eager
+    path never decodes on the host)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    e2m1._GRIDS.clear()
     for _ in range(2):  # two traces, two fake modes
         with FakeTensorMode() as mode:
             codes = mode.from_tensor(torch.arange(16, dtype=torch.uint8))
             assert e2m1.decode(codes).shape == (16,)
-    assert not e2m1._GRIDS
     assert e2m1.decode(torch.arange(16, dtype=torch.uint8)).tolist()[:8] == list(e2m1.E2M1_GRID)
+
+
+def test_grid_is_the_documented_magnitudes_exactly():
+    assert e2m1._grid(torch.zeros(1)).tolist() == list(e2m1.E2M1_GRID)

@@ -16,8 +16,6 @@ so these functions map NaN to code 0 and leave the flagging to the caller.
 from __future__ import annotations
 
 import torch
-from torch._guards import detect_fake_mode
-from torch._subclasses.fake_tensor import is_fake
 
 E2M1_MAX = 6.0
 #: Magnitudes in code order; code ``c`` (0..7) has magnitude ``E2M1_GRID[c]``.
@@ -38,20 +36,15 @@ _RTNE_THRESHOLDS = (
 )
 
 
-_GRIDS: dict[torch.device, torch.Tensor] = {}
-
-
 def _grid(like: torch.Tensor) -> torch.Tensor:
-    """The code values as a float32 tensor on ``like``'s device, made once per device: made on every call, the
-    host-to-device copy would be refused inside a CUDA-graph capture (the first call, a warm-up, makes it). While
-    traced (the compiler, or a fake tensor's shape propagation) it is made per call: a traced or fake tensor kept
-    would reach a later trace, which refuses it (a fake tensor of another trace's mode)."""
-    if torch.compiler.is_compiling() or is_fake(like) or detect_fake_mode() is not None:
-        return torch.tensor(E2M1_GRID, dtype=torch.float32, device=like.device)
-    grid = _GRIDS.get(like.device)
-    if grid is None:
-        grid = _GRIDS[like.device] = torch.tensor(E2M1_GRID, dtype=torch.float32, device=like.device)
-    return grid
+    """The eight magnitudes (float32, code order) on ``like``'s device, computed from the code bits on every call
+    (exact: halves and powers of two). Nothing is kept between calls: a table kept would be made inside whatever
+    first needs it - a compiler's trace (a fake tensor a later trace refuses) or a CUDA-graph warm-up (an
+    allocation in the graph's memory pool that no output tracks, which the pool refuses) - and a host-to-device
+    copy made per call is refused inside a CUDA-graph capture."""
+    code = torch.arange(8, dtype=torch.int32, device=like.device)
+    e, m = code >> 1, (code & 1).to(torch.float32)
+    return torch.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * (1 << e).to(torch.float32) * 0.5)
 
 
 def encode_nearest(v: torch.Tensor) -> torch.Tensor:
