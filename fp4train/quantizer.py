@@ -56,13 +56,31 @@ def raise_recompile_limit(n: int = 64) -> None:
 
 
 @functools.cache
-def compiled(fn):
-    """``torch.compile(fn)``, made once per function (a cache, not a switch). Shapes become symbolic where they
-    change between calls (a layer's rows, another layer's width) and nothing else: a block's size and every other
-    integer argument stay constants of the graph. (With every size symbolic, the block size among them, a compiled
-    Full-Stack FP4 step on a GPU stopped in Inductor's code generation: ``CantSplit`` on sizes like ``n // block``.)"""
+def compiled(fn, dynamic: bool | None = False):
+    """``torch.compile(fn, dynamic=dynamic)``, made once per function (a cache, not a switch). By default one graph
+    per shape. ``dynamic=None`` (sizes that change between calls become symbolic) only for functions whose inputs
+    come split into their blocks (:func:`split_blocks`): a symbolic width ``n`` split inside the graph into blocks
+    of 16 gives sizes ``(n // 16, n // (n // 16))`` that Inductor's GPU code generation cannot split (``CantSplit``:
+    a compiled Full-Stack FP4 step on an H100 stopped there), while ``16 * s`` splits exactly."""
     raise_recompile_limit()
-    return torch.compile(fn, dynamic=None)
+    return torch.compile(fn, dynamic=dynamic)
+
+
+def capturing() -> bool:
+    """Is a CUDA graph being captured on the current stream?"""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def run_compiled(fn, *args, dynamic: bool | None = False, **kwargs):
+    """``compiled(fn, dynamic)(*args, **kwargs)``. Inside a CUDA-graph capture a call that would compile runs ``fn``
+    eagerly instead - the same ops, which the capture records, and the same bits - while a graph compiled before
+    still runs: compiling launches work a capture refuses (Inductor's constant folding reads a value back to the
+    host), and a capture can meet inputs no warm-up call had (another dispatch key set, a dtype)."""
+    f = compiled(fn, dynamic)
+    if capturing():
+        with torch.compiler.set_stance("eager_on_recompile"):
+            return f(*args, **kwargs)
+    return f(*args, **kwargs)
 
 
 def operand_values(x, keys, *, fmt, block, block_axis, scale, four_over_six):
@@ -72,6 +90,41 @@ def operand_values(x, keys, *, fmt, block, block_axis, scale, four_over_six):
     qt = quantize_tensors(x, keys, fmt=fmt, block=block, axis=block_axis, scale=scale, four_over_six=four_over_six)
     s = qt.scaled_bf16()
     return s.values, s.scale, s.divisor
+
+
+def split_blocks(x: torch.Tensor, block: tuple[int, ...] | None, axis: int | None) -> torch.Tensor | None:
+    """A view of the 2D ``x`` with its blocks in the last dimension: ``(r, k // b, b)`` for 1D blocks along the last
+    axis, ``(k, r // b, b)`` (of ``x.mT``) along the first, ``(r // b, b, k // b, b)`` for 2D tiles; None where a
+    blocked dimension is not a multiple of the block (it would be padded) or the block is a whole row (FP8)."""
+    if block is None or any(x.shape[a] % block[0] for a in ((0, 1) if len(block) == 2 else (axis,))):
+        return None
+    b = block[0]
+    if len(block) == 2:
+        xs = x.unflatten(1, (x.shape[1] // b, b)).unflatten(0, (x.shape[0] // b, b))
+    else:
+        x = x.mT if axis == 0 else x
+        xs = x.unflatten(1, (x.shape[1] // b, b))
+    for d in range(1 if len(block) == 2 else 2, xs.ndim, 2):  # a block's size is a constant of the graph, whatever
+        torch._dynamo.mark_static(xs, d)  # other block sizes the function met (MXFP4's 32 after NVFP4's 16)
+    return xs
+
+
+def split_operand_values(xs, keys, *, fmt, along, scale, four_over_six):
+    """:func:`operand_values` of an operand :func:`split_blocks` split into 1D blocks along its ``"rows"`` (the last
+    axis) or ``"columns"`` (the first). The block's size is ``xs``'s last size, a constant of the graph like every
+    argument here: an integer argument that changed between calls (the block size, the axis) would be symbolic."""
+    b = xs.shape[-1]
+    x = xs.flatten(1, 2)
+    return operand_values(x.mT if along == "columns" else x, keys, fmt=fmt, block=(b,),
+                          block_axis=0 if along == "columns" else 1, scale=scale, four_over_six=four_over_six)
+
+
+def split_tile_values(xs, keys, *, fmt, scale, four_over_six):
+    """:func:`operand_values` of an operand :func:`split_blocks` split into 2D tiles (a graph of its own: its
+    inputs have another rank)."""
+    b = xs.shape[-1]
+    return operand_values(xs.flatten(2, 3).flatten(0, 1), keys, fmt=fmt, block=(b, b), block_axis=None, scale=scale,
+                          four_over_six=four_over_six)
 
 
 # The rules that pick an implementation: one place, for a Quantizer (below) and a layer's operand plan
@@ -185,7 +238,7 @@ def quantize_with(impl: str, x: torch.Tensor, fmt: str, *, block, axis, scale: s
                                f"{tuple(x.shape)} {x.dtype} (an operand plan chose one)")
         return q
     keys = sr_keys(seed) if rounding == "stochastic" else None
-    encode = compiled(encode_blocks) if impl == "compiled" else encode_blocks
+    encode = functools.partial(run_compiled, encode_blocks) if impl == "compiled" else encode_blocks
     return quantize_tensors(x, keys, fmt=fmt, block=block, axis=axis, scale=scale, four_over_six=four_over_six,
                             encode=encode)
 
@@ -203,9 +256,18 @@ def values_with(impl: str, x: torch.Tensor, fmt: str, kw: dict, *, axis: int, se
         return v
     block, ax = geometry(x, FORMATS[fmt], axis, kw.get("block"))
     stochastic = kw.get("rounding", "nearest") == "stochastic"
-    values, scale, divisor = compiled(operand_values)(
-        x.detach(), sr_keys(seed) if stochastic else None, fmt=fmt, block=block, block_axis=ax,
-        scale=kw.get("scale", "floor"), four_over_six=kw.get("four_over_six", False))
+    keys = sr_keys(seed) if stochastic else None
+    scale, four = kw.get("scale", "floor"), kw.get("four_over_six", False)
+    xs = split_blocks(x.detach(), block, ax)
+    if xs is None:  # padded blocks or FP8's rows: a graph per shape
+        out = run_compiled(operand_values, x.detach(), keys, fmt=fmt, block=block, block_axis=ax, scale=scale,
+                           four_over_six=four)
+    elif len(block) == 2:
+        out = run_compiled(split_tile_values, xs, keys, dynamic=None, fmt=fmt, scale=scale, four_over_six=four)
+    else:
+        out = run_compiled(split_operand_values, xs, keys, dynamic=None, fmt=fmt,
+                           along="columns" if ax == 0 else "rows", scale=scale, four_over_six=four)
+    values, scale, divisor = out
     return ScaledBF16(values, scale, divisor, ax)
 
 
@@ -218,5 +280,5 @@ def hadamard_with(impl: str, x: torch.Tensor, block: int, *, axis: int, seed=Non
         from .kernels.hadamard import block_hadamard
 
         return block_hadamard(x, d, block=block, axis=axis)
-    core = compiled(block_transform) if impl == "compiled" else None
+    core = functools.partial(run_compiled, block_transform) if impl == "compiled" else None
     return hadamard_tensors(x, d, block=block, axis=axis, core=core)
