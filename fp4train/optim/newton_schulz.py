@@ -29,12 +29,12 @@ of its size, so the NVFP4 iteration differs from the BF16 one in four ways, each
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 
 from ..formats.quantize import quantize
+from .nvfp4_ns_fit import iterate
 
 #: torch.optim.Muon's (a, b, c)
 BF16_COEFFICIENTS = (3.4445, -4.775, 2.0315)
@@ -121,16 +121,6 @@ def newton_schulz(g: torch.Tensor, coefficients: Sequence = BF16_COEFFICIENTS, s
     # a partial block's scale is its own elements'), so the matrix's iteration is unchanged; cut off at the end
     x = torch.nn.functional.pad(x, (0, -cols % 16, 0, -rows % 16))
     x = x / x.norm().clamp(min=eps)
-    gram = _nvfp4_mm(x, x.T)
-    f = gram.norm().sqrt().clamp(min=eps) * GRAM_MARGIN
-    x, gram = x / f, gram / (f * f)
-    root_rows = math.sqrt(rows)
-    for k, (a, b, c) in enumerate(coefficients):
-        if k:
-            gram = _nvfp4_mm(x, x.T)
-            over = (top_singular_value(gram) / TOP_LIMIT).clamp(min=1.0)
-            x, gram = x / over, gram / (over * over)
-        x = a * x + _nvfp4_mm(b * gram + c * _nvfp4_mm(gram, gram), x)
-        x = x / (x.norm() / root_rows).clamp(min=1.0)
+    x = iterate(x, coefficients, _nvfp4_mm, eps=eps, rows=rows)
     x = x[:rows, :cols]
     return x.T if g.size(0) > g.size(1) else x

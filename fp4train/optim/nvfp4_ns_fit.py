@@ -52,22 +52,26 @@ def _mm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return fake_nvfp4_rows(x) @ fake_nvfp4_rows(y.transpose(-2, -1)).transpose(-2, -1)
 
 
-def iterate(x: torch.Tensor, coefficients: torch.Tensor, mm=_mm) -> torch.Tensor:
+def iterate(x: torch.Tensor, coefficients, mm=_mm, *, eps: float = 0.0, rows: int | None = None) -> torch.Tensor:
     """The NVFP4 iteration of :func:`~fp4train.optim.newton_schulz.newton_schulz` on ``x`` ``[..., m, n]`` (``m <= n``,
-    any scale) with per-step ``coefficients`` ``[..., steps, 3]`` (a batch of candidates broadcast against ``x``)."""
+    any scale) with per-step ``coefficients``: ``[..., steps, 3]`` (a batch of candidates broadcast against ``x``) or
+    one ``(a, b, c)`` of floats per step - the one loop the optimizer runs and the fit scores. ``eps`` floors the Gram matrix's norm; ``rows``: the rows
+    before zero padding (the renormalization's ``m``), ``x``'s own by default."""
     from .newton_schulz import GRAM_MARGIN, TOP_LIMIT, top_singular_value
 
     gram = mm(x, x.transpose(-2, -1))
-    f = gram.norm(dim=(-2, -1), keepdim=True).sqrt() * GRAM_MARGIN
+    f = gram.norm(dim=(-2, -1), keepdim=True).sqrt().clamp(min=eps) * GRAM_MARGIN
     x, gram = x / f, gram / (f * f)
-    for k in range(coefficients.shape[-2]):
-        a, b, c = (coefficients[..., k, i, None, None] for i in range(3))
+    root_rows = math.sqrt(x.shape[-2] if rows is None else rows)
+    if isinstance(coefficients, torch.Tensor):
+        coefficients = [[coefficients[..., k, i, None, None] for i in range(3)] for k in range(coefficients.shape[-2])]
+    for k, (a, b, c) in enumerate(coefficients):
         if k:
             gram = mm(x, x.transpose(-2, -1))
             over = (top_singular_value(gram) / TOP_LIMIT).clamp(min=1)
             x, gram = x / over, gram / (over * over)
         x = a * x + mm(b * gram + c * mm(gram, gram), x)
-        x = x / (x.norm(dim=(-2, -1), keepdim=True) / math.sqrt(x.shape[-2])).clamp(min=1)
+        x = x / (x.norm(dim=(-2, -1), keepdim=True) / root_rows).clamp(min=1)
     return x
 
 
