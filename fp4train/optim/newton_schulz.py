@@ -29,12 +29,12 @@ of its size, so the NVFP4 iteration differs from the BF16 one in four ways, each
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 
 from ..formats.quantize import quantize
-from .nvfp4_ns_fit import iterate
 
 #: torch.optim.Muon's (a, b, c)
 BF16_COEFFICIENTS = (3.4445, -4.775, 2.0315)
@@ -94,6 +94,28 @@ def per_step(coefficients, steps: int) -> tuple[tuple[float, float, float], ...]
     return triples
 
 
+def nvfp4_iteration(x: torch.Tensor, coefficients, mm, *, eps: float = 0.0, rows: int | None = None) -> torch.Tensor:
+    """The NVFP4 iteration of :func:`newton_schulz` on ``x`` ``[..., m, n]`` (``m <= n``,
+    any scale) with per-step ``coefficients``: ``[..., steps, 3]`` (a batch of candidates broadcast against ``x``) or
+    one ``(a, b, c)`` of floats per step - the one loop the optimizer runs and the fit
+    (:mod:`.nvfp4_ns_fit`) scores; ``mm``: the NVFP4 product. ``eps`` floors the Gram matrix's norm; ``rows``: the rows
+    before zero padding (the renormalization's ``m``), ``x``'s own by default."""
+    gram = mm(x, x.transpose(-2, -1))
+    f = gram.norm(dim=(-2, -1), keepdim=True).sqrt().clamp(min=eps) * GRAM_MARGIN
+    x, gram = x / f, gram / (f * f)
+    root_rows = math.sqrt(x.shape[-2] if rows is None else rows)
+    if isinstance(coefficients, torch.Tensor):
+        coefficients = [[coefficients[..., k, i, None, None] for i in range(3)] for k in range(coefficients.shape[-2])]
+    for k, (a, b, c) in enumerate(coefficients):
+        if k:
+            gram = mm(x, x.transpose(-2, -1))
+            over = (top_singular_value(gram) / TOP_LIMIT).clamp(min=1)
+            x, gram = x / over, gram / (over * over)
+        x = a * x + mm(b * gram + c * mm(gram, gram), x)
+        x = x / (x.norm(dim=(-2, -1), keepdim=True) / root_rows).clamp(min=1)
+    return x
+
+
 def newton_schulz(g: torch.Tensor, coefficients: Sequence = BF16_COEFFICIENTS, steps: int = 5,
                   eps: float = 1e-7, *, matmul: str = "bf16") -> torch.Tensor:
     """The orthogonalized ``g`` (2D): BF16 for ``matmul="bf16"``, FP32 for ``"nvfp4"`` (see the module docstring).
@@ -121,6 +143,6 @@ def newton_schulz(g: torch.Tensor, coefficients: Sequence = BF16_COEFFICIENTS, s
     # a partial block's scale is its own elements'), so the matrix's iteration is unchanged; cut off at the end
     x = torch.nn.functional.pad(x, (0, -cols % 16, 0, -rows % 16))
     x = x / x.norm().clamp(min=eps)
-    x = iterate(x, coefficients, _nvfp4_mm, eps=eps, rows=rows)
+    x = nvfp4_iteration(x, coefficients, _nvfp4_mm, eps=eps, rows=rows)
     x = x[:rows, :cols]
     return x.T if g.size(0) > g.size(1) else x

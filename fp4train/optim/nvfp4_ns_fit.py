@@ -23,12 +23,11 @@ takes the table's entry of the nearest aspect ratio, or a fit of its own (:func:
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ..formats import e2m1, nvfp4
 from ..formats.ieee import true_div
+from .newton_schulz import nvfp4_iteration
 
 #: the smaller side of the matrices the fit runs on
 PROXY = 128
@@ -50,29 +49,6 @@ def fake_nvfp4_rows(x: torch.Tensor) -> torch.Tensor:
 
 def _mm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return fake_nvfp4_rows(x) @ fake_nvfp4_rows(y.transpose(-2, -1)).transpose(-2, -1)
-
-
-def iterate(x: torch.Tensor, coefficients, mm=_mm, *, eps: float = 0.0, rows: int | None = None) -> torch.Tensor:
-    """The NVFP4 iteration of :func:`~fp4train.optim.newton_schulz.newton_schulz` on ``x`` ``[..., m, n]`` (``m <= n``,
-    any scale) with per-step ``coefficients``: ``[..., steps, 3]`` (a batch of candidates broadcast against ``x``) or
-    one ``(a, b, c)`` of floats per step - the one loop the optimizer runs and the fit scores. ``eps`` floors the Gram matrix's norm; ``rows``: the rows
-    before zero padding (the renormalization's ``m``), ``x``'s own by default."""
-    from .newton_schulz import GRAM_MARGIN, TOP_LIMIT, top_singular_value
-
-    gram = mm(x, x.transpose(-2, -1))
-    f = gram.norm(dim=(-2, -1), keepdim=True).sqrt().clamp(min=eps) * GRAM_MARGIN
-    x, gram = x / f, gram / (f * f)
-    root_rows = math.sqrt(x.shape[-2] if rows is None else rows)
-    if isinstance(coefficients, torch.Tensor):
-        coefficients = [[coefficients[..., k, i, None, None] for i in range(3)] for k in range(coefficients.shape[-2])]
-    for k, (a, b, c) in enumerate(coefficients):
-        if k:
-            gram = mm(x, x.transpose(-2, -1))
-            over = (top_singular_value(gram) / TOP_LIMIT).clamp(min=1)
-            x, gram = x / over, gram / (over * over)
-        x = a * x + mm(b * gram + c * mm(gram, gram), x)
-        x = x / (x.norm(dim=(-2, -1), keepdim=True) / root_rows).clamp(min=1)
-    return x
 
 
 def spectrum_classes(m: int, n: int, seed: int) -> dict[str, torch.Tensor]:
@@ -122,7 +98,7 @@ def score(candidates: torch.Tensor, problems) -> torch.Tensor:
     mean = torch.zeros(candidates.shape[0])
     top = torch.zeros(candidates.shape[0])
     for x, target, muon in problems:
-        out = iterate(x.expand(candidates.shape[0], *x.shape), candidates)
+        out = nvfp4_iteration(x.expand(candidates.shape[0], *x.shape), candidates, _mm)
         d, alpha = fitted_distance(out, target)
         s = torch.linalg.matrix_norm(out.double(), ord=2).float() * alpha.abs()
         r = torch.nan_to_num(d / muon, nan=1e3, posinf=1e3)
