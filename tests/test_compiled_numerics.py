@@ -86,11 +86,9 @@ VALUES_CASES = [("nvfp4", dict(four_over_six=True), -1), ("mxfp4", {}, -1), ("nv
 VALUES_SHAPES = ((64, 128), (32, 256), (96, 192), (64, 160))
 
 
-def test_compiled_values_graphs_size_blocks_exactly_over_changing_shapes_and_formats(monkeypatch):
-    """Over operands of changing shape, format and orientation in one process the compiled values path gives the
-    reference's bits, and its graphs' sizes hold no floor division: a size split into blocks by a symbolic width
-    or block size, ``n // (n // 16)``, is a loop that Inductor's GPU code generation cannot split (``CantSplit``,
-    in a compiled Full-Stack FP4 step on an H100, and where MXFP4's block of 32 followed NVFP4's 16)."""
+@pytest.fixture
+def recorded_graphs(monkeypatch):
+    """The graphs the compiled cores make (traced, run as they are, no Inductor), from fresh caches."""
     import fp4train.quantizer as quantizer
 
     graphs = []
@@ -103,16 +101,23 @@ def test_compiled_values_graphs_size_blocks_exactly_over_changing_shapes_and_for
     monkeypatch.setattr(quantizer.torch, "compile", lambda fn, **k: real(fn, **k, backend=record))
     compiled.cache_clear()
     torch._dynamo.reset()
-    try:
-        for fmt, kw, axis in VALUES_CASES:
-            for shape in VALUES_SHAPES:
-                x = torch.randn(*shape)
-                v = COMPILED.values(x, fmt, kw, axis=axis, seed=None)
-                s = fp4train.quantize(x, fmt, axis=axis, **kw).scaled_bf16()
-                assert torch.equal(_bits_but_zero_sign(v.values), _bits_but_zero_sign(s.values)), (fmt, kw, axis, shape)
-    finally:
-        compiled.cache_clear()
-        torch._dynamo.reset()
+    yield graphs
+    compiled.cache_clear()
+    torch._dynamo.reset()
+
+
+def test_compiled_values_graphs_size_blocks_exactly_over_changing_shapes_and_formats(recorded_graphs):
+    """Over operands of changing shape, format and orientation in one process the compiled values path gives the
+    reference's bits, and its graphs' sizes hold no floor division: a size split into blocks by a symbolic width
+    or block size, ``n // (n // 16)``, is a loop that Inductor's GPU code generation cannot split (``CantSplit``,
+    in a compiled Full-Stack FP4 step on an H100, and where MXFP4's block of 32 followed NVFP4's 16)."""
+    for fmt, kw, axis in VALUES_CASES:
+        for shape in VALUES_SHAPES:
+            x = torch.randn(*shape)
+            v = COMPILED.values(x, fmt, kw, axis=axis, seed=None)
+            s = fp4train.quantize(x, fmt, axis=axis, **kw).scaled_bf16()
+            assert torch.equal(_bits_but_zero_sign(v.values), _bits_but_zero_sign(s.values)), (fmt, kw, axis, shape)
+    graphs = recorded_graphs
     sizes = {str(tuple(n.meta["example_value"].shape)) for gm in graphs for n in gm.graph.nodes
              if isinstance(n.meta.get("example_value"), torch.Tensor)}
     assert graphs and not [t for t in sizes if "//" in t], sizes
@@ -135,33 +140,19 @@ def test_compiled_values_on_gpu_over_changing_shapes_and_formats_equal_the_cpu_r
                 torch.testing.assert_close(v.divisor.cpu(), s.divisor, rtol=0, atol=0)
 
 
-def test_a_call_that_would_compile_inside_a_cuda_graph_capture_runs_eagerly(monkeypatch):
+def test_a_call_that_would_compile_inside_a_cuda_graph_capture_runs_eagerly(recorded_graphs, monkeypatch):
     """Inside a capture (here pretended: the CPU has none) a compiled core never compiles - compiling launches
     work a capture refuses, which stopped a Full-Stack FP4 step's capture on an H100 - but runs the reference ops
     with the same bits; a graph compiled before the capture still runs."""
     import fp4train.quantizer as quantizer
 
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    real = torch.compile
-    monkeypatch.setattr(quantizer.torch, "compile", lambda fn, **k: real(fn, **k, backend=record))
-    compiled.cache_clear()
-    torch._dynamo.reset()
     kw = dict(four_over_six=True)
-    try:
-        x = torch.randn(64, 128)
-        COMPILED.values(x, "nvfp4", kw, axis=-1, seed=None)  # a warm-up call compiles
-        assert len(graphs) == 1
-        monkeypatch.setattr(quantizer, "capturing", lambda: True)
-        for shape in ((64, 128), (32, 256)):  # one compiled before, one never
-            x = torch.randn(*shape)
-            v, s = COMPILED.values(x, "nvfp4", kw, axis=-1, seed=None), fp4train.quantize(x, "nvfp4", **kw).scaled_bf16()
-            assert torch.equal(_bits_but_zero_sign(v.values), _bits_but_zero_sign(s.values)), shape
-        assert len(graphs) == 1
-    finally:
-        compiled.cache_clear()
-        torch._dynamo.reset()
+    x = torch.randn(64, 128)
+    COMPILED.values(x, "nvfp4", kw, axis=-1, seed=None)  # a warm-up call compiles
+    assert len(recorded_graphs) == 1
+    monkeypatch.setattr(quantizer, "capturing", lambda: True)
+    for shape in ((64, 128), (32, 256)):  # one compiled before, one never
+        x = torch.randn(*shape)
+        v, s = COMPILED.values(x, "nvfp4", kw, axis=-1, seed=None), fp4train.quantize(x, "nvfp4", **kw).scaled_bf16()
+        assert torch.equal(_bits_but_zero_sign(v.values), _bits_but_zero_sign(s.values)), shape
+    assert len(recorded_graphs) == 1
