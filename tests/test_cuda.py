@@ -243,9 +243,10 @@ def test_gpu_nvfp4_newton_schulz_lands_where_the_cpu_iteration_lands():
 
 def test_gpu_full_stack_fp4_trains_compiled_with_cuda_graphs(tmp_path):
     """Full-Stack FP4 through the trainer's default GPU path (torch.compile, mode="reduce-overhead"): its NVFP4
-    operands with 4/6 go through compiled reference cores called inside the model's CUDA graphs. A step failed there
-    on fake modes mixed, on ``CantSplit`` for a symbolic width, on a table kept from the warm-up in the graph's
-    memory pool, and on a core compiling during the capture."""
+    operands with 4/6 quantized by Triton kernels inside the model's CUDA graphs, Q-Root's NVFP4 products by the same
+    kernels inside its compiled step. Its first compiled steps failed on fake modes mixed, on ``CantSplit`` for a
+    symbolic width, on a table kept from the warm-up in the graph's memory pool and on a core compiling during the
+    capture (when compiled reference cores quantized the operands), then took minutes to compile Q-Root's step."""
     import math
 
     from fp4train.train import TrainConfig, Trainer

@@ -15,6 +15,8 @@ import triton.language as tl  # noqa: E402
 import fp4train  # noqa: E402
 from fp4train.kernels import quantize_mxfp4  # noqa: E402
 from fp4train.kernels.e4m3 import e4m3_rtne  # noqa: E402
+from fp4train.kernels.nvfp4_quantize import _pairwise_sum16  # noqa: E402
+from fp4train.kernels.nvfp4_tiles import _tile_sum  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -134,14 +136,15 @@ def test_nvfp4_tensor_scale_on_the_device_is_the_references():
 
 @pytest.mark.parametrize("shape", [(1, 16), (9, 160)])
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
-def test_nvfp4_kernel_equals_reference(shape, rounding):
+@pytest.mark.parametrize("four_over_six", [False, True])
+def test_nvfp4_kernel_equals_reference(shape, rounding, four_over_six):
     from fp4train.kernels import quantize_nvfp4
 
     x = _special(*shape, seed=3)
     for dtype in (torch.float32, torch.bfloat16):
         xd = x.to(dtype)
-        ref = fp4train.quantize(xd, "nvfp4", rounding=rounding, seed=2**33 + 7)
-        got = quantize_nvfp4(xd.to(DEV), rounding=rounding, seed=2**33 + 7, blocks_per_program=4)
+        ref = fp4train.quantize(xd, "nvfp4", rounding=rounding, seed=2**33 + 7, four_over_six=four_over_six)
+        got = quantize_nvfp4(xd.to(DEV), rounding=rounding, seed=2**33 + 7, blocks_per_program=4, four_over_six=four_over_six)
         assert torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
         assert torch.equal(got.tensor_scale.cpu(), ref.tensor_scale)
         torch.testing.assert_close(got.dequantize().cpu(), ref.dequantize(), rtol=0, atol=0, equal_nan=True)
@@ -151,7 +154,8 @@ def test_nvfp4_kernel_equals_reference(shape, rounding):
 
 @pytest.mark.parametrize("shape", [(64, 160), (33, 70), (16, 16)])
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
-def test_nvfp4_16x16_tile_kernels_equal_the_reference(shape, rounding):
+@pytest.mark.parametrize("four_over_six", [False, True])
+def test_nvfp4_16x16_tile_kernels_equal_the_reference(shape, rounding, four_over_six):
     """NVFP4 with 16x16 tiles (the NVFP4 recipe's weights): codes + tile scales + tensor scale, and the
     BF16 values for a GEMM, each bit for bit the reference's - partial tiles (zero padded), a NaN and an
     Inf tile, an all-zero tile, a tile whose E4M3 scale underflows to zero, both input dtypes."""
@@ -167,12 +171,12 @@ def test_nvfp4_16x16_tile_kernels_equal_the_reference(shape, rounding):
     seed = 2**34 + 5 if rounding == "stochastic" else None
     for dtype in (torch.float32, torch.bfloat16):
         xd = x.to(dtype)
-        ref = fp4train.quantize(xd, "nvfp4", block=(16, 16), rounding=rounding, seed=seed)
-        got = quantize_nvfp4_2d(xd.to(DEV), rounding=rounding, seed=seed)
+        ref = fp4train.quantize(xd, "nvfp4", block=(16, 16), rounding=rounding, seed=seed, four_over_six=four_over_six)
+        got = quantize_nvfp4_2d(xd.to(DEV), rounding=rounding, seed=seed, four_over_six=four_over_six)
         assert got.layout == ref.layout and torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
         assert torch.equal(got.tensor_scale.cpu(), ref.tensor_scale)
         vref = ref.scaled_bf16()
-        vals = nvfp4_tile_values(xd.to(DEV), rounding=rounding, seed=seed)
+        vals = nvfp4_tile_values(xd.to(DEV), rounding=rounding, seed=seed, four_over_six=four_over_six)
         assert vals.block_axis is None and vals.scale is None and torch.equal(vals.divisor.cpu(), vref.divisor)
         torch.testing.assert_close(vals.values.cpu(), vref.values, rtol=0, atol=0, equal_nan=True)
     if shape[0] >= 33:  # the NaN / Inf tiles and the flushed ones were there, and the rest is not flushed
@@ -343,15 +347,16 @@ def test_mx_values_kernels_are_the_dequantized_reference(axis, scale, rounding, 
 @pytest.mark.parametrize("axis", [1, 0])
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_nvfp4_values_kernel_is_the_scaled_reference(axis, rounding, dtype):
+@pytest.mark.parametrize("four_over_six", [False, True])
+def test_nvfp4_values_kernel_is_the_scaled_reference(axis, rounding, dtype, four_over_six):
     from fp4train.kernels import nvfp4_values
 
     big = DEV == "cuda"
     x = _special(512 if big else 64, 1024 if big else 96, 5).to(dtype).to(DEV)
     x[10:12] *= 1e-30  # blocks whose E4M3 scale underflows to zero
     seed = 77 if rounding == "stochastic" else None
-    ref = fp4train.quantize(x, "nvfp4", axis=axis, rounding=rounding, seed=seed).scaled_bf16()
-    got = nvfp4_values(x, axis=axis, rounding=rounding, seed=seed)
+    ref = fp4train.quantize(x, "nvfp4", axis=axis, rounding=rounding, seed=seed, four_over_six=four_over_six).scaled_bf16()
+    got = nvfp4_values(x, axis=axis, rounding=rounding, seed=seed, four_over_six=four_over_six)
     assert got.block_axis == axis and got.scale is None
     torch.testing.assert_close(got.values, ref.values, rtol=0, atol=0, equal_nan=True)
     assert torch.equal(got.divisor, ref.divisor)
@@ -362,7 +367,9 @@ def test_nvfp4_values_kernel_is_the_scaled_reference(axis, rounding, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("random_signs", [True, False])
 @pytest.mark.parametrize("data", ["special", "gaussian"])
-def test_nvfp4_with_fused_hadamard_is_the_reference_of_the_transformed_tensor(packed, rounding, dtype, random_signs, data):
+@pytest.mark.parametrize("four_over_six", [False, True])
+def test_nvfp4_with_fused_hadamard_is_the_reference_of_the_transformed_tensor(packed, rounding, dtype, random_signs, data,
+                                                                              four_over_six):
     """NVIDIA's wgrad operands: NVFP4 along dim 0 of the 16-point (randomized) Hadamard transform, in one kernel -
     codes or values, tensor scale and the transform's rounding to the input dtype all the reference's."""
     from fp4train.kernels import nvfp4_values
@@ -382,13 +389,13 @@ def test_nvfp4_with_fused_hadamard_is_the_reference_of_the_transformed_tensor(pa
     h = fp4train.hadamard(x, 16, axis=0, seed=t_seed)
     assert torch.equal(hadamard_finite_amax(x.to(DEV), d, 16).cpu(), h.float().nan_to_num(0, 0, 0).abs().amax())
     seed = 99 if rounding == "stochastic" else None
-    ref = fp4train.quantize(h, "nvfp4", axis=0, rounding=rounding, seed=seed)
+    ref = fp4train.quantize(h, "nvfp4", axis=0, rounding=rounding, seed=seed, four_over_six=four_over_six)
     if packed:
-        got = quantize_nvfp4_columns(x.to(DEV), rounding=rounding, seed=seed, hadamard=True, signs=d)
+        got = quantize_nvfp4_columns(x.to(DEV), rounding=rounding, seed=seed, hadamard=True, signs=d, four_over_six=four_over_six)
         assert got.layout == ref.layout and torch.equal(got.codes.cpu(), ref.codes) and torch.equal(got.scales.cpu(), ref.scales)
         assert torch.equal(got.tensor_scale.cpu(), ref.tensor_scale)
     else:
-        got = nvfp4_values(x.to(DEV), axis=0, rounding=rounding, seed=seed, hadamard=True, signs=d)
+        got = nvfp4_values(x.to(DEV), axis=0, rounding=rounding, seed=seed, hadamard=True, signs=d, four_over_six=four_over_six)
         want = ref.scaled_bf16()
         torch.testing.assert_close(got.values.cpu(), want.values, rtol=0, atol=0, equal_nan=True)
         assert torch.equal(got.divisor.cpu(), want.divisor)
@@ -403,11 +410,11 @@ def test_nvfp4_fused_hadamard_refuses_what_it_does_not_cover():
     with pytest.raises(ValueError, match="float32/bfloat16, got torch.float16"):
         nvfp4_values(torch.randn(32, 32, device=DEV).half(), axis=0, hadamard=True)
     kw = dict(rounding="stochastic")
-    assert hadamard_quantize_kernel((32, 64), torch.bfloat16, "nvfp4", kw, 0, 16, False) is not None
+    for ok in (kw, dict(kw, four_over_six=True)):
+        assert hadamard_quantize_kernel((32, 64), torch.bfloat16, "nvfp4", ok, 0, 16, False) is not None
     for args in (((32, 64), torch.bfloat16, "nvfp4", kw, 1, 16), ((32, 64), torch.bfloat16, "nvfp4", kw, 0, 32),
                  ((32, 64), torch.float16, "nvfp4", kw, 0, 16), ((32, 64), torch.bfloat16, "mxfp4", kw, 0, 16),
-                 ((24, 64), torch.bfloat16, "nvfp4", kw, 0, 16),
-                 ((32, 64), torch.bfloat16, "nvfp4", dict(kw, four_over_six=True), 0, 16)):
+                 ((24, 64), torch.bfloat16, "nvfp4", kw, 0, 16)):
         assert hadamard_quantize_kernel(*args, packed=True) is None, args
 
 
@@ -968,6 +975,34 @@ def test_seed_kernels_derive_the_reference_seeds_and_keys_bit_for_bit():
         derived_keys(torch.zeros(2, dtype=torch.int64, device=DEV), 1)
     with pytest.raises(ValueError, match="up to two salts"):
         derived_keys(torch.zeros((), dtype=torch.int64, device=DEV), 1, 2, 3)
+
+
+@triton.jit
+def _block_sums_kernel(t_ptr, rows_ptr, tiles_ptr, N: tl.constexpr):
+    r = tl.arange(0, N)[:, None]
+    t = tl.load(t_ptr + r * 16 + tl.arange(0, 16)[None, :])  # [N, 16]: N blocks of 16, or N // 16 tiles of 256
+    tl.store(rows_ptr + tl.arange(0, N), _pairwise_sum16(t))
+    i = tl.arange(0, 16)[:, None, None]  # tile (row within the tile, tile, byte): the tile kernel's even/odd view
+    tile = tl.arange(0, N // 16)[None, :, None]
+    k = tl.arange(0, 8)[None, None, :]
+    even = tl.load(t_ptr + tile * 256 + i * 16 + 2 * k)
+    tl.store(tiles_ptr + tl.arange(0, N // 16), _tile_sum(even, tl.load(t_ptr + tile * 256 + i * 16 + 2 * k + 1), N // 16))
+
+
+def test_four_over_six_kernels_sum_the_errors_in_the_references_tree():
+    """4/6 compares two sums of squared errors, so the kernels must add them in the reference's order
+    (:func:`fp4train.formats.nvfp4.pairwise_sum`) - a block (or 16x16 tile) whose two sums are equal in one order
+    and not in another would otherwise choose another scale. Terms of wildly different sizes make every order
+    give another float: the blocks' and the tiles' sums must be the reference's all the same."""
+    from fp4train.formats.nvfp4 import pairwise_sum
+
+    g = torch.Generator().manual_seed(4)
+    t = torch.exp2(torch.randint(-30, 30, (64, 16), generator=g).float()) * (1 + torch.rand(64, 16, generator=g))
+    rows, tiles = torch.empty(64, device=DEV), torch.empty(4, device=DEV)
+    _block_sums_kernel[(1,)](t.to(DEV), rows, tiles, N=64)
+    assert not torch.equal(pairwise_sum(t), t.sum(-1)) and not torch.equal(pairwise_sum(t), t.flip(-1).cumsum(-1)[:, -1])
+    assert torch.equal(rows.cpu(), pairwise_sum(t))
+    assert torch.equal(tiles.cpu(), pairwise_sum(t.reshape(4, 256)))
 
 
 def test_nvfp4_kernels_take_the_next_block_scale_under_sr_where_the_nearest_saturates():

@@ -357,6 +357,22 @@ def test_nvfp4_newton_schulz_products_quantize_each_operand_along_the_inner_dim(
     assert not torch.equal(_nvfp4_mm(x, y), fp4train.fake_quantize(x, "nvfp4", axis=1) @ fp4train.fake_quantize(y, "nvfp4", axis=1))
 
 
+def test_the_kernel_nvfp4_product_is_the_references_product():
+    """On a GPU the iteration's products quantize their operands by the Triton kernel inside one opaque op (a compiled
+    optimizer step traces none of the quantization): the same operands, bit for bit - the second one quantized in its
+    own layout down its columns, the blocks of its transpose's rows. Here in Triton's interpreter."""
+    pytest.importorskip("triton")
+    from fp4train.formats.quantize import quantize
+    from fp4train.optim.newton_schulz import _scaled_mm, nvfp4_kernel_mm
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(32, 64, generator=g) * torch.logspace(-2, 2, 64)
+    y = torch.randn(64, 48, generator=g) * torch.logspace(-2, 2, 48)
+    want = _scaled_mm(quantize(x, "nvfp4", axis=1).scaled_bf16(), quantize(y.T, "nvfp4", axis=1).scaled_bf16().t())
+    assert torch.equal(nvfp4_kernel_mm(x, y), want)
+    assert torch.equal(nvfp4_kernel_mm(x, y.T.contiguous().T), want)  # a transposed view, as the iteration passes it
+
+
 def _muon_pair(**kw):
     from fp4train.optim import QMuon
 

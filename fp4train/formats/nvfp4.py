@@ -22,7 +22,8 @@ most 448, which cannot overflow since ``amax_b <= amax_t``), so every scaled ele
 block).
 
 "4/6" block scaling (Cook et al. 2025, ``four_over_six=True``): each block tries mapping its
-max to 6 *and* to 4 and keeps whichever gives the smaller squared error (ties keep 6). The errors
+max to 6 *and* to 4 and keeps whichever gives the smaller squared error (ties keep 6), each block's
+errors summed in a fixed tree (:func:`pairwise_sum`) so that kernels choose alike. The errors
 compared are the round-to-nearest ones, also under stochastic rounding: the choice depends on the block
 alone, so each block's SR stays unbiased (chosen on the SR draw, the scale would depend on the very
 rounding it then applies, and the mean of many draws would miss the input). To make
@@ -82,6 +83,15 @@ def _encode_with(xb, amax_b, s_enc, target: float, u):
     return codes, sb_codes, sb
 
 
+def pairwise_sum(t: torch.Tensor) -> torch.Tensor:
+    """The sum over the last dim (a power of two) as a fixed tree: neighbours first (``t[2i] + t[2i+1]``), then
+    neighbouring sums, and so on - one float result on every device and in every kernel (a library's reduction
+    order is its own, and 4/6's choice compares two such sums)."""
+    while t.shape[-1] > 1:
+        t = t[..., 0::2] + t[..., 1::2]
+    return t.squeeze(-1)
+
+
 def encode_blocks(
     xb: torch.Tensor,
     s_enc: torch.Tensor,
@@ -100,8 +110,8 @@ def encode_blocks(
         # the choice is made on the nearest encodings, so it depends on the block alone, never on a rounding draw
         near6 = (codes, sb) if u is None else _encode_with(xb, amax_b, s_enc, 6.0, None)[::2]
         near4 = (codes4, sb4) if u is None else _encode_with(xb, amax_b, s_enc, 4.0, None)[::2]
-        err6 = (true_div(e2m1.decode(near6[0]) * near6[1], s_enc) - xb).square().sum(-1)
-        err4 = (true_div(e2m1.decode(near4[0]) * near4[1], s_enc) - xb).square().sum(-1)
+        err6 = pairwise_sum((true_div(e2m1.decode(near6[0]) * near6[1], s_enc) - xb).square())
+        err4 = pairwise_sum((true_div(e2m1.decode(near4[0]) * near4[1], s_enc) - xb).square())
         use4 = err4 < err6
         codes = torch.where(use4.unsqueeze(-1), codes4, codes)
         sb_codes = torch.where(use4, sb_codes4, sb_codes)

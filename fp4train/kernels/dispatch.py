@@ -15,14 +15,14 @@ _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 def quantize_kernel(shape: tuple, dtype: torch.dtype, fmt: str, block, axis, scale: str, rounding: str, four_over_six: bool):
     """The kernel that quantizes a checked request (``block``/``axis`` as :func:`fp4train.formats.quantize.geometry`
     gives them) for a tensor of ``shape`` and ``dtype``: a function ``(x, seed) -> QuantizedTensor``, or None where
-    none covers it. Covered: 2D tensors, MXFP4/MXFP8 in 1x32 blocks or 32x32 tiles, NVFP4 (no 4/6) in 1x16 blocks or
+    none covers it. Covered: 2D tensors, MXFP4/MXFP8 in 1x32 blocks or 32x32 tiles, NVFP4 (4/6 too) in 1x16 blocks or
     16x16 tiles, FP8 rowwise with nearest rounding.
 
     1D blocks along dim 1 run the row kernels; along dim 0 the column kernels, which read the
     row-major tensor as it is (no transposed copy) and write the reference's canonical layout
     (``x.T``'s codes) with its stochastic-rounding indices ``k * M + m``.
     """
-    if len(shape) != 2 or four_over_six or dtype not in _KERNEL_DTYPES or 0 in shape:
+    if len(shape) != 2 or dtype not in _KERNEL_DTYPES or 0 in shape or (four_over_six and fmt != "nvfp4"):
         return None
     if fmt == "fp8":  # rowwise: one scale per row along the axis (0 or 1 here: geometry() normalized it)
         return (lambda x, seed: fp8_values.quantize_fp8_rowwise(x, axis=axis)) if rounding == "nearest" else None
@@ -30,13 +30,15 @@ def quantize_kernel(shape: tuple, dtype: torch.dtype, fmt: str, block, axis, sca
         tiles = mx_quantize.quantize_mxfp4_2d if fmt == "mxfp4" else mx_quantize.quantize_mxfp8_2d
         return lambda x, seed: tiles(x, scale=scale, rounding=rounding, seed=seed)
     if fmt == "nvfp4" and block == (16, 16):
-        return lambda x, seed: nvfp4_tiles.quantize_nvfp4_2d(x, rounding=rounding, seed=seed)
+        return lambda x, seed: nvfp4_tiles.quantize_nvfp4_2d(x, rounding=rounding, seed=seed, four_over_six=four_over_six)
     b = {"mxfp4": 32, "mxfp8": 32, "nvfp4": 16}.get(fmt)
     if b is None or block != (b,) or shape[axis] % b or (fmt == "nvfp4" and scale != "floor"):
         return None
     kw = dict(rounding=rounding)
     if fmt != "nvfp4":
         kw["scale"] = scale
+    elif four_over_six:
+        kw["four_over_six"] = True
     if axis == 0:  # along dim 0 from the row-major layout, without a transposed copy
         columns = {"mxfp4": mx_quantize.quantize_mxfp4_columns, "mxfp8": mx_quantize.quantize_mxfp8_columns,
                    "nvfp4": nvfp4_quantize.quantize_nvfp4_columns}[fmt]
@@ -55,9 +57,10 @@ def quantize(x: torch.Tensor, fmt: str, block, axis, scale: str, rounding: str, 
 def values_kernel(shape: tuple, dtype: torch.dtype, fmt: str, kw: dict, axis: int):
     """The fake-quantization kernel for a tensor of ``shape`` and ``dtype``: a function ``(x, seed) -> ScaledBF16``
     (what ``quantize(...).scaled_bf16()`` gives, without writing codes), or None where none covers the request:
-    MXFP4/MXFP8 1x32 along either axis or 32x32 tiles; NVFP4 1x16 along either axis or 16x16 tiles; FP8 rowwise
+    MXFP4/MXFP8 1x32 along either axis or 32x32 tiles; NVFP4 (4/6 too) 1x16 along either axis or 16x16 tiles; FP8 rowwise
     with nearest rounding. ``kw``: the operand's ``QuantSpec.quantize_kwargs()``."""
-    if kw.get("four_over_six") or dtype not in _KERNEL_DTYPES:
+    four = kw.get("four_over_six", False)
+    if dtype not in _KERNEL_DTYPES or (four and fmt != "nvfp4"):
         return None
     block, rounding = kw.get("block"), kw.get("rounding", "nearest")
     if fmt in ("mxfp4", "mxfp8"):
@@ -75,9 +78,9 @@ def values_kernel(shape: tuple, dtype: torch.dtype, fmt: str, kw: dict, axis: in
     if fmt == "nvfp4" and isinstance(block, (tuple, list)):
         if tuple(block) != (16, 16):
             return None
-        return lambda x, seed: nvfp4_tiles.nvfp4_tile_values(x, rounding=rounding, seed=seed)
+        return lambda x, seed: nvfp4_tiles.nvfp4_tile_values(x, rounding=rounding, seed=seed, four_over_six=four)
     if fmt == "nvfp4" and block in (None, 16) and shape[axis] % 16 == 0:
-        return lambda x, seed: nvfp4_values(x, axis=axis % 2, rounding=rounding, seed=seed)
+        return lambda x, seed: nvfp4_values(x, axis=axis % 2, rounding=rounding, seed=seed, four_over_six=four)
     if fmt == "fp8" and rounding == "nearest":
         return lambda x, seed: fp8_values.fp8_rowwise_values(x, axis=axis % 2)
     return None
@@ -87,17 +90,18 @@ def hadamard_quantize_kernel(shape: tuple, dtype: torch.dtype, fmt: str, kw: dic
                              packed: bool):
     """The kernel that quantizes an operand together with its GEMM's block Hadamard transform (the transformed
     tensor never written): a function ``(x, seed, signs) -> QuantizedTensor`` (``packed``) or ``ScaledBF16``, or None
-    where none covers the request. Covered: NVFP4 in 1x16 blocks along dim 0 of a 2D float32/bfloat16 tensor (no 4/6
-    selection) under a 16-point transform - NVIDIA's recipe's RHT on the wgrad GEMM's operands."""
-    if (len(shape) != 2 or fmt != "nvfp4" or transform_block != 16 or kw.get("four_over_six") or axis % 2 != 0
+    where none covers the request. Covered: NVFP4 (4/6 too) in 1x16 blocks along dim 0 of a 2D float32/bfloat16 tensor
+    under a 16-point transform - NVIDIA's recipe's RHT on the wgrad GEMM's operands."""
+    if (len(shape) != 2 or fmt != "nvfp4" or transform_block != 16 or axis % 2 != 0
             or kw.get("block") not in (None, 16) or kw.get("scale", "floor") != "floor" or shape[0] % 16 or 0 in shape
             or dtype not in (torch.float32, torch.bfloat16)):
         return None
-    rounding = kw.get("rounding", "nearest")
+    rounding, four = kw.get("rounding", "nearest"), kw.get("four_over_six", False)
     if packed:
         return lambda x, seed, signs: nvfp4_quantize.quantize_nvfp4_columns(x, rounding=rounding, seed=seed, hadamard=True,
-                                                                            signs=signs)
-    return lambda x, seed, signs: nvfp4_values(x, axis=0, rounding=rounding, seed=seed, hadamard=True, signs=signs)
+                                                                            signs=signs, four_over_six=four)
+    return lambda x, seed, signs: nvfp4_values(x, axis=0, rounding=rounding, seed=seed, hadamard=True, signs=signs,
+                                               four_over_six=four)
 
 
 def fake_quantize_values(x: torch.Tensor, fmt: str, kw: dict, axis: int, seed) -> ScaledBF16 | None:

@@ -26,31 +26,75 @@ from .amax import finite_amax_along, hadamard_finite_amax
 from .hadamard import cols_as_rows, norm
 from .e4m3 import e4m3_rtne, e4m3_value
 from .mx_quantize import _e2m1_codes, _kernel_keys, _keys, _uniforms
+from .mx_values import _e2m1_value
 
 
 @triton.jit
-def _nvfp4_blocks(x, s_enc, SR: tl.constexpr):
+def _nvfp4_blocks(x, s_enc, SR: tl.constexpr, FOUR_SIX: tl.constexpr = False):
     """Per 16-element block, one block per row of ``x`` ``[n, 16]`` (float32): the scaled elements
     ``v = (x * s_enc) / sb`` ready for E2M1 rounding, the E4M3 block scale (code and value) and the
-    NaN/Inf flag, in the reference's float order (non-finite elements count as 0 in the amax)."""
+    NaN/Inf flag, in the reference's float order (non-finite elements count as 0 in the amax). ``FOUR_SIX``:
+    the scale that maps the block's largest element to 6 or to 4, whichever errs less (:func:`_four_over_six`)."""
     finite = tl.abs(x) < float("inf")
     nan_block = tl.max(tl.where(finite, 0, 1), axis=1) > 0
     x = tl.where(finite, x, 0.0)
-    sb_code, sb = _nvfp4_scale(tl.max(tl.abs(x), axis=1), s_enc, SR)
+    amax = tl.max(tl.abs(x), axis=1)
+    sb_code, sb = _nvfp4_scale(amax, s_enc, SR, 6.0)
+    if FOUR_SIX:
+        sb_code, sb = _four_over_six(x, amax, s_enc, sb_code, sb, SR)
     return _nvfp4_scaled(x, s_enc, sb[:, None]), sb_code, sb, nan_block
 
 
 @triton.jit
-def _nvfp4_scale(amax, s_enc, SR: tl.constexpr):
-    """The E4M3 block scale (code, value) of a block's finite amax: ``e4m3((amax / 6) * s_enc)``; with SR
+def _nvfp4_scale(amax, s_enc, SR: tl.constexpr, TARGET: tl.constexpr = 6.0):
+    """The E4M3 block scale (code, value) of a block's finite amax: ``e4m3((amax / TARGET) * s_enc)``; with SR
     one code up where the block's largest element would scale past 6 (``(amax * s_enc) / sb > 6``, the
     same float as that element's ``v``), never past 448 (code 126)."""
-    code, sb = e4m3_rtne(tl.minimum(tl.math.div_rn(amax, 6.0) * s_enc, 448.0))
+    code, sb = e4m3_rtne(tl.minimum(tl.math.div_rn(amax, TARGET) * s_enc, 448.0))
     if SR:
         over = (sb > 0.0) & (tl.math.div_rn(amax * s_enc, tl.where(sb > 0.0, sb, 1.0)) > 6.0) & (code < 126)
         code = tl.where(over, code + 1, code)
         sb = tl.where(over, e4m3_value(code), sb)
     return code, sb
+
+
+@triton.jit
+def _four_over_six(x, amax, s_enc, code6, sb6, SR: tl.constexpr):
+    """4/6 block scaling of blocks ``x`` ``[n, 16]`` (finite float32) with their amaxes and the 6-scales
+    ``(code6, sb6)``: the 4-scale (``amax / 4``) where its round-to-nearest encoding's squared error is smaller
+    - the reference's choice (:func:`fp4train.formats.nvfp4.encode_blocks`): errors of the nearest encodings,
+    under SR too, summed in its fixed tree. Launch with ``enable_fp_fusion=False`` (:func:`four_six`)."""
+    code4, sb4 = _nvfp4_scale(amax, s_enc, SR, 4.0)
+    if SR:  # the choice is made on the nearest scales, which SR's bump may have moved
+        _, near6 = _nvfp4_scale(amax, s_enc, False, 6.0)
+        _, near4 = _nvfp4_scale(amax, s_enc, False, 4.0)
+    else:
+        near6 = sb6
+        near4 = sb4
+    err4 = _pairwise_sum16(_squared_errors(x, s_enc, near4[:, None]))
+    err6 = _pairwise_sum16(_squared_errors(x, s_enc, near6[:, None]))
+    use4 = err4 < err6
+    return tl.where(use4, code4, code6), tl.where(use4, sb4, sb6)
+
+
+@triton.jit
+def _squared_errors(x, s_enc, sb):
+    """Per element of blocks ``x`` (any shape; ``sb`` broadcast to it), the squared error of its round-to-nearest
+    NVFP4 value: ``((e2m1(v) * sb) / s_enc - x) ** 2``, the reference's float order."""
+    v = _nvfp4_scaled(x, s_enc, sb)
+    d = tl.math.div_rn(_e2m1_value(_e2m1_codes(v, v, False)) * sb, s_enc) - x
+    return d * d
+
+
+@triton.jit
+def _pairwise_sum16(t):
+    """The sum of each row of ``t`` ``[n, 16]`` in :func:`fp4train.formats.nvfp4.pairwise_sum`'s tree: neighbours
+    first (each level a sum over an axis of two, which is one addition whatever the order)."""
+    n: tl.constexpr = t.shape[0]
+    t = tl.sum(tl.reshape(t, [n, 8, 2]), axis=2)
+    t = tl.sum(tl.reshape(t, [n, 4, 2]), axis=2)
+    t = tl.sum(tl.reshape(t, [n, 2, 2]), axis=2)
+    return tl.sum(t, axis=1)
 
 
 @triton.jit
@@ -65,7 +109,7 @@ def _nvfp4_kernel(
     x_ptr, s_enc_ptr, codes_ptr, scales_ptr,
     n_blocks_row, stride_x, stride_c, stride_s, key, key2,
     SR: tl.constexpr, BLOCKS: tl.constexpr,
-    KEYS_PTR: tl.constexpr = False,
+    KEYS_PTR: tl.constexpr = False, FOUR_SIX: tl.constexpr = False,
 ):
     key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     row = tl.program_id(0)
@@ -74,7 +118,7 @@ def _nvfp4_kernel(
     bmask = blk < n_blocks_row
     offs = blk[:, None] * 16 + j[None, :]
     x = tl.load(x_ptr + row * stride_x + offs, mask=bmask[:, None], other=0.0).to(tl.float32)
-    v, sb_code, sb, nan_block = _nvfp4_blocks(x, tl.load(s_enc_ptr), SR)
+    v, sb_code, sb, nan_block = _nvfp4_blocks(x, tl.load(s_enc_ptr), SR, FOUR_SIX)
     u = v
     if SR:
         u = _uniforms((row * n_blocks_row + blk)[:, None] * 16 + j[None, :], key, key2)
@@ -99,20 +143,27 @@ def _scale_from_amaxes_kernel(amax_ptr, n, out_ptr, TOP: tl.constexpr, FP32_MAX:
     tl.store(out_ptr, tl.where(a == 0, 1.0, s))
 
 
-def device_tensor_scale(x: torch.Tensor, hadamard: bool = False, signs: torch.Tensor | None = None) -> torch.Tensor:
+def device_tensor_scale(x: torch.Tensor, hadamard: bool = False, signs: torch.Tensor | None = None,
+                        four_over_six: bool = False) -> torch.Tensor:
     """NVFP4's ``s_enc`` of ``x`` (``formats.nvfp4.scale_from_amax`` of the finite amax, taken in one
     pass by :func:`.amax.finite_amax_along`) as a 1-element FP32 tensor on ``x``'s device, which the kernels
     load: no host synchronisation, and two launches (the amax, then the scale from it). ``hadamard``: of
     ``x``'s 16-row block Hadamard transform with ``signs`` (:func:`.amax.hadamard_finite_amax`: the transform
-    recomputed, not written)."""
+    recomputed, not written). ``four_over_six``: the tensor scale of 4/6 block scaling, ``(448 * 4) / amax``."""
     if hadamard:
         amaxes = hadamard_finite_amax(x, signs, 16).reshape(1)
     else:
         amaxes = finite_amax_along(x, 1)[0] if x.numel() else x.new_zeros(0, dtype=torch.float32)
     s_enc = torch.empty(1, dtype=torch.float32, device=x.device)
-    _scale_from_amaxes_kernel[(1,)](amaxes, amaxes.numel(), s_enc, TOP=448.0 * 6.0, FP32_MAX=ref_nvfp4._FP32_MAX,
+    _scale_from_amaxes_kernel[(1,)](amaxes, amaxes.numel(), s_enc, TOP=448.0 * (4.0 if four_over_six else 6.0), FP32_MAX=ref_nvfp4._FP32_MAX,
                                     BLOCK=1024, num_warps=4)
     return s_enc
+
+
+def four_six(four_over_six: bool) -> dict:
+    """Launch options of an NVFP4 kernel with or without 4/6 block scaling: its choice compares sums of squares,
+    which must not fuse into multiply-adds (the reference rounds each product)."""
+    return dict(FOUR_SIX=True, enable_fp_fusion=False) if four_over_six else {}
 
 
 def check_hadamard(name: str, x: torch.Tensor, signs: torch.Tensor | None) -> torch.Tensor:
@@ -140,19 +191,20 @@ def _check(name: str, x: torch.Tensor, dim: int, rounding: str) -> torch.Tensor:
 
 
 def quantize_nvfp4(x: torch.Tensor, *, rounding: str = "nearest", seed: int | None = None,
-                   blocks_per_program: int = 8) -> QuantizedTensor:
-    """NVFP4 along the last dim of a 2D tensor (last dim a multiple of 16), fused; see the module docstring."""
+                   blocks_per_program: int = 8, four_over_six: bool = False) -> QuantizedTensor:
+    """NVFP4 along the last dim of a 2D tensor (last dim a multiple of 16), fused; see the module docstring.
+    ``four_over_six``: 4/6 block scaling (:func:`fp4train.formats.nvfp4.encode_blocks`)."""
     x = _check("quantize_nvfp4", x, 1, rounding)
     rows, k = x.shape
     nb = k // 16
-    s_enc = device_tensor_scale(x)
+    s_enc = device_tensor_scale(x, four_over_six=four_over_six)
     codes = torch.empty(rows, k // 2, dtype=torch.uint8, device=x.device)
     scales = torch.empty(rows, nb, dtype=torch.uint8, device=x.device)
     sr, key, key2, kp = _keys(rounding, seed, x.device)
     if rows and nb:
         grid = (rows, triton.cdiv(nb, blocks_per_program))
         _nvfp4_kernel[grid](x, s_enc, codes, scales, nb, x.stride(0), codes.stride(0), scales.stride(0), key, key2,
-                            SR=sr, BLOCKS=blocks_per_program, KEYS_PTR=kp)
+                            SR=sr, BLOCKS=blocks_per_program, KEYS_PTR=kp, **four_six(four_over_six))
     return QuantizedTensor("nvfp4", codes, scales, s_enc.reshape(()), BlockLayout(tuple(x.shape), (16,), 1), x.dtype)
 
 
@@ -160,7 +212,7 @@ def quantize_nvfp4(x: torch.Tensor, *, rounding: str = "nearest", seed: int | No
 def _nvfp4_cols_kernel(x_ptr, s_enc_ptr, cc_ptr, cs_ptr, M, K, stride_x, stride_cc, stride_cs, key, key2,
                        SR: tl.constexpr, BK: tl.constexpr, KEYS_PTR: tl.constexpr = False, d_ptr=None,
                        H: tl.constexpr = False, HAS_D: tl.constexpr = False, NORM: tl.constexpr = 0.25,
-                       ROUND_BF16: tl.constexpr = False):
+                       ROUND_BF16: tl.constexpr = False, FOUR_SIX: tl.constexpr = False):
     """A [16, BK] tile of X -> NVFP4 along M (16x1 blocks down the columns), stored as X^T packed; ``H``: of
     the tile's 16-row Hadamard transform (signs at ``d_ptr`` if ``HAS_D``), computed here."""
     key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
@@ -170,7 +222,7 @@ def _nvfp4_cols_kernel(x_ptr, s_enc_ptr, cc_ptr, cs_ptr, M, K, stride_x, stride_
     kmask = kk < K
     x = tl.load(x_ptr + m[:, None] * stride_x + kk[None, :], mask=kmask[None, :], other=0.0)
     xt = cols_as_rows(x, d_ptr, H, HAS_D, 16, BK, 4, NORM, ROUND_BF16)
-    v, sb_code, sb, nan_block = _nvfp4_blocks(xt, tl.load(s_enc_ptr), SR)  # [BK, 16]: one block per row, as stored
+    v, sb_code, sb, nan_block = _nvfp4_blocks(xt, tl.load(s_enc_ptr), SR, FOUR_SIX)  # [BK, 16]: one block per row
     u = v
     if SR:
         u = _uniforms(kk[:, None] * M + m[None, :], key, key2)  # blocked index along axis 0: k * M + m
@@ -182,17 +234,18 @@ def _nvfp4_cols_kernel(x_ptr, s_enc_ptr, cc_ptr, cs_ptr, M, K, stride_x, stride_
 
 
 def quantize_nvfp4_columns(x: torch.Tensor, *, rounding: str = "nearest", seed: int | None = None,
-                           block_cols: int = 64, hadamard: bool = False, signs: torch.Tensor | None = None) -> QuantizedTensor:
+                           block_cols: int = 64, hadamard: bool = False, signs: torch.Tensor | None = None,
+                           four_over_six: bool = False) -> QuantizedTensor:
     """NVFP4 along dim 0 of a 2D tensor (``quantize(x, "nvfp4", axis=0, ...)`` bit for bit; dim 0 a
     multiple of 16) straight from ``x``'s row-major layout - no transposed copy of ``x``. ``hadamard``: of
     ``fp4train.hadamard(x, 16, axis=0)`` with random ``signs`` (float32 ``[16]``; None: the plain transform),
     computed in the kernel's registers - the tensor scale's amax and the quantization each recompute it, so the
-    transformed tensor is never written (float32/bfloat16 ``x``). Two warps a program: 2x faster than four on the
+    transformed tensor is never written (float32/bfloat16 ``x``). ``four_over_six``: 4/6 block scaling. Two warps a program: 2x faster than four on the
     H200 (16384 x 2048/8192 BF16)."""
     x = _check("quantize_nvfp4_columns", x, 0, rounding)
     M, K = x.shape
     d = check_hadamard("quantize_nvfp4_columns", x, signs) if hadamard else None
-    s_enc = device_tensor_scale(x, hadamard, signs)
+    s_enc = device_tensor_scale(x, hadamard, signs, four_over_six)
     cc = torch.empty(K, M // 2, dtype=torch.uint8, device=x.device)
     cs = torch.empty(K, M // 16, dtype=torch.uint8, device=x.device)
     sr, key, key2, kp = _keys(rounding, seed, x.device)
@@ -200,5 +253,6 @@ def quantize_nvfp4_columns(x: torch.Tensor, *, rounding: str = "nearest", seed: 
         _nvfp4_cols_kernel[(M // 16, triton.cdiv(K, block_cols))](x, s_enc, cc, cs, M, K, x.stride(0), cc.stride(0), cs.stride(0),
                                                                    key, key2, SR=sr, BK=block_cols, KEYS_PTR=kp,
                                                                    d_ptr=d, H=hadamard, HAS_D=signs is not None, NORM=norm(16),
-                                                                   ROUND_BF16=x.dtype == torch.bfloat16, num_warps=2)
+                                                                   ROUND_BF16=x.dtype == torch.bfloat16, num_warps=2,
+                                                                   **four_six(four_over_six))
     return QuantizedTensor("nvfp4", cc, cs, s_enc.reshape(()), BlockLayout((M, K), (16,), 0), x.dtype)

@@ -23,12 +23,12 @@ from ..formats.qtensor import ScaledBF16
 from .mx_quantize import _e2m1_codes, _kernel_keys, _keys, _uniforms
 from .mx_values import _e2m1_value
 from .hadamard import cols_as_rows, norm
-from .nvfp4_quantize import _nvfp4_blocks, check_hadamard, device_tensor_scale
+from .nvfp4_quantize import _nvfp4_blocks, check_hadamard, device_tensor_scale, four_six
 
 
 @triton.jit(do_not_specialize=["key", "key2"])
 def _rows_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr,
-                 KEYS_PTR: tl.constexpr = False):
+                 KEYS_PTR: tl.constexpr = False, FOUR_SIX: tl.constexpr = False):
     """Tile [RB rows, NB*16 columns]: 1x16 blocks along the columns."""
     key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     BK: tl.constexpr = NB * 16
@@ -36,7 +36,7 @@ def _rows_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.conste
     c = tl.program_id(1) * BK + tl.arange(0, BK)
     mask = (r < M)[:, None] & (c < K)[None, :]
     x = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=mask, other=0.0).to(tl.float32)
-    v, _, sb, nan_block = _nvfp4_blocks(tl.reshape(x, [RB * NB, 16]), tl.load(s_enc_ptr), SR)
+    v, _, sb, nan_block = _nvfp4_blocks(tl.reshape(x, [RB * NB, 16]), tl.load(s_enc_ptr), SR, FOUR_SIX)
     u = v
     if SR:
         u = tl.reshape(_uniforms(r[:, None] * K + c[None, :], key, key2), [RB * NB, 16])
@@ -47,7 +47,7 @@ def _rows_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.conste
 @triton.jit(do_not_specialize=["key", "key2"])
 def _cols_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.constexpr, BK: tl.constexpr,
                  KEYS_PTR: tl.constexpr = False, d_ptr=None, H: tl.constexpr = False, HAS_D: tl.constexpr = False,
-                 NORM: tl.constexpr = 0.25, ROUND_BF16: tl.constexpr = False):
+                 NORM: tl.constexpr = 0.25, ROUND_BF16: tl.constexpr = False, FOUR_SIX: tl.constexpr = False):
     """Tile [16 rows, BK columns]: 16x1 blocks down each column; ``H``: of the tile's 16-row Hadamard transform
     (signs at ``d_ptr`` if ``HAS_D``), computed here."""
     key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
@@ -56,7 +56,7 @@ def _cols_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.conste
     mask = (c < K)[None, :]
     x = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=mask, other=0.0)
     xt = cols_as_rows(x, d_ptr, H, HAS_D, 16, BK, 4, NORM, ROUND_BF16)
-    v, _, sb, nan_block = _nvfp4_blocks(xt, tl.load(s_enc_ptr), SR)  # [BK, 16]: one block per row
+    v, _, sb, nan_block = _nvfp4_blocks(xt, tl.load(s_enc_ptr), SR, FOUR_SIX)  # [BK, 16]: one block per row
     u = v
     if SR:
         u = _uniforms(c[:, None] * M + r[None, :], key, key2)  # blocked index along axis 0: k * M + m
@@ -65,9 +65,9 @@ def _cols_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.conste
 
 
 def nvfp4_values(x: torch.Tensor, *, axis: int, rounding: str = "nearest", seed: int | None = None,
-                 hadamard: bool = False, signs: torch.Tensor | None = None) -> ScaledBF16:
-    """``quantize(x, "nvfp4", axis=axis, rounding=..., seed=...).scaled_bf16()`` for a 2D tensor
-    whose ``axis`` is a multiple of 16 (1x16 blocks, no 4/6 selection). ``hadamard`` (``axis=0``,
+                 hadamard: bool = False, signs: torch.Tensor | None = None, four_over_six: bool = False) -> ScaledBF16:
+    """``quantize(x, "nvfp4", axis=axis, rounding=..., seed=..., four_over_six=...).scaled_bf16()`` for a 2D
+    tensor whose ``axis`` is a multiple of 16 (1x16 blocks). ``hadamard`` (``axis=0``,
     float32/bfloat16): of ``fp4train.hadamard(x, 16, axis=0)`` with random ``signs`` (float32 ``[16]``;
     None: the plain transform), recomputed in registers by the amax pass and the quantization pass instead
     of written (see :func:`.nvfp4_quantize.quantize_nvfp4_columns`)."""
@@ -82,17 +82,19 @@ def nvfp4_values(x: torch.Tensor, *, axis: int, rounding: str = "nearest", seed:
     x = x.contiguous()
     M, K = x.shape
     d = check_hadamard("nvfp4_values", x, signs) if hadamard else None
-    s_enc = device_tensor_scale(x, hadamard, signs)
+    s_enc = device_tensor_scale(x, hadamard, signs, four_over_six)
     y = torch.empty(M, K, dtype=torch.bfloat16, device=x.device)
     sr, key, key2, kp = _keys(rounding, seed, x.device)
     if M and K:
         if axis % 2 == 1:
             rb, nb = 16, 8
             _rows_kernel[(triton.cdiv(M, rb), triton.cdiv(K, 16 * nb))](x, s_enc, y, M, K, x.stride(0), y.stride(0),
-                                                                         key, key2, SR=sr, RB=rb, NB=nb, KEYS_PTR=kp)
+                                                                         key, key2, SR=sr, RB=rb, NB=nb, KEYS_PTR=kp,
+                                                                         **four_six(four_over_six))
         else:
             bk = 64  # 64 columns on two warps: 1.3-1.8x faster than on four on the H200 (16384 x 2048/8192 BF16)
             _cols_kernel[(M // 16, triton.cdiv(K, bk))](x, s_enc, y, M, K, x.stride(0), y.stride(0), key, key2, SR=sr, BK=bk,
                                                         KEYS_PTR=kp, d_ptr=d, H=hadamard, HAS_D=signs is not None,
-                                                        NORM=norm(16), ROUND_BF16=x.dtype == torch.bfloat16, num_warps=2)
+                                                        NORM=norm(16), ROUND_BF16=x.dtype == torch.bfloat16, num_warps=2,
+                                                        **four_six(four_over_six))
     return ScaledBF16(y, None, s_enc.reshape(()), axis % 2)

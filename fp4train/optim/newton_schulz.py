@@ -35,6 +35,7 @@ from collections.abc import Sequence
 import torch
 
 from ..formats.quantize import quantize
+from ..quantizer import kernels_usable_on
 
 #: torch.optim.Muon's (a, b, c)
 BF16_COEFFICIENTS = (3.4445, -4.775, 2.0315)
@@ -67,13 +68,39 @@ def _is_batched(x: torch.Tensor) -> bool:
 
 def _nvfp4_mm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``x @ y`` with both operands NVFP4 along the inner dim (x's rows, y's columns), FP32 accumulation."""
+    if x.is_cuda and not _is_batched(x):
+        if kernels_usable_on(x):  # quantized by Triton kernels in one opaque op: a compiled step traces none of it
+            return nvfp4_kernel_mm(x, y)
+        return _scaled_mm(quantize(x.float(), "nvfp4", axis=1).scaled_bf16(),
+                          quantize(y.T.float(), "nvfp4", axis=1).scaled_bf16().t())
     qx = quantize(x.float(), "nvfp4", axis=1)
     qy = quantize(y.T.float(), "nvfp4", axis=1)  # y's columns as rows: blocks along the inner dim
-    if x.is_cuda and not _is_batched(x):
-        sx, sy = qx.scaled_bf16(), qy.scaled_bf16()
-        out = torch.mm(sx.values, sy.values.T, out_dtype=torch.float32)  # exact products, FP32 accumulation
-        return out / sx.divisor / sy.divisor
     return qx.dequantize(torch.float32) @ qy.dequantize(torch.float32).T
+
+
+def _scaled_mm(sx, sy) -> torch.Tensor:
+    """The product of two NVFP4 operands' exact BF16 values (:class:`~fp4train.formats.qtensor.ScaledBF16`, ``sy``
+    ``[k, n]``) on BF16 tensor cores with FP32 accumulation, the tensor scales applied to the output (elsewhere than on
+    a GPU an FP32 matmul of the values: the same products)."""
+    if sx.values.is_cuda:
+        out = torch.mm(sx.values, sy.values, out_dtype=torch.float32)
+    else:
+        out = sx.values.float() @ sy.values.float()
+    return out / sx.divisor / sy.divisor
+
+
+@torch.library.custom_op("fp4train::nvfp4_kernel_mm", mutates_args=())
+def nvfp4_kernel_mm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """:func:`_nvfp4_mm` of CUDA tensors, its operands quantized by the Triton kernel with the reference's bits
+    (``y`` in its own layout, blocks down its columns: the blocks of ``y.T``'s rows)."""
+    from ..kernels import nvfp4_values
+
+    return _scaled_mm(nvfp4_values(x.float(), axis=1), nvfp4_values(y.float(), axis=0))
+
+
+@nvfp4_kernel_mm.register_fake
+def _(x, y):
+    return x.new_empty(x.shape[0], y.shape[1], dtype=torch.float32)
 
 
 def as_triples(coefficients) -> tuple:
