@@ -222,6 +222,33 @@ def test_gpu_nvfp4_newton_schulz_products_are_the_dequantized_operands_products(
         assert ((gpu - x @ y).abs() / scale).max() > 1e-3  # the operands were quantized
 
 
+def test_gpu_stacked_nvfp4_products_are_each_matrixs_product():
+    """Q-Root's same-shape updates go through the NVFP4 iteration as one stack: on the GPU the stacked product (Triton
+    kernels, one launch a pass, then a batched BF16 GEMM with FP32 accumulation) is each matrix's own product up to
+    the GEMM's summation order, and a compiled stacked step moves each parameter as its own step does (within a
+    rounding tipped here and there)."""
+    from fp4train.optim.newton_schulz import nvfp4_kernel_mm
+    from fp4train.optim.qmuon import _orthogonalized_step, _stacked_orthogonalized_steps
+
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(6, 384, 1024, generator=g) * torch.logspace(-3, 1, 6)[:, None, None]).cuda()
+    y = torch.randn(6, 1024, 384, generator=g).cuda()
+    stacked = nvfp4_kernel_mm(x, y)
+    for i in range(6):
+        alone = nvfp4_kernel_mm(x[i], y[i])
+        torch.testing.assert_close(stacked[i], alone, rtol=1e-5, atol=1e-5 * alone.abs().max().item())
+    updates = torch.randn(6, 1024, 384, generator=g).cuda() * torch.logspace(-3, 0, 6, device="cuda")[:, None, None]
+    step = dict(coefficients=(3.4445, -4.775, 2.0315), ns_steps=5, ns_matmul="nvfp4", decay=0.99, step_lr=0.05)
+    w = torch.randn(6, 1024, 384, generator=g).cuda()
+    one = [w[i].clone() for i in range(6)]
+    for i in range(6):
+        _orthogonalized_step(one[i], updates[i], None, **step)
+    together = [w[i].clone() for i in range(6)]
+    torch.compile(_stacked_orthogonalized_steps)(together, updates, None, **step)
+    for a, b, w0 in zip(one, together, w):  # a rounding tipped by the sums' order moves an element or two: 1% of the step
+        assert ((b - a).norm() / (a - 0.99 * w0).norm()).item() < 1e-2
+
+
 def test_gpu_nvfp4_newton_schulz_lands_where_the_cpu_iteration_lands():
     """Five NVFP4 Newton-Schulz steps on the GPU: the same distance to the orthogonal factor as on the CPU (FP32
     summation order may flip an operand's rounding, so near, not equal) and no singular value above 1.5."""

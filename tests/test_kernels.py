@@ -362,6 +362,25 @@ def test_nvfp4_values_kernel_is_the_scaled_reference(axis, rounding, dtype, four
     assert torch.equal(got.divisor, ref.divisor)
 
 
+@pytest.mark.parametrize("axis", [2, 1])
+def test_nvfp4_stacked_values_are_each_matrixs_own(axis):
+    """A stack of matrices (Q-Root's same-shape updates) quantized in one launch a pass: each matrix's values and
+    tensor scale bit for bit what it gets alone - its own scale, however far apart the matrices' magnitudes."""
+    from fp4train.kernels import nvfp4_values
+    from fp4train.kernels.nvfp4_values import nvfp4_stacked_values
+
+    g = torch.Generator().manual_seed(6)
+    x = (torch.randn(4, 48, 80, generator=g) * torch.logspace(-3, 3, 4)[:, None, None]).to(DEV)
+    x[2] = 0.0  # an all-zero matrix: scale 1
+    values, scales = nvfp4_stacked_values(x, axis=axis)
+    assert values.shape == x.shape and scales.shape == (4,)
+    for i in range(4):
+        alone = nvfp4_values(x[i], axis=axis - 1)
+        assert torch.equal(values[i], alone.values) and torch.equal(scales[i], alone.divisor), i
+    with pytest.raises(ValueError, match="multiples of 16"):
+        nvfp4_stacked_values(x[:, :40], axis=axis)
+
+
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -373,6 +373,34 @@ def test_the_kernel_nvfp4_product_is_the_references_product():
     assert torch.equal(nvfp4_kernel_mm(x, y.T.contiguous().T), want)  # a transposed view, as the iteration passes it
 
 
+def test_a_stack_of_updates_takes_each_matrixs_own_nvfp4_iteration():
+    """Q-Root's same-shape parameters orthogonalized as one stack (one launch a pass for all their NVFP4 operands): each
+    matrix quantized with its own tensor scale, each parameter moved as by its own step - up to the order of the sums,
+    far below NVFP4's rounding; the stacked product is each matrix's product."""
+    pytest.importorskip("triton")
+    from fp4train.optim.newton_schulz import nvfp4_kernel_mm
+    from fp4train.optim.qmuon import _orthogonalized_step, _stacked_orthogonalized_steps
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 32, 64, generator=g) * torch.logspace(-2, 2, 3)[:, None, None]
+    y = torch.randn(3, 64, 48, generator=g)
+    stacked = nvfp4_kernel_mm(x, y)
+    for i in range(3):
+        assert torch.equal(stacked[i], nvfp4_kernel_mm(x[i], y[i])), i
+    updates = torch.randn(3, 96, 48, generator=g) * torch.logspace(-3, 0, 3)[:, None, None]
+    eps = updates.abs().flatten(1).quantile(0.99, dim=1)
+    w = torch.randn(3, 96, 48, generator=g)
+    step = dict(coefficients=(3.4445, -4.775, 2.0315), ns_steps=5, ns_matmul="nvfp4", decay=0.99, step_lr=0.1)
+    one = [w[i].clone() for i in range(3)]
+    for i in range(3):
+        _orthogonalized_step(one[i], updates[i], eps[i], **step)
+    together = [w[i].clone() for i in range(3)]
+    _stacked_orthogonalized_steps(together, updates, eps, **step)
+    for a, b, w0 in zip(one, together, w):
+        assert (a - w0).abs().max() > 1e-3  # the step moved the parameter
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+
+
 def _muon_pair(**kw):
     from fp4train.optim import QMuon
 

@@ -132,31 +132,34 @@ def _nvfp4_kernel(
 
 @triton.jit
 def _scale_from_amaxes_kernel(amax_ptr, n, out_ptr, TOP: tl.constexpr, FP32_MAX: tl.constexpr, BLOCK: tl.constexpr):
-    """``formats.nvfp4.scale_from_amax`` of the largest of ``n`` finite amaxes: ``TOP / amax`` rounded once,
-    at most the largest FP32, 1 where the amax is 0 (none, or all zero)."""
+    """Program i: ``formats.nvfp4.scale_from_amax`` of the largest of the ``n`` finite amaxes from ``amax_ptr + i * n``
+    (one tensor's, of a stack of tensors), into ``out_ptr + i``: ``TOP / amax`` rounded once, at most the largest
+    FP32, 1 where the amax is 0 (none, or all zero)."""
     amax = tl.zeros([BLOCK], tl.float32)
+    first = tl.program_id(0) * n
     for i in range(0, n, BLOCK):
         o = i + tl.arange(0, BLOCK)
-        amax = tl.maximum(amax, tl.load(amax_ptr + o, mask=o < n, other=0.0))
+        amax = tl.maximum(amax, tl.load(amax_ptr + first + o, mask=o < n, other=0.0))
     a = tl.max(amax, axis=0)
     s = tl.minimum(tl.math.div_rn(TOP, tl.where(a == 0, 1.0, a)), FP32_MAX)
-    tl.store(out_ptr, tl.where(a == 0, 1.0, s))
+    tl.store(out_ptr + tl.program_id(0), tl.where(a == 0, 1.0, s))
 
 
 def device_tensor_scale(x: torch.Tensor, hadamard: bool = False, signs: torch.Tensor | None = None,
-                        four_over_six: bool = False) -> torch.Tensor:
+                        four_over_six: bool = False, tensors: int = 1) -> torch.Tensor:
     """NVFP4's ``s_enc`` of ``x`` (``formats.nvfp4.scale_from_amax`` of the finite amax, taken in one
     pass by :func:`.amax.finite_amax_along`) as a 1-element FP32 tensor on ``x``'s device, which the kernels
     load: no host synchronisation, and two launches (the amax, then the scale from it). ``hadamard``: of
     ``x``'s 16-row block Hadamard transform with ``signs`` (:func:`.amax.hadamard_finite_amax`: the transform
-    recomputed, not written). ``four_over_six``: the tensor scale of 4/6 block scaling, ``(448 * 4) / amax``."""
+    recomputed, not written). ``four_over_six``: the tensor scale of 4/6 block scaling, ``(448 * 4) / amax``.
+    ``tensors``: ``x``'s rows are that many tensors stacked (equal row counts), each with its own scale: ``[tensors]``."""
     if hadamard:
         amaxes = hadamard_finite_amax(x, signs, 16).reshape(1)
     else:
         amaxes = finite_amax_along(x, 1)[0] if x.numel() else x.new_zeros(0, dtype=torch.float32)
-    s_enc = torch.empty(1, dtype=torch.float32, device=x.device)
-    _scale_from_amaxes_kernel[(1,)](amaxes, amaxes.numel(), s_enc, TOP=448.0 * (4.0 if four_over_six else 6.0), FP32_MAX=ref_nvfp4._FP32_MAX,
-                                    BLOCK=1024, num_warps=4)
+    s_enc = torch.empty(tensors, dtype=torch.float32, device=x.device)
+    _scale_from_amaxes_kernel[(tensors,)](amaxes, amaxes.numel() // tensors, s_enc, TOP=448.0 * (4.0 if four_over_six else 6.0),
+                                          FP32_MAX=ref_nvfp4._FP32_MAX, BLOCK=1024, num_warps=4)
     return s_enc
 
 

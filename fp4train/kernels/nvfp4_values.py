@@ -27,16 +27,18 @@ from .nvfp4_quantize import _nvfp4_blocks, check_hadamard, device_tensor_scale, 
 
 
 @triton.jit(do_not_specialize=["key", "key2"])
-def _rows_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.constexpr, RB: tl.constexpr, NB: tl.constexpr,
-                 KEYS_PTR: tl.constexpr = False, FOUR_SIX: tl.constexpr = False):
-    """Tile [RB rows, NB*16 columns]: 1x16 blocks along the columns."""
+def _rows_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, rows_per_scale, SR: tl.constexpr, RB: tl.constexpr,
+                 NB: tl.constexpr, KEYS_PTR: tl.constexpr = False, FOUR_SIX: tl.constexpr = False):
+    """Tile [RB rows, NB*16 columns]: 1x16 blocks along the columns; the tensor scale of the rows' tensor (a stack's
+    tensors hold ``rows_per_scale`` rows each, a multiple of RB)."""
     key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     BK: tl.constexpr = NB * 16
     r = tl.program_id(0) * RB + tl.arange(0, RB)
     c = tl.program_id(1) * BK + tl.arange(0, BK)
     mask = (r < M)[:, None] & (c < K)[None, :]
     x = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=mask, other=0.0).to(tl.float32)
-    v, _, sb, nan_block = _nvfp4_blocks(tl.reshape(x, [RB * NB, 16]), tl.load(s_enc_ptr), SR, FOUR_SIX)
+    s_enc = tl.load(s_enc_ptr + (tl.program_id(0) * RB) // rows_per_scale)
+    v, _, sb, nan_block = _nvfp4_blocks(tl.reshape(x, [RB * NB, 16]), s_enc, SR, FOUR_SIX)
     u = v
     if SR:
         u = tl.reshape(_uniforms(r[:, None] * K + c[None, :], key, key2), [RB * NB, 16])
@@ -45,18 +47,19 @@ def _rows_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.conste
 
 
 @triton.jit(do_not_specialize=["key", "key2"])
-def _cols_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, SR: tl.constexpr, BK: tl.constexpr,
+def _cols_kernel(x_ptr, s_enc_ptr, y_ptr, M, K, sx, sy, key, key2, rows_per_scale, SR: tl.constexpr, BK: tl.constexpr,
                  KEYS_PTR: tl.constexpr = False, d_ptr=None, H: tl.constexpr = False, HAS_D: tl.constexpr = False,
                  NORM: tl.constexpr = 0.25, ROUND_BF16: tl.constexpr = False, FOUR_SIX: tl.constexpr = False):
     """Tile [16 rows, BK columns]: 16x1 blocks down each column; ``H``: of the tile's 16-row Hadamard transform
-    (signs at ``d_ptr`` if ``HAS_D``), computed here."""
+    (signs at ``d_ptr`` if ``HAS_D``), computed here. The tensor scale: as :func:`_rows_kernel`'s."""
     key, key2 = _kernel_keys(key, key2, KEYS_PTR)  # host ints, or a device seed's keys (CUDA graphs)
     r = tl.program_id(0) * 16 + tl.arange(0, 16)
     c = tl.program_id(1) * BK + tl.arange(0, BK)
     mask = (c < K)[None, :]
     x = tl.load(x_ptr + r[:, None] * sx + c[None, :], mask=mask, other=0.0)
     xt = cols_as_rows(x, d_ptr, H, HAS_D, 16, BK, 4, NORM, ROUND_BF16)
-    v, _, sb, nan_block = _nvfp4_blocks(xt, tl.load(s_enc_ptr), SR, FOUR_SIX)  # [BK, 16]: one block per row
+    s_enc = tl.load(s_enc_ptr + (tl.program_id(0) * 16) // rows_per_scale)
+    v, _, sb, nan_block = _nvfp4_blocks(xt, s_enc, SR, FOUR_SIX)  # [BK, 16]: one block per row
     u = v
     if SR:
         u = _uniforms(c[:, None] * M + r[None, :], key, key2)  # blocked index along axis 0: k * M + m
@@ -89,12 +92,36 @@ def nvfp4_values(x: torch.Tensor, *, axis: int, rounding: str = "nearest", seed:
         if axis % 2 == 1:
             rb, nb = 16, 8
             _rows_kernel[(triton.cdiv(M, rb), triton.cdiv(K, 16 * nb))](x, s_enc, y, M, K, x.stride(0), y.stride(0),
-                                                                         key, key2, SR=sr, RB=rb, NB=nb, KEYS_PTR=kp,
+                                                                         key, key2, M, SR=sr, RB=rb, NB=nb, KEYS_PTR=kp,
                                                                          **four_six(four_over_six))
         else:
             bk = 64  # 64 columns on two warps: 1.3-1.8x faster than on four on the H200 (16384 x 2048/8192 BF16)
-            _cols_kernel[(M // 16, triton.cdiv(K, bk))](x, s_enc, y, M, K, x.stride(0), y.stride(0), key, key2, SR=sr, BK=bk,
+            _cols_kernel[(M // 16, triton.cdiv(K, bk))](x, s_enc, y, M, K, x.stride(0), y.stride(0), key, key2, M, SR=sr, BK=bk,
                                                         KEYS_PTR=kp, d_ptr=d, H=hadamard, HAS_D=signs is not None,
                                                         NORM=norm(16), ROUND_BF16=x.dtype == torch.bfloat16, num_warps=2,
                                                         **four_six(four_over_six))
     return ScaledBF16(y, None, s_enc.reshape(()), axis % 2)
+
+
+def nvfp4_stacked_values(x: torch.Tensor, *, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For a stack of matrices ``x`` ``[n, M, K]`` (float32/bfloat16/float16), each matrix's
+    ``quantize(x[i], "nvfp4", axis=axis - 1).scaled_bf16()`` with nearest rounding: the values ``[n, M, K]`` (exact
+    BF16) and the tensor scales ``[n]`` (each matrix's own, the divisors), in one launch per pass for the whole stack.
+    1x16 blocks along ``axis`` 2 (the rows) or 1 (down the columns); ``M`` and that axis multiples of 16."""
+    if x.ndim != 3 or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"nvfp4_stacked_values takes a 3D float32/bfloat16/float16 stack, got {x.dtype} {tuple(x.shape)}")
+    if axis % 3 not in (1, 2) or x.shape[1] % 16 or x.shape[axis] % 16:
+        raise ValueError(f"nvfp4_stacked_values: blocks along axis 1 or 2 of {tuple(x.shape)}, whose dim 1 and that axis "
+                         f"are multiples of 16")
+    n, rows, K = x.shape
+    flat = x.contiguous().reshape(n * rows, K)
+    s_enc = device_tensor_scale(flat, tensors=n) if n else x.new_ones(0, dtype=torch.float32)
+    y = torch.empty(n * rows, K, dtype=torch.bfloat16, device=x.device)
+    if flat.numel():
+        if axis % 3 == 2:
+            _rows_kernel[(n * rows // 16, triton.cdiv(K, 16 * 8))](flat, s_enc, y, n * rows, K, K, K, 0, 0, rows, SR=False, RB=16,
+                                                                 NB=8)
+        else:
+            _cols_kernel[(n * rows // 16, triton.cdiv(K, 64))](flat, s_enc, y, n * rows, K, K, K, 0, 0, rows, SR=False, BK=64,
+                                                             num_warps=2)
+    return y.reshape(n, rows, K), s_enc

@@ -67,14 +67,16 @@ def _is_batched(x: torch.Tensor) -> bool:
 
 
 def _nvfp4_mm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """``x @ y`` with both operands NVFP4 along the inner dim (x's rows, y's columns), FP32 accumulation."""
-    if x.is_cuda and not _is_batched(x):
-        if kernels_usable_on(x):  # quantized by Triton kernels in one opaque op: a compiled step traces none of it
-            return nvfp4_kernel_mm(x, y)
-        return _scaled_mm(quantize(x.float(), "nvfp4", axis=1).scaled_bf16(),
-                          quantize(y.T.float(), "nvfp4", axis=1).scaled_bf16().t())
+    """``x @ y`` with both operands NVFP4 along the inner dim (x's rows, y's columns), FP32 accumulation; a stack of
+    matrices ``[n, m, k] @ [n, k, n']`` quantizes each matrix with its own tensor scale."""
+    if x.is_cuda and not _is_batched(x) and kernels_usable_on(x):
+        return nvfp4_kernel_mm(x, y)  # quantized by Triton kernels in one opaque op: a compiled step traces none of it
+    if x.ndim == 3:
+        return torch.stack([_nvfp4_mm(a, b) for a, b in zip(x.unbind(), y.unbind())])
     qx = quantize(x.float(), "nvfp4", axis=1)
     qy = quantize(y.T.float(), "nvfp4", axis=1)  # y's columns as rows: blocks along the inner dim
+    if x.is_cuda and not _is_batched(x):
+        return _scaled_mm(qx.scaled_bf16(), qy.scaled_bf16().t())
     return qx.dequantize(torch.float32) @ qy.dequantize(torch.float32).T
 
 
@@ -82,25 +84,34 @@ def _scaled_mm(sx, sy) -> torch.Tensor:
     """The product of two NVFP4 operands' exact BF16 values (:class:`~fp4train.formats.qtensor.ScaledBF16`, ``sy``
     ``[k, n]``) on BF16 tensor cores with FP32 accumulation, the tensor scales applied to the output (elsewhere than on
     a GPU an FP32 matmul of the values: the same products)."""
-    if sx.values.is_cuda:
-        out = torch.mm(sx.values, sy.values, out_dtype=torch.float32)
-    else:
-        out = sx.values.float() @ sy.values.float()
-    return out / sx.divisor / sy.divisor
+    return _values_mm(sx.values, sy.values) / sx.divisor / sy.divisor
+
+
+def _values_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` of exact BF16 values (2D or stacked 3D) with FP32 accumulation and output."""
+    if a.is_cuda:
+        return (torch.mm if a.ndim == 2 else torch.bmm)(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()
 
 
 @torch.library.custom_op("fp4train::nvfp4_kernel_mm", mutates_args=())
 def nvfp4_kernel_mm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """:func:`_nvfp4_mm` of CUDA tensors, its operands quantized by the Triton kernel with the reference's bits
-    (``y`` in its own layout, blocks down its columns: the blocks of ``y.T``'s rows)."""
+    """:func:`_nvfp4_mm` of CUDA tensors, its operands quantized by the Triton kernels with the reference's bits
+    (``y`` in its own layout, blocks down its columns: the blocks of ``y.T``'s rows); a stack of matrices in one
+    launch per pass, each matrix with its own tensor scale."""
     from ..kernels import nvfp4_values
+    from ..kernels.nvfp4_values import nvfp4_stacked_values
 
-    return _scaled_mm(nvfp4_values(x.float(), axis=1), nvfp4_values(y.float(), axis=0))
+    if x.ndim == 2:
+        return _scaled_mm(nvfp4_values(x.float(), axis=1), nvfp4_values(y.float(), axis=0))
+    vx, sx = nvfp4_stacked_values(x.float(), axis=2)
+    vy, sy = nvfp4_stacked_values(y.float(), axis=1)
+    return _values_mm(vx, vy) / sx[:, None, None] / sy[:, None, None]
 
 
 @nvfp4_kernel_mm.register_fake
 def _(x, y):
-    return x.new_empty(x.shape[0], y.shape[1], dtype=torch.float32)
+    return x.new_empty(*x.shape[:-1], y.shape[-1], dtype=torch.float32)
 
 
 def as_triples(coefficients) -> tuple:
@@ -145,10 +156,12 @@ def nvfp4_iteration(x: torch.Tensor, coefficients, mm, *, eps: float = 0.0, rows
 
 def newton_schulz(g: torch.Tensor, coefficients: Sequence = BF16_COEFFICIENTS, steps: int = 5,
                   eps: float = 1e-7, *, matmul: str = "bf16") -> torch.Tensor:
-    """The orthogonalized ``g`` (2D): BF16 for ``matmul="bf16"``, FP32 for ``"nvfp4"`` (see the module docstring).
+    """The orthogonalized ``g`` (2D): BF16 for ``matmul="bf16"``, FP32 for ``"nvfp4"`` (see the module docstring),
+    which also takes a stack of same-shape matrices ``[n, m, k]``, each orthogonalized on its own in one iteration.
     ``coefficients``: one ``(a, b, c)`` for every step, or one per step."""
-    if g.ndim != 2:
-        raise ValueError(f"newton_schulz takes a 2D matrix, got shape {tuple(g.shape)}")
+    if g.ndim != 2 and not (g.ndim == 3 and matmul == "nvfp4"):
+        raise ValueError(f"newton_schulz takes a 2D matrix (with matmul='nvfp4' also a stack [n, m, k]), got shape "
+                         f"{tuple(g.shape)}")
     if matmul not in ("bf16", "nvfp4"):
         raise ValueError(f"matmul must be bf16 or nvfp4, got {matmul!r}")
     coefficients = per_step(coefficients, steps)
@@ -163,13 +176,14 @@ def newton_schulz(g: torch.Tensor, coefficients: Sequence = BF16_COEFFICIENTS, s
             x = torch.addmm(x, update, x, beta=a)
         return x.T if g.size(0) > g.size(1) else x
     x = g.float()
-    if g.size(0) > g.size(1):
-        x = x.T
-    rows, cols = x.shape
+    tall = g.size(-2) > g.size(-1)
+    if tall:
+        x = x.mT
+    rows, cols = x.shape[-2:]
     # zeros up to whole NVFP4 blocks: they stay zero through every product (an all-zero block quantizes to zeros, and
     # a partial block's scale is its own elements'), so the matrix's iteration is unchanged; cut off at the end
     x = torch.nn.functional.pad(x, (0, -cols % 16, 0, -rows % 16))
-    x = x / x.norm().clamp(min=eps)
+    x = x / (x.norm() if x.ndim == 2 else x.norm(dim=(-2, -1), keepdim=True)).clamp(min=eps)
     x = nvfp4_iteration(x, coefficients, _nvfp4_mm, eps=eps, rows=rows)
-    x = x[:rows, :cols]
-    return x.T if g.size(0) > g.size(1) else x
+    x = x[..., :rows, :cols]
+    return x.mT if tall else x

@@ -250,11 +250,27 @@ def _quantized_muon_updates(ps, gs, stored: list[dict], keys: torch.Tensor | Non
     again."""
     keys = [None] * len(ps) if keys is None else keys.unbind()
     momenta = [_compiled(_momentum_from_stored)(g, st, k, mu=mu, nesterov=nesterov) for g, st, k in zip(gs, stored, keys)]
-    eps = ([None] * len(ps) if robust_quantile is None
-           else clip_thresholds(torch.stack([u for u, _ in momenta]), robust_quantile).unbind())
-    for p, (u, _), e in zip(ps, momenta, eps):
-        _compiled(_orthogonalized_step)(p, u, e, **step)
+    eps = None if robust_quantile is None else clip_thresholds(torch.stack([u for u, _ in momenta]), robust_quantile)
+    if step["ns_matmul"] == "nvfp4" and len(ps) > 1:  # one NVFP4 iteration for the stack: a launch a pass for all of it
+        _compiled(_stacked_orthogonalized_steps)(ps, torch.stack([u for u, _ in momenta]), eps, **step)
+    else:
+        for i, (p, (u, _)) in enumerate(zip(ps, momenta)):
+            _compiled(_orthogonalized_step)(p, u, None if eps is None else eps[i], **step)
     return [st for _, st in momenta]
+
+
+def _stacked_orthogonalized_steps(ps, updates, eps, *, coefficients, ns_steps, ns_matmul, decay, step_lr):
+    """:func:`_orthogonalized_step` of each of the same-shape whole parameters ``ps`` by its update in the stack
+    ``updates`` (``eps``: their clip thresholds ``[n]``, or None), the NVFP4 Newton-Schulz iteration run once for the
+    stack (each matrix its own tensor scales: the same iteration as one at a time, its sums in another order)."""
+    if eps is not None:
+        updates = _clip(updates, eps[:, None, None])
+    for p, update in zip(ps, newton_schulz(updates, coefficients, ns_steps, matmul=ns_matmul).unbind()):
+        p.mul_(decay)
+        if isinstance(step_lr, torch.Tensor):  # compiled: a tensor, which add's alpha cannot be
+            p.sub_(update * step_lr)
+        else:
+            p.add_(update, alpha=-step_lr)
 
 
 def _batched_muon_updates(ps, gs, stored: list[dict], keys: torch.Tensor | None, *, mu, nesterov, robust_quantile,
