@@ -108,6 +108,15 @@ def test_compare_writes_report(tmp_path):
     assert "| mxfp4 |" in md and "Noise floor (BF16): seed-to-seed standard deviation" in md and "95% interval" in md
     assert m["verdict"] in md
     assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    # report.json alone is the evidence: every run's summary, settings and curves, as its run folder holds them
+    saved = json.loads((out / "report.json").read_text())
+    for x in saved["runs"]:
+        run = out / "runs" / x["run"]
+        metrics = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+        assert [tuple(p) for p in x["curve"]] == [(r["step"], r["val_loss"]) for r in metrics if "val_loss" in r]
+        assert [tuple(p) for p in x["train_curve"]] == [(r["step"], r["loss"]) for r in metrics if "loss" in r]
+        assert x["config"] == json.loads((run / "config.json").read_text()) and "adahop_calibration" not in x
+        assert x["final_val_loss"] == json.loads((run / "summary.json").read_text())["final_val_loss"]
 
     # a comparison cut short: the unfinished recipe is named and left out, the rest still reported
     (out / "runs" / "mxfp4-seed1" / "summary.json").unlink()

@@ -3,9 +3,9 @@
 Runs every (recipe, seed) pair - one after another, or several at once, one per GPU, as
 subprocesses - then writes a report folder:
 
-* ``report.json``: every run's final validation loss, tokens/s and peak memory, and per recipe
-  the gap to BF16 in percent (per seed, at the same seed, and the mean), plus BF16's own
-  seed-to-seed spread, so a real difference can be told from noise;
+* ``report.json``: per recipe the gap to BF16 in percent (per seed, at the same seed, and the mean), plus
+  BF16's own seed-to-seed spread, so a real difference can be told from noise; and every run whole (final
+  validation loss, tokens/s, peak memory, settings, loss curves): the comparison's evidence in one file;
 * ``report.md``: the same as tables;
 * ``loss.png``: training-loss curves (every logged step) and validation losses (means over seeds), and the
   validation gap to BF16 over training.
@@ -372,9 +372,16 @@ def noise_floor(out: Path, seeds: list[int], base_losses: dict[int, float]) -> d
     return nf
 
 
+#: what report.json keeps of a run folder besides its summary and curves: its settings and AdaHOP's calibration
+RUN_EVIDENCE = {"config": "config.json", "adahop_calibration": "adahop_calibration.json"}
+
+
 def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_per_gpu: int = 1,
                  eval_data: list[str] | None = None) -> dict:
-    """Report the finished runs in ``out/runs``. A recipe with a seed not yet finished is listed as
+    """Report the finished runs in ``out/runs`` in ``report.json`` (the report, and every run's summary, validation
+    and training loss curves and :data:`RUN_EVIDENCE`: the comparison's evidence in one file), ``report.md`` and
+    ``loss.png``.
+    A recipe with a seed not yet finished is listed as
     unfinished and left out of the tables (re-running the same ``compare`` finishes it); BF16 must
     be complete, since every gap is measured against it. ``runs_per_gpu``: how many runs shared a
     GPU at once (their tokens/s are then only comparable with each other).
@@ -398,7 +405,9 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
         for s in seeds:
             d = done[(r, s)]
             summ = json.loads((d / "summary.json").read_text())
-            runs.append({**summ, "recipe_arg": r, "run": d.name, "curve": _curve(d), "train_curve": _curve(d, "loss")})
+            runs.append({**summ, "recipe_arg": r, "run": d.name, "curve": _curve(d), "train_curve": _curve(d, "loss"),
+                         **{key: json.loads((d / name).read_text()) for key, name in RUN_EVIDENCE.items()
+                            if (d / name).exists()}})
     by = {(x["recipe_arg"], x["seed"]): x for x in runs}
     base_losses = {s: by[(BASELINE, s)]["final_val_loss"] for s in seeds}
     nf = noise_floor(out, seeds, base_losses)
@@ -441,7 +450,8 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
         "noise_floor": nf, "recipes": summary, "unfinished": unfinished,
         "numerics": sorted({x.get("numerics") or "eager" for x in runs}),
         "backends": sorted({x.get("backend") or "emulated" for x in runs}), "runs_per_gpu": runs_per_gpu,
-        "runs": [{k: v for k, v in x.items() if k not in ("curve", "train_curve")} for x in runs],
+        # each run whole - its summary, settings and loss curves - so that report.json alone is the comparison's evidence
+        "runs": runs,
     }
     write_text(out / "report.json", json.dumps(report, indent=1))
     write_text(out / "report.md", _markdown(report))
