@@ -132,11 +132,10 @@ def experts_table(d: dict) -> str:
 
 
 def runs_table(folder: str) -> str:
-    """The runs of a results folder (``<folder>/runs/<name>/summary.json``, and compiled ones in ``runs-compiled/``):
-    how each ran, final validation loss, tokens/s, memory."""
+    """The runs of a results folder (its ``runs.json``, from ``bench/bundle_runs.py``): how each ran, final
+    validation loss, tokens/s, memory."""
     lines = ["| run | how | steps | tokens | val loss | tokens/s | peak GiB |", "|---|---|---:|---:|---:|---:|---:|"]
-    summaries = [json.loads(p.read_text()) for sub in ("runs", "runs-compiled")
-                 for p in sorted((RESULTS / folder / sub).glob("*/summary.json"))]
+    summaries = [run["summary"] for run in json.loads((RESULTS / folder / "runs.json").read_text())["runs"].values()]
     for s in summaries:
         how = f"compiled ({s['compiled_graphs']} graphs)" if s["compile"] and s.get("compiled_graphs") else \
             "compiled" if s["compile"] else "eager"
@@ -145,7 +144,7 @@ def runs_table(folder: str) -> str:
     s = summaries[0]
     commits = ", ".join(sorted({x["commit"] for x in summaries}))
     return "\n".join(lines + ["", f"_{s['gpu']}, torch {s['torch'].split('+')[0]}, commit{'s' if ',' in commits else ''} "
-                               f"{commits}; `bench/results/{folder}/runs*/*/config.json` hold each run's settings._"])
+                               f"{commits}; `bench/results/{folder}/runs.json` holds each run's settings and curves._"])
 
 
 def _minutes(s: float) -> str:
@@ -307,7 +306,7 @@ def tables(gpu: str) -> dict[str, str]:
         out["quantize"] = quantize_table(d)
     if d := _load(f"experts_speed-moe-1b-{gpu}.json"):
         out["experts"] = experts_table(d)
-    if (RESULTS / "moe-20m-enwiki-short" / "runs").exists():
+    if (RESULTS / "moe-20m-enwiki-short" / "runs.json").exists():
         out["moe_runs"] = runs_table("moe-20m-enwiki-short")
     for model in ("20m", "60m"):
         folder = f"compare-{model}-enwiki"

@@ -313,3 +313,34 @@ def test_quickstart_table_says_how_far_the_losses_move_with_other_cpu_kernels():
                                      "kernels, 1 thread 0.05% / 0.50%._")
     timing["platforms"] = timing["platforms"][:1]
     assert "other CPU kernels" not in tables.quickstart_table(report, timing)
+
+
+def test_a_folder_of_runs_becomes_one_results_file_and_its_table(tmp_path, monkeypatch):
+    """bench/bundle_runs.py keeps of each finished run its summary, settings and curves, in one file that the docs'
+    table reads; a run without a summary (unfinished) is left out, and a folder with none is an error."""
+    import bundle_runs
+
+    def run(sub, name, loss, compiled):
+        d = tmp_path / "r" / sub / name
+        d.mkdir(parents=True)
+        summary = {"model": "m", "recipe": name, "compile": compiled, "compiled_graphs": 2 if compiled else 0, "steps": 2,
+                   "tokens": 64, "final_val_loss": loss, "tokens_per_s": 1000.0, "peak_mem_gib": 1.5, "gpu": "G",
+                   "torch": "2.11.0+cu130", "commit": "abc1234"}
+        (d / "summary.json").write_text(json.dumps(summary))
+        (d / "config.json").write_text(json.dumps({"recipe": name}))
+        (d / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n{"step": 2, "loss": 8.0, "val_loss": %s}\n' % loss)
+
+    run("runs", "bf16", 7.5, False)
+    run("runs-compiled", "nvfp4", 7.6, True)
+    (tmp_path / "r" / "runs" / "cut-short").mkdir()  # no summary: unfinished
+    bundle_runs.main([str(tmp_path / "r"), "runs", "runs-compiled"])
+    runs = json.loads((tmp_path / "r" / "runs.json").read_text())["runs"]
+    assert list(runs) == ["runs/bf16", "runs-compiled/nvfp4"]
+    assert runs["runs/bf16"]["curve"] == [[2, 7.5]] and runs["runs/bf16"]["train_curve"] == [[1, 9.0], [2, 8.0]]
+    assert runs["runs-compiled/nvfp4"]["config"] == {"recipe": "nvfp4"}
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    lines = tables.runs_table("r").splitlines()
+    assert lines[2:4] == ["| m bf16 | eager | 2 | 64 | 7.5000 | 1,000 | 1.50 |",
+                          "| m nvfp4 | compiled (2 graphs) | 2 | 64 | 7.6000 | 1,000 | 1.50 |"]
+    with pytest.raises(FileNotFoundError, match="no finished run"):
+        bundle_runs.bundle(tmp_path / "r", ["nowhere"])

@@ -183,6 +183,11 @@ def test_reports_name_the_steps_spent_in_bf16_calibration(tmp_path, capsys):
     assert json.loads((out / "runs" / "bf16-seed0" / "summary.json").read_text())["bf16_steps"] == 0
     assert "Steps spent in BF16 calibration (counted in each run's steps): " in (out / "report.md").read_text()
     assert "adahop2 2 of 3" in (out / "report.md").read_text()  # a recipe file by its stem
+    rep = json.loads((out / "report.json").read_text())  # the evidence: the recipe file's recipe and the calibration
+    assert rep["recipe_files"] == {"adahop2": json.loads(recipe.read_text())}
+    calibrated = [x for x in rep["runs"] if x["recipe_arg"] == str(recipe)]
+    assert calibrated and all(x["adahop_calibration"] == json.loads((out / "runs" / x["run"] / "adahop_calibration.json")
+                                                                    .read_text()) for x in calibrated)
     assert "(2 of them BF16 calibration)" in err
 
 

@@ -110,6 +110,7 @@ def test_compare_writes_report(tmp_path):
     assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
     # report.json alone is the evidence: every run's summary, settings and curves, as its run folder holds them
     saved = json.loads((out / "report.json").read_text())
+    assert saved["settings"] == json.loads((out / "compare.json").read_text()) and saved["recipe_files"] == {}
     for x in saved["runs"]:
         run = out / "runs" / x["run"]
         metrics = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]

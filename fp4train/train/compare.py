@@ -378,9 +378,9 @@ RUN_EVIDENCE = {"config": "config.json", "adahop_calibration": "adahop_calibrati
 
 def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_per_gpu: int = 1,
                  eval_data: list[str] | None = None) -> dict:
-    """Report the finished runs in ``out/runs`` in ``report.json`` (the report, and every run's summary, validation
-    and training loss curves and :data:`RUN_EVIDENCE`: the comparison's evidence in one file), ``report.md`` and
-    ``loss.png``.
+    """Report the finished runs in ``out/runs`` in ``report.json`` (the report, the comparison's settings, the recipes
+    of its recipe files, and every run's summary, validation and training loss curves and :data:`RUN_EVIDENCE`: the
+    comparison's evidence in one file), ``report.md`` and ``loss.png``.
     A recipe with a seed not yet finished is listed as
     unfinished and left out of the tables (re-running the same ``compare`` finishes it); BF16 must
     be complete, since every gap is measured against it. ``runs_per_gpu``: how many runs shared a
@@ -450,7 +450,11 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
         "noise_floor": nf, "recipes": summary, "unfinished": unfinished,
         "numerics": sorted({x.get("numerics") or "eager" for x in runs}),
         "backends": sorted({x.get("backend") or "emulated" for x in runs}), "runs_per_gpu": runs_per_gpu,
-        # each run whole - its summary, settings and loss curves - so that report.json alone is the comparison's evidence
+        # the comparison's settings, its recipe files' recipes and each run whole (summary, settings, loss curves):
+        # report.json alone is the comparison's evidence
+        "settings": json.loads((out / "compare.json").read_text()) if (out / "compare.json").exists() else None,
+        "recipe_files": {recipe_label(r): json.loads(Path(r).read_text()) if Path(r).is_file() else None
+                         for r in recipes if r.endswith(".json")},
         "runs": runs,
     }
     write_text(out / "report.json", json.dumps(report, indent=1))
