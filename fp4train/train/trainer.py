@@ -9,7 +9,8 @@ gradient norm stops the run at once with the step named; the last good checkpoin
 
 What a method needs beyond its recipe (AdaHOP's calibration, LoRA-SVD's realignment) is a feature
 (:mod:`fp4train.features`) that the trainer calls at fixed points; the run directory's checks and lock are
-:mod:`.run_dir`'s, the metrics and the progress bar :mod:`.records`'.
+:mod:`.run_dir`'s, the metrics and the progress bar :mod:`.records`', what a checkpoint holds, resuming from one and
+the run's summary :mod:`.run_state`'s.
 
 Writes to ``out``: ``config.json``, ``metrics.jsonl`` (one JSON object per logged step), TensorBoard events
 under ``tb/``, ``checkpoints.json`` + ``step_*.pt`` (sharded runs: ``step_*/`` directories), ``summary.json``,
@@ -28,34 +29,26 @@ from pathlib import Path
 
 import torch
 
-from .. import backends, device_seeds, models
-from ..checkpoint import Checkpoints, CheckpointWriteError, expected_bytes
+from .. import device_seeds, models
+from ..checkpoint import Checkpoints, expected_bytes
 from ..conversion import convert
 from ..data import PackedBatches, eval_batches, load_splits, load_tokenizer
 from ..devices import resolve_device
-from ..linear import QuantizedLinear
 from ..row_shards import full
-from ..timing import code_commit
-from . import sharding
-from .config import RESUME_FIXED, TrainConfig, saved_settings, speed_settings
+from . import run_state, sharding
+from .config import TrainConfig, speed_settings
 from .determinism import deterministic_algorithms
 from .distributed import Ranks
 from .distributed import setup as setup_ranks
-from .features import recipe_and_features, summary_defaults
+from .features import recipe_and_features
 from .optimizer import make_optimizer, make_scheduler
 from .records import MetricsLog, SteadySteps, compiled_graphs, progress_bar
-from .rng_state import rng_state, set_rng_state
-from .run_dir import RunLock, check_free_space, check_run_dir, clear_run_files, resume_command, write_text
+from .run_dir import RunLock, check_free_space, check_run_dir, write_text
 from .signals import StopRequests, Terminated, TrainingInterrupted
 
 
 class TrainingDiverged(RuntimeError):
     """The loss or the gradient norm became NaN/Inf."""
-
-
-def _numerics(model: torch.nn.Module) -> str | None:
-    """The numerics the model's quantized layers run (None if it has none)."""
-    return next((m.numerics for m in model.modules() if isinstance(m, QuantizedLinear)), None)
 
 
 def load_data(cfg: TrainConfig, ranks: Ranks = Ranks()):
@@ -241,63 +234,12 @@ class Trainer:
 
     # ---- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """The checkpoint of an unsharded run, in the single-process format (a sharded run writes its shards:
-        :meth:`_save`)."""
-        return {"step": self.step, "model": self.model.state_dict(), "optimizer": self.opt.state_dict(), **self._plain_state()}
-
-    def _plain_state(self) -> dict:
-        """What a checkpoint holds besides the model's and the optimizer's tensors (the features' state at its top
-        level)."""
-        out = {"scheduler": self.sched.state_dict(), "data": self.batches.state_dict(), "rng": rng_state(self.device),
-               "config": self.cfg.to_dict(), "recipe": self.recipe.to_dict(), "model_config": self.model.config.to_dict()}
-        for f in self.features:
-            out.update(f.state_dict())
-        return out
+        """The checkpoint of an unsharded run (:func:`.run_state.checkpoint_state`)."""
+        return run_state.checkpoint_state(self)
 
     def load_state_dict(self, st: dict) -> None:
-        saved = saved_settings(st["config"])
-        changed = [k for k in RESUME_FIXED if saved.get(k) != getattr(self.cfg, k)]  # the optimizer too: its state is its own
-        if changed:
-            diffs = ", ".join(f"{k}: checkpoint {saved.get(k)!r} vs now {getattr(self.cfg, k)!r}" for k in changed)
-            raise ValueError(f"cannot resume: the run's settings changed ({diffs}); resume with the same settings "
-                             f"(plain `fp4train train --out DIR --resume` reuses them) or start a new --out")
-        for f in self.features:  # before the tensors: a feature may change the layers, and the model be sharded after
-            f.load_state_dict(st, self)
-        self._model_released()
-        if "sharded" in st:  # written by a sharded run: each process reads its part
-            sharding.load_sharded_state(self.model, self.opt, st["sharded"], st["optimizer_groups"])
-        elif self._sharded:
-            sharding.load_full_state(self.model, self.opt, st["model"], st["optimizer"])
-        else:
-            self.model.load_state_dict(st["model"])
-            self.opt.load_state_dict(st["optimizer"])
-        self.sched.load_state_dict(st["scheduler"])
-        self.batches.load_state_dict(st["data"])
-        set_rng_state(st["rng"], self.device)
-        self.step = st["step"]
-
-    def _save(self) -> None:
-        """A checkpoint of this step. Sharded, every process writes its shards (``torch.distributed.checkpoint``);
-        otherwise rank 0 writes one file, the single-process format (under ddp the ranks hold the same state).
-        A write that fails (a full or read-only disk) leaves the checkpoints there were, and stops every rank with
-        one error that names the last of them and how to continue."""
-        problem = None
-        try:
-            if self._sharded:
-                tensors, groups = sharding.sharded_state(self.model, self.opt)
-                self.ckpts.save_sharded(self.step, tensors, {"step": self.step, "optimizer_groups": groups, **self._plain_state()},
-                                        main=self.main, barrier=self.ranks.barrier)
-            elif self.main:
-                self.ckpts.save(self.step, self.state_dict())
-        except CheckpointWriteError as e:
-            problem = str(e)
-        problem = self.ranks.broadcast(problem)  # every rank waits for the write, and stops if it failed
-        if problem:
-            last = self.ckpts.entries()
-            kept = (f"the last checkpoint, step {last[-1]['step']} ({self.out / last[-1]['file']}), is intact: once the disk can "
-                    f"take it, continue with: {resume_command(self.out)}" if last else
-                    "no checkpoint was written before: once the disk can take one, start the run again with --overwrite")
-            raise CheckpointWriteError(f"{problem}; {kept}")
+        """Continue from a checkpoint (:func:`.run_state.load_checkpoint_state`)."""
+        run_state.load_checkpoint_state(self, st)
 
     # ---- a step -------------------------------------------------------------------------------
     def _autocast(self):
@@ -371,7 +313,7 @@ class Trainer:
             self.close()
 
     def _run(self) -> dict:
-        done = self._resume_or_clear()
+        done = run_state.resume_or_clear(self)
         if done is not None:
             return done
         if self.main:  # the run's files are rank 0's
@@ -388,27 +330,6 @@ class Trainer:
         with metrics:
             val_loss = self._loop(metrics, steady)
         return self._finish(val_loss, steady, compiled_graphs() - graphs_before)
-
-    def _resume_or_clear(self) -> dict | None:
-        """Load the checkpoint to resume from (a finished run: its summary, returned), or clear the run files
-        ``--overwrite`` replaces."""
-        cfg = self.cfg
-        if self.resume:
-            st = self.ckpts.load(None if self.resume is True else self.resume, map_location=self.device, trust=self.trust)
-            self.load_state_dict(st)
-            if self.step >= cfg.max_steps:
-                done = self._finished_summary()
-                if done is not None:
-                    self.log(f"fp4train: {self.out} is finished at step {self.step} (val loss {_fmt(done.get('final_val_loss'))}); "
-                             "nothing to do. A larger --max-steps trains it further")
-                    return done
-                if self.step > cfg.max_steps:
-                    raise ValueError(f"cannot resume: the checkpoint is at step {self.step}, past --max-steps {cfg.max_steps}; "
-                                     f"give --max-steps {self.step} or more")
-            self.log(f"fp4train: resumed {self.out} at step {self.step}")
-        elif self.overwrite and self.main:
-            clear_run_files(self.out)
-        return None
 
     def _header(self) -> None:
         cfg = self.cfg
@@ -449,7 +370,7 @@ class Trainer:
                         t_last, tok_last = now, 0
                     saved = False
                     if final and self.writes_checkpoints:  # the result is safe before what can still fail (evaluation, report)
-                        self._save()
+                        run_state.save_checkpoint(self)
                         saved = True
                     if (cfg.eval_every and self.step % cfg.eval_every == 0) or final:
                         val_loss = self.evaluate()
@@ -461,7 +382,7 @@ class Trainer:
                         bar.update(1)
                         bar.set_postfix(loss=f"{loss:.3f}", **({"val": f"{val_loss:.3f}"} if val_loss is not None else {}))
                     if not saved and self.writes_checkpoints and cfg.ckpt_every and self.step % cfg.ckpt_every == 0:
-                        self._save()
+                        run_state.save_checkpoint(self)
                         saved = True
                     self._stop_if_asked(stop, final=final, saved=saved)
         finally:
@@ -477,12 +398,12 @@ class Trainer:
         if not self.writes_checkpoints:  # nothing to resume from: stop at once
             raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
         if not saved:
-            self._save()
+            run_state.save_checkpoint(self)
         raise TrainingInterrupted(self.out, self.step, self.out / self.ckpts.entries()[-1]["file"], signum)
 
     def _finish(self, val_loss: float | None, steady: SteadySteps, graphs: int) -> dict:
         """The run's summary: written as ``summary.json``, said in a line, returned."""
-        summary = self._summary(val_loss, steady, graphs)
+        summary = run_state.run_summary(self, val_loss, steady, graphs)
         if self.main:
             write_text(self.out / "summary.json", json.dumps(summary, indent=1))
         self.ranks.barrier()
@@ -490,46 +411,10 @@ class Trainer:
             self.log(f"fp4train: torch.compile made {summary['compiled_graphs']} graphs in this run")
         notes = "".join(f.done_note() for f in self.features)
         peak = summary["peak_mem_gib"]
-        self.log(f"fp4train: done - {self.step} steps{notes}, val loss {_fmt(val_loss)}"
+        self.log(f"fp4train: done - {self.step} steps{notes}, val loss {run_state.fmt_loss(val_loss)}"
                  + (f", {summary['tokens_per_s']:,.0f} tokens/s" if summary["tokens_per_s"] else "")
                  + (f", peak {peak:.2f} GiB" if peak else "") + f"; results in {self.out}")
         return summary
-
-    def _summary(self, val_loss: float | None, steady: SteadySteps, graphs: int) -> dict:
-        cfg = self.cfg
-        features = summary_defaults()
-        for f in self.features:
-            features.update(f.summary())
-        return {
-            "model": cfg.model_name, "recipe": self.recipe.name, "seed": cfg.seed, "data_seed": cfg.order_seed,
-            "optimizer": cfg.optimizer, "steps": self.step,
-            "tokens": self.step * cfg.tokens_per_step, "params": self.model.num_params(),
-            "final_val_loss": val_loss, "final_val_ppl": math.exp(min(val_loss, 50)) if val_loss is not None else None,
-            # tokens per step over the median steady step (what bench/train_speed.py reports)
-            "tokens_per_s": cfg.tokens_per_step / steady.median() if steady.times else None,
-            "step_ms": steady.median() * 1e3 if steady.times else None, "steady_steps": len(steady.times),
-            "peak_mem_gib": torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None,
-            "device": str(self.device), "gpu": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
-            "numerics": _numerics(self.model), "backend": backends.resolve(cfg.backend or self.recipe.backend),
-            "commit": code_commit(), "torch": torch.__version__,
-            "compile": self.compile, "compile_mode": self.compile_mode if self.compile else None,
-            "deterministic": cfg.deterministic, "processes": self.ranks.world,
-            "compiled_graphs": graphs if self.compile else None, **features,
-        }
-
-    def _finished_summary(self) -> dict | None:
-        """The summary of a run that finished at the current step, else None."""
-        path = self.out / "summary.json"
-        try:
-            done = json.loads(path.read_text()) if path.exists() else None
-        except ValueError:
-            return None
-        return done if done and done.get("steps") == self.step else None
-
-
-def _fmt(v) -> str:
-    return "n/a" if v is None else f"{v:.4f}"
-
 
 def train(cfg: TrainConfig, *, resume: bool | str = False, overwrite: bool = False, trust: bool = False, features=()) -> dict:
     """Train as ``cfg`` says; returns the run summary (also written to ``cfg.out/summary.json``).
