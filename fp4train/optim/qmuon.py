@@ -29,6 +29,7 @@ import math
 import torch
 
 from .. import row_shards
+from ..quantizer import kernels_usable_on
 from ..row_shards import local
 from . import state_codec
 from .newton_schulz import BF16_COEFFICIENTS, as_triples, newton_schulz
@@ -251,7 +252,10 @@ def _quantized_muon_updates(ps, gs, stored: list[dict], keys: torch.Tensor | Non
     keys = [None] * len(ps) if keys is None else keys.unbind()
     momenta = [_compiled(_momentum_from_stored)(g, st, k, mu=mu, nesterov=nesterov) for g, st, k in zip(gs, stored, keys)]
     eps = None if robust_quantile is None else clip_thresholds(torch.stack([u for u, _ in momenta]), robust_quantile)
-    if step["ns_matmul"] == "nvfp4" and len(ps) > 1:  # one NVFP4 iteration for the stack: a launch a pass for all of it
+    if step["ns_matmul"] == "nvfp4" and len(ps) > 1 and kernels_usable_on(ps[0]) and ps[0].is_cuda:
+        # one NVFP4 iteration for the stack, its products quantized by the kernels: a launch a pass for all of it. (On a
+        # CPU, where the reference quantizes inside the compiled stack, the stack's second matrix left the eager step
+        # by 6% over five steps: kept per parameter there until that is understood.)
         _compiled(_stacked_orthogonalized_steps)(ps, torch.stack([u for u, _ in momenta]), eps, **step)
     else:
         for i, (p, (u, _)) in enumerate(zip(ps, momenta)):
