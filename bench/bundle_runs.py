@@ -16,11 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-
-def curve(metrics: Path, key: str) -> list[list]:
-    """``[[step, value]]`` of ``key`` in a run's metrics."""
-    rows = [json.loads(ln) for ln in metrics.read_text().splitlines() if ln.strip()]
-    return [[r["step"], r[key]] for r in rows if key in r]
+from fp4train.train.compare import _curve  # the curves a comparison's report.json keeps, read the same way
 
 
 def bundle(folder: Path, subfolders: list[str]) -> dict:
@@ -33,8 +29,7 @@ def bundle(folder: Path, subfolders: list[str]) -> dict:
         for run in found:
             runs[f"{sub}/{run.name}"] = {"summary": json.loads((run / "summary.json").read_text()),
                                          "config": json.loads((run / "config.json").read_text()),
-                                         "curve": curve(run / "metrics.jsonl", "val_loss"),
-                                         "train_curve": curve(run / "metrics.jsonl", "loss")}
+                                         "curve": _curve(run), "train_curve": _curve(run, "loss")}
     return runs
 
 
