@@ -225,9 +225,13 @@ def test_gpu_nvfp4_newton_schulz_products_are_the_dequantized_operands_products(
 def test_gpu_stacked_nvfp4_products_are_each_matrixs_product():
     """Q-Root's same-shape updates go through the NVFP4 iteration as one stack: on the GPU the stacked product (Triton
     kernels, one launch a pass, then a batched BF16 GEMM with FP32 accumulation) is each matrix's own product up to
-    the GEMM's summation order, and a compiled stacked step moves each parameter as its own step does (within a
-    rounding tipped here and there)."""
+    the GEMM's summation order, and a compiled stacked step orthogonalizes each update as well as its own eager step.
+    (Not closer: the NVFP4 iteration amplifies a rounding flipped by another summation order into a different point
+    of its error ball - a 1e-6 relative change of the input moves the result by up to ~20% at the same distance to
+    the orthogonal factor, docs/findings.md.)"""
     from fp4train.optim.newton_schulz import nvfp4_kernel_mm
+    from fp4train.optim.ns_coefficients import nvfp4_coefficients
+    from fp4train.optim.nvfp4_ns_fit import fitted_distance, polar
     from fp4train.optim.qmuon import _orthogonalized_step, _stacked_orthogonalized_steps
 
     g = torch.Generator().manual_seed(1)
@@ -238,15 +242,19 @@ def test_gpu_stacked_nvfp4_products_are_each_matrixs_product():
         alone = nvfp4_kernel_mm(x[i], y[i])
         torch.testing.assert_close(stacked[i], alone, rtol=1e-5, atol=1e-5 * alone.abs().max().item())
     updates = torch.randn(6, 1024, 384, generator=g).cuda() * torch.logspace(-3, 0, 6, device="cuda")[:, None, None]
-    step = dict(coefficients=(3.4445, -4.775, 2.0315), ns_steps=5, ns_matmul="nvfp4", decay=0.99, step_lr=0.05)
+    step = dict(coefficients=nvfp4_coefficients(384, 1024), ns_steps=5, ns_matmul="nvfp4", decay=0.99, step_lr=0.05)
     w = torch.randn(6, 1024, 384, generator=g).cuda()
     one = [w[i].clone() for i in range(6)]
     for i in range(6):
         _orthogonalized_step(one[i], updates[i], None, **step)
     together = [w[i].clone() for i in range(6)]
     torch.compile(_stacked_orthogonalized_steps)(together, updates, None, **step)
-    for a, b, w0 in zip(one, together, w):  # a rounding tipped by the sums' order moves an element or two: 1% of the step
-        assert ((b - a).norm() / (a - 0.99 * w0).norm()).item() < 1e-2
+    for a, b, w0, u in zip(one, together, w, updates):
+        target = polar(u.float())
+        d_one, _ = fitted_distance((0.99 * w0 - a) / 0.05, target)
+        d_stack, _ = fitted_distance((0.99 * w0 - b) / 0.05, target)
+        assert d_one < 0.3 and abs(d_stack - d_one) < 0.01, (d_one, d_stack)
+        assert (b - a).norm() < (a - 0.99 * w0).norm()  # the same step's size, not another one
 
 
 def test_gpu_nvfp4_newton_schulz_lands_where_the_cpu_iteration_lands():

@@ -401,6 +401,28 @@ def test_a_stack_of_updates_takes_each_matrixs_own_nvfp4_iteration():
         torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
 
 
+def test_the_nvfp4_iteration_moves_with_a_rounding_flip_but_stays_as_orthogonal():
+    """Why a compiled (or stacked, or GPU) NVFP4 step is compared with the eager one by its distance to the orthogonal
+    factor and not element by element: a 1e-6 relative change of the input flips some operand's rounding, and five
+    NVFP4 products carry the flip to another point of their error ball - percents away - at the same distance."""
+    from fp4train.optim.newton_schulz import newton_schulz
+    from fp4train.optim.ns_coefficients import nvfp4_coefficients
+    from fp4train.optim.nvfp4_ns_fit import fitted_distance, polar
+
+    g = torch.Generator().manual_seed(1)
+    u = torch.randn(256, 128, generator=g)
+    coefficients, target = nvfp4_coefficients(128, 256), polar(u)
+    base = newton_schulz(u, coefficients, matmul="nvfp4")
+    d_base = float(fitted_distance(base, target)[0])
+    moved = []
+    for s in range(4):
+        nudged = u * (1 + 1e-6 * torch.randn(u.shape, generator=torch.Generator().manual_seed(s)))
+        out = newton_schulz(nudged, coefficients, matmul="nvfp4")
+        moved.append(float((out - base).norm() / base.norm()))
+        assert abs(float(fitted_distance(out, target)[0]) - d_base) < 0.01
+    assert max(moved) > 0.02, moved  # percents, where an FP32 iteration would move by ~1e-6
+
+
 def _muon_pair(**kw):
     from fp4train.optim import QMuon
 

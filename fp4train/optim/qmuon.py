@@ -254,8 +254,7 @@ def _quantized_muon_updates(ps, gs, stored: list[dict], keys: torch.Tensor | Non
     eps = None if robust_quantile is None else clip_thresholds(torch.stack([u for u, _ in momenta]), robust_quantile)
     if step["ns_matmul"] == "nvfp4" and len(ps) > 1 and kernels_usable_on(ps[0]) and ps[0].is_cuda:
         # one NVFP4 iteration for the stack, its products quantized by the kernels: a launch a pass for all of it. (On a
-        # CPU, where the reference quantizes inside the compiled stack, the stack's second matrix left the eager step
-        # by 6% over five steps: kept per parameter there until that is understood.)
+        # CPU the reference quantizes a stack one matrix at a time anyway: per parameter there, a smaller compile.)
         _compiled(_stacked_orthogonalized_steps)(ps, torch.stack([u for u, _ in momenta]), eps, **step)
     else:
         for i, (p, (u, _)) in enumerate(zip(ps, momenta)):
