@@ -43,6 +43,18 @@ def write_results(path: Path, results, **settings) -> dict:
     return out
 
 
+def write_section(path: Path, key: str, results, **settings) -> dict:
+    """:func:`write_results` as the section ``key`` of a file that holds one section per setting (a benchmark run per
+    model preset, say): the other sections are kept, this one replaced. Returns what was written of it."""
+    old = json.loads(path.read_text()) if path.exists() else {}
+    sections = old.get("sections", {})
+    sections[key] = {"gpu": device_name(), "date": datetime.date.today().isoformat(), "commit": code_commit() or "unknown",
+                     "torch": torch.__version__, **settings, "results": results}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"sections": dict(sorted(sections.items()))}, indent=1) + "\n")
+    return sections[key]
+
+
 def kernel_times(prof, steps: int) -> dict[str, tuple[float, int]]:
     """Kernel name -> (milliseconds per step, calls per step) of the profiled steps."""
     out: dict[str, list] = defaultdict(lambda: [0.0, 0])

@@ -2,8 +2,8 @@
 
 Question: what does a newcomer wait for? Runs the README's Quickstart commands as written - the
 ``fp4train compare`` line (into a fresh folder, with an empty token cache: tokenization included) and,
-with ``--tests``, the test-suite line - and times each. Copies the comparison's report (``report.md``,
-``report.json``, ``loss.png``) to ``bench/results/quickstart-<device>/`` beside ``timing.json`` (wall
+with ``--tests``, the test-suite line - and times each. Copies the comparison's report (``report.json``,
+``loss.png``) to ``bench/results/quickstart-<device>/`` beside ``timing.json`` (wall
 seconds of each command, the run folder's size, the machine's cores); ``python bench/tables.py`` puts the
 table and the times in the README.
 
@@ -104,7 +104,7 @@ def main(argv=None):
         timing["compare_s"] = time.perf_counter() - t0
         timing["compare_disk_mb"] = _folder_mb(out)
         dest.mkdir(parents=True, exist_ok=True)
-        for name in ("report.md", "report.json", "loss.png"):
+        for name in ("report.json", "loss.png"):  # report.md is report.json's tables: bench/tables.py renders them
             shutil.copy(os.path.join(out, name), dest / name)
         platforms = [{**_setting(None, None), "val_loss": _val_losses(out)}]
         if args.platforms:

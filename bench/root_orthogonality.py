@@ -12,7 +12,8 @@ Muon's reaches 1.5 on square rank-8 matrices). Columns: BF16 with Muon's coeffic
 coefficients (``nvfp4``) and with Muon's (``nvfp4_muon``). The target: ``nvfp4`` within 1.5x of ``bf16_muon`` on every
 class and shape, no singular value above 1.5. ``--momenta-data`` adds real updates: the NVFP4 momenta of one layer
 per shape after ``--momenta-steps`` steps of the trainer's ``fullstack`` run of the model on that data (clipped as
-Root clips them). Runs on the CPU or a GPU (``--device``).
+Root clips them). Runs on the CPU or a GPU (``--device``). Writes the model's section of
+``bench/results/root_orthogonality.json`` (``--json``), the other models' kept.
 
     python bench/root_orthogonality.py --model 20m [--seeds 2] [--device cuda] [--momenta-data enwiki]
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from common import results_path, write_results
+from common import RESULTS, write_section
 from fp4train.models import PRESETS
 from fp4train.optim.newton_schulz import BF16_COEFFICIENTS, newton_schulz
 from fp4train.optim.ns_coefficients import nvfp4_coefficients, shape_coefficients
@@ -113,12 +114,12 @@ def main(argv=None):
     ap.add_argument("--momenta-steps", type=int, default=300)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    path = args.json or results_path("root_orthogonality", args.model, per_device=False)
+    path = args.json or RESULTS / "root_orthogonality.json"  # one section per model, the others kept
     momenta = captured_momenta(args.model, args.momenta_data, args.momenta_steps, args.device) if args.momenta_data else None
     rows = measure(args.model, args.seeds, args.device, momenta)
     worst = max((r["nvfp4_over_bf16_muon"] or float("inf")) for r in rows)
     top = max((r["nvfp4_top_singular_value"] or float("inf")) for r in rows)
-    write_results(path, rows, model=args.model, seeds=args.seeds, steps=5, target=TARGET, worst_ratio=worst,
+    write_section(path, args.model, rows, model=args.model, seeds=args.seeds, steps=5, target=TARGET, worst_ratio=worst,
                   momenta=None if momenta is None else {"data": args.momenta_data, "steps": args.momenta_steps},
                   largest_singular_value=top, all_meet_target=all(r["meets_target"] for r in rows))
     print(f"worst nvfp4/bf16-muon {worst:.3f}, largest singular value {top:.3f}: "

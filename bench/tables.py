@@ -16,6 +16,8 @@ import re
 
 from common import RESULTS, ROOT
 
+from fp4train.train.compare import report_markdown
+
 DOCS = (ROOT / "docs/performance.md", ROOT / "docs/comparing.md", ROOT / "docs/models.md", ROOT / "docs/parallel.md",
         ROOT / "README.md")
 
@@ -153,7 +155,7 @@ def _minutes(s: float) -> str:
 
 
 def quickstart_table(report_md: str, timing: dict) -> str:
-    """The quickstart comparison's table (from its report.md) and what the commands took (timing.json)."""
+    """The quickstart comparison's table (from its report, as markdown) and what the commands took (timing.json)."""
     table = [ln for ln in report_md.splitlines() if ln.startswith("|")]
     t = timing["results"]
     took = [f"the comparison {_minutes(t['compare_s'])}, tokenization included ({t['compare_disk_mb']:.0f} MB on disk)"]
@@ -288,7 +290,8 @@ def tables(gpu: str) -> dict[str, str]:
     out = {}
     quick = RESULTS / "quickstart-cpu"
     if (quick / "timing.json").exists():
-        out["quickstart"] = quickstart_table((quick / "report.md").read_text(), json.loads((quick / "timing.json").read_text()))
+        out["quickstart"] = quickstart_table(report_markdown(json.loads((quick / "report.json").read_text())),
+                                             json.loads((quick / "timing.json").read_text()))
     runs = [d for d in (_load(f"train_speed-{m}-{gpu}.json") for m in ("1b", "3b")) if d]
     if runs:
         out["train"] = train_table(runs)

@@ -26,6 +26,16 @@ def test_results_files_are_named_per_benchmark_and_device_and_record_provenance(
     assert json.loads(path.read_text())["results"] == [] and len(list(path.parent.iterdir())) == 1
 
 
+def test_a_sectioned_results_file_replaces_one_section_and_keeps_the_others(tmp_path):
+    path = tmp_path / "root_orthogonality.json"
+    common.write_section(path, "20m", [{"shape": 1}], model="20m", seeds=2)
+    common.write_section(path, "1b", [{"shape": 2}], model="1b", seeds=1)
+    common.write_section(path, "20m", [{"shape": 3}], model="20m", seeds=2)  # a rerun of one model
+    sections = json.loads(path.read_text())["sections"]
+    assert list(sections) == ["1b", "20m"] and sections["1b"]["results"] == [{"shape": 2}]
+    assert sections["20m"]["results"] == [{"shape": 3}] and {"gpu", "date", "commit", "torch", "seeds"} <= sections["20m"].keys()
+
+
 def _run(model, rows):
     return {"model": model, "gpu": "G", "torch": "2.11.0+cu130", "commit": "abc1234", "date": "2026-12-02", "batch_size": 8,
             "seq_len": 2048, "compile": True, "compile_mode": "reduce-overhead", "results": rows}

@@ -458,7 +458,7 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
         "runs": runs,
     }
     write_text(out / "report.json", json.dumps(report, indent=1))
-    write_text(out / "report.md", _markdown(report))
+    write_text(out / "report.md", report_markdown(report))
     _plot(out / "loss.png", runs, recipes, seeds)
     print((out / "report.md").read_text())
     return report
@@ -473,7 +473,8 @@ def _ci(x: dict) -> str:
     return f"[{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "—"
 
 
-def _markdown(rep: dict) -> str:
+def report_markdown(rep: dict) -> str:
+    """A comparison's report.md from its report.json (the tables and the verdicts)."""
     hw = rep["gpu"] or rep["device"]
     n = len(rep["seeds"])
     lines = [
