@@ -1,21 +1,21 @@
-"""Every ``fp4train`` command in the README runs as written, in a fresh folder laid out as a clone beside ``shared/``:
-the same subcommands, flags, paths and data layout, with only the sizes shrunk (the tiny model, a few steps, two
-seeds) and, on a machine without GPUs, ``--gpus`` left out. The data folders the README names are made small, in
-their real layout (enwiki's ``train-*``/``val-*`` xz JSON-lines shards, tiny-shakespeare's ``input.txt``)."""
+"""Every ``fp4train`` command of the examples the README shows (``examples/``) runs as written, in a fresh folder
+laid out as a clone beside ``shared/``: the same subcommands, flags, paths and data layout, with only the sizes
+shrunk (the tiny model, a few steps, two seeds) and, on a machine without GPUs, ``--gpus`` left out. The data
+folders the commands name are made small, in their real layout (enwiki's ``train-*``/``val-*`` xz JSON-lines shards, tiny-shakespeare's ``input.txt``)."""
 
 import json
 import lzma
-import re
-import shlex
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from examples_files import commands
 
 from fp4train.cli import main
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+#: the examples the README shows, whose commands read ``../shared/data`` as a clone beside ``shared/`` does
+README_EXAMPLES = ("quickstart.sh", "training.sh", "several_gpus.sh")
 
 #: flag -> the value a command takes here (the sizes); None: the flag and its value are left out
 SHRUNK = {"--model": "tiny", "--max-steps": "2", "--seq-len": "32", "--batch-size": "2", "--warmup-steps": "1",
@@ -26,16 +26,9 @@ CALIBRATING = {"--max-steps": "22"}
 
 
 def readme_commands() -> list[list[str]]:
-    """The argument lists of the README's ``fp4train ...`` and ``torchrun ... -m fp4train ...`` commands, in order."""
-    cmds = []
-    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S):
-        for line in block.splitlines():
-            line = line.split(" #", 1)[0].strip()
-            if line.startswith("fp4train "):
-                cmds.append(shlex.split(line))
-            elif line.startswith("torchrun "):
-                cmds.append(shlex.split(line))
-    return cmds
+    """The argument lists of the README's examples' ``fp4train ...`` and ``torchrun ... -m fp4train ...`` commands,
+    in order."""
+    return commands(*README_EXAMPLES)
 
 
 #: the sizes a command that trains takes where it leaves them to their defaults
