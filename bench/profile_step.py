@@ -77,7 +77,24 @@ def _timed_steps(t, steps: int) -> tuple[float, float]:
     return start.elapsed_time(end) / steps, sum(s.elapsed_time(e) for s, e in spans) / steps
 
 
-def profile(recipe: str, *, model: str, data: str | None, batch: int, seq: int, warmup: int, steps: int, out: Path, top: int) -> dict:
+def host_ops(t, steps: int, top: int) -> dict:
+    """Where the host's time goes over ``steps`` steps: the ``top`` operations (PyTorch ops, compiled regions, the
+    optimizer's step, custom ops) by total and by self CPU milliseconds per step, with their calls per step."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            t.train_step()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.cpu_time_total / 1e3 / steps, e.self_cpu_time_total / 1e3 / steps, e.count // steps)
+            for e in prof.key_averages()]
+
+    def ranked(i):
+        return [{"name": r[0][:160], "ms": round(r[i], 3), "calls": r[3]} for r in sorted(rows, key=lambda r: -r[i])[:top]]
+
+    return {"by_total": ranked(1), "by_self": ranked(2)}
+
+
+def profile(recipe: str, *, model: str, data: str | None, batch: int, seq: int, warmup: int, steps: int, out: Path, top: int,
+            host: bool = False) -> dict:
     rec = fp4train.recipes.get(recipe)
     calib = rec.calibration_steps if rec.calibrate else 0
     cfg = TrainConfig(model=model, recipe=recipe, data=data, seq_len=seq, batch_size=batch, max_steps=calib + warmup + steps + 1,
@@ -92,6 +109,7 @@ def profile(recipe: str, *, model: str, data: str | None, batch: int, seq: int, 
             for _ in range(steps):
                 t.train_step()
             torch.cuda.synchronize()
+        hosted = host_ops(t, steps, top) if host else None
     finally:
         t.close()
     kernels = kernel_times(prof, steps)
@@ -103,7 +121,8 @@ def profile(recipe: str, *, model: str, data: str | None, batch: int, seq: int, 
             "total_ms": sum(ms for ms, _ in kernels.values()), **{f"{c}_ms": classes[c] for c in
             ("gemm", "attention", "optimizer", "other")},
             "top_kernels": [{"name": n[:160], "class": kernel_class(n), "ms": ms, "calls": calls} for n, (ms, calls) in ranked],
-            "kernels": {n[:160]: [round(ms, 3), calls] for n, (ms, calls) in kernels.items() if ms >= 0.05}}
+            "kernels": {n[:160]: [round(ms, 3), calls] for n, (ms, calls) in kernels.items() if ms >= 0.05},
+            **({"host_ops": hosted} if hosted else {})}
 
 
 def main(argv=None):
@@ -116,6 +135,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=3, help="steps before the profile (compilation, autotuning)")
     ap.add_argument("--steps", type=int, default=2, help="steps profiled (the figures are per step)")
     ap.add_argument("--top", type=int, default=15, help="kernels listed per recipe")
+    ap.add_argument("--host", action="store_true", help="also profile the host (CPU) side: its top operations")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -127,7 +147,7 @@ def main(argv=None):
         for r in recipes:
             try:
                 row = profile(r, model=args.model, data=args.data, batch=args.batch_size, seq=args.seq_len, warmup=args.warmup,
-                              steps=args.steps, out=Path(tmp), top=args.top)
+                              steps=args.steps, out=Path(tmp), top=args.top, host=args.host)
             except Exception as e:  # noqa: BLE001 - an OOM or a compile error is a result here
                 row = {"recipe": r, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]}
             finally:
@@ -142,6 +162,8 @@ def main(argv=None):
                       f"{row['attention_ms']:.1f}, optimizer {row['optimizer_ms']:.1f}, other {row['other_ms']:.1f}", flush=True)
                 for k in row["top_kernels"][:8]:
                     print(f"{'':16}{k['ms']:7.2f} ms {k['calls']:5d}x [{k['class']}] {k['name'][:90]}", flush=True)
+                for k in row.get("host_ops", {}).get("by_total", [])[:15]:
+                    print(f"{'':16}{k['ms']:7.2f} ms {k['calls']:5d}x [host] {k['name'][:90]}", flush=True)
             write_results(path, rows, model=args.model, batch_size=args.batch_size, seq_len=args.seq_len, data=data_label(args.data),
                           warmup=args.warmup, steps=args.steps, compile_mode="default")
 
