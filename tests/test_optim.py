@@ -373,6 +373,26 @@ def test_the_kernel_nvfp4_product_is_the_references_product():
     assert torch.equal(nvfp4_kernel_mm(x, y.T.contiguous().T), want)  # a transposed view, as the iteration passes it
 
 
+def test_the_kernel_gram_product_quantizes_once_what_the_product_quantizes_twice():
+    """The iteration's Gram matrices ``X X^T`` (2D and stacked): both operands are X in blocks along its rows, so the
+    kernel quantizes X once and multiplies it transposed - the same operand values as :func:`nvfp4_kernel_mm`
+    ``(X, X^T)`` quantizes twice, their product up to FP32 summation order (here in Triton's interpreter)."""
+    pytest.importorskip("triton")
+    from fp4train.kernels import nvfp4_values
+    from fp4train.kernels.nvfp4_values import nvfp4_stacked_values
+    from fp4train.optim.newton_schulz import _nvfp4_gram, _nvfp4_mm, nvfp4_kernel_gram, nvfp4_kernel_mm
+
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(3, 32, 64, generator=g) * torch.logspace(-2, 2, 64)
+    rows, cols = nvfp4_values(x[0], axis=1), nvfp4_values(x[0].T.contiguous(), axis=0)
+    assert torch.equal(rows.values, cols.values.T) and torch.equal(rows.divisor, cols.divisor)
+    (vr, sr), (vc, sc) = nvfp4_stacked_values(x, axis=2), nvfp4_stacked_values(x.mT.contiguous(), axis=1)
+    assert torch.equal(vr, vc.mT) and torch.equal(sr, sc)
+    for a in (x[0], x):
+        torch.testing.assert_close(nvfp4_kernel_gram(a), nvfp4_kernel_mm(a, a.transpose(-2, -1)), rtol=1e-4, atol=0)
+        assert torch.equal(_nvfp4_gram(a), _nvfp4_mm(a, a.transpose(-2, -1)))  # the reference: the product itself
+
+
 def test_a_stack_of_updates_takes_each_matrixs_own_nvfp4_iteration():
     """Q-Root's same-shape parameters orthogonalized as one stack (one launch a pass for all their NVFP4 operands): each
     matrix quantized with its own tensor scale, each parameter moved as by its own step - up to the order of the sums,

@@ -114,6 +114,33 @@ def _(x, y):
     return x.new_empty(*x.shape[:-1], y.shape[-1], dtype=torch.float32)
 
 
+def _nvfp4_gram(x: torch.Tensor) -> torch.Tensor:
+    """``_nvfp4_mm(x, x^T)``: both operands are ``x`` in blocks along its rows, quantized once where the kernels
+    quantize (the same values twice otherwise)."""
+    if x.is_cuda and not _is_batched(x) and kernels_usable_on(x):
+        return nvfp4_kernel_gram(x)
+    return _nvfp4_mm(x, x.transpose(-2, -1))
+
+
+@torch.library.custom_op("fp4train::nvfp4_kernel_gram", mutates_args=())
+def nvfp4_kernel_gram(x: torch.Tensor) -> torch.Tensor:
+    """:func:`nvfp4_kernel_mm` ``(x, x^T)`` (2D or a stack) with ``x`` quantized once: ``x^T``'s blocks down its columns
+    are ``x``'s along its rows, the same values, multiplied transposed (no copy)."""
+    from ..kernels import nvfp4_values
+    from ..kernels.nvfp4_values import nvfp4_stacked_values
+
+    if x.ndim == 2:
+        v = nvfp4_values(x.float(), axis=1)
+        return _values_mm(v.values, v.values.T) / v.divisor / v.divisor
+    vx, sx = nvfp4_stacked_values(x.float(), axis=2)
+    return _values_mm(vx, vx.mT) / sx[:, None, None] / sx[:, None, None]
+
+
+@nvfp4_kernel_gram.register_fake
+def _(x):
+    return x.new_empty(*x.shape[:-1], x.shape[-2], dtype=torch.float32)
+
+
 def as_triples(coefficients) -> tuple:
     """One ``(a, b, c)`` or per-step triples as float tuples (hashable: compiled steps specialize on them; a
     checkpoint's JSON lists come back as tuples)."""
@@ -132,13 +159,16 @@ def per_step(coefficients, steps: int) -> tuple[tuple[float, float, float], ...]
     return triples
 
 
-def nvfp4_iteration(x: torch.Tensor, coefficients, mm, *, eps: float = 0.0, rows: int | None = None) -> torch.Tensor:
+def nvfp4_iteration(x: torch.Tensor, coefficients, mm, *, gram_mm=None, eps: float = 0.0,
+                    rows: int | None = None) -> torch.Tensor:
     """The NVFP4 iteration of :func:`newton_schulz` on ``x`` ``[..., m, n]`` (``m <= n``,
     any scale) with per-step ``coefficients``: ``[..., steps, 3]`` (a batch of candidates broadcast against ``x``) or
     one ``(a, b, c)`` of floats per step - the one loop the optimizer runs and the fit
     (:mod:`.nvfp4_ns_fit`) scores; ``mm``: the NVFP4 product. ``eps`` floors the Gram matrix's norm; ``rows``: the rows
-    before zero padding (the renormalization's ``m``), ``x``'s own by default."""
-    gram = mm(x, x.transpose(-2, -1))
+    before zero padding (the renormalization's ``m``), ``x``'s own by default; ``gram_mm``: ``mm(x, x^T)`` made
+    cheaper, if given."""
+    gram_mm = gram_mm or (lambda x: mm(x, x.transpose(-2, -1)))
+    gram = gram_mm(x)
     f = gram.norm(dim=(-2, -1), keepdim=True).sqrt().clamp(min=eps) * GRAM_MARGIN
     x, gram = x / f, gram / (f * f)
     root_rows = math.sqrt(x.shape[-2] if rows is None else rows)
@@ -146,7 +176,7 @@ def nvfp4_iteration(x: torch.Tensor, coefficients, mm, *, eps: float = 0.0, rows
         coefficients = [[coefficients[..., k, i, None, None] for i in range(3)] for k in range(coefficients.shape[-2])]
     for k, (a, b, c) in enumerate(coefficients):
         if k:
-            gram = mm(x, x.transpose(-2, -1))
+            gram = gram_mm(x)
             over = (top_singular_value(gram) / TOP_LIMIT).clamp(min=1)
             x, gram = x / over, gram / (over * over)
         x = a * x + mm(b * gram + c * mm(gram, gram), x)
@@ -184,6 +214,6 @@ def newton_schulz(g: torch.Tensor, coefficients: Sequence = BF16_COEFFICIENTS, s
     # a partial block's scale is its own elements'), so the matrix's iteration is unchanged; cut off at the end
     x = torch.nn.functional.pad(x, (0, -cols % 16, 0, -rows % 16))
     x = x / (x.norm() if x.ndim == 2 else x.norm(dim=(-2, -1), keepdim=True)).clamp(min=eps)
-    x = nvfp4_iteration(x, coefficients, _nvfp4_mm, eps=eps, rows=rows)
+    x = nvfp4_iteration(x, coefficients, _nvfp4_mm, gram_mm=_nvfp4_gram, eps=eps, rows=rows)
     x = x[..., :rows, :cols]
     return x.mT if tall else x
