@@ -27,6 +27,13 @@ def _load(name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _newest(benchmark: str) -> dict | None:
+    """The most recent of a benchmark's result files over every GPU (``<benchmark>-<gpu>.json``), for a table that
+    follows the work wherever it was last measured (its caption names the GPU)."""
+    found = [json.loads(p.read_text()) for p in sorted(RESULTS.glob(f"{benchmark}-*.json"))]
+    return max(found, key=lambda d: d["date"], default=None)
+
+
 def _provenance(d: dict, *, device: bool = True) -> str:
     """Where and from what a results file was made: device (unless named elsewhere), torch, commit, date."""
     what = f"torch {d['torch'].split('+')[0]}, commit {d['commit']}, {d['date']}"
@@ -270,17 +277,18 @@ def scaling_table(d: dict) -> str:
 
 def profile_table(d: dict) -> str:
     """Milliseconds of GPU kernels per training step by class, and each recipe's three costliest "other" kernels (operand preparation among them)."""
-    lines = ["| recipe | kernels ms/step | GEMM | attention | optimizer | other | largest other kernels (ms/step × calls) |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+    lines = ["| recipe | step ms, wall (optimizer) | kernels ms/step | GEMM | attention | optimizer | other | largest other kernels "
+             "(ms/step × calls) |", "|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in d["results"]:
         if "error" in r:
-            lines.append(f"| {r['recipe']} | failed | | | | | {r['error'][:80]} |")
+            lines.append(f"| {r['recipe']} | failed | | | | | | {r['error'][:80]} |")
             continue
+        wall = f"{r['wall_ms']:.1f} ({r['optimizer_wall_ms']:.1f})" if "wall_ms" in r else "—"
         top = [k for k in r["top_kernels"] if k["class"] == "other"][:3]
         tops = "; ".join(f"`{k['name'][:40]}` {k['ms']:.1f} × {k['calls']}" for k in top)
         # a row kept from an earlier run of other code says which
         label = r["recipe"] + (f" (commit {r['commit']})" if r.get("commit") not in (None, d["commit"]) else "")
-        lines.append(f"| {label} | {r['total_ms']:.1f} | {r['gemm_ms']:.1f} | {r['attention_ms']:.1f} | {r['optimizer_ms']:.1f} "
+        lines.append(f"| {label} | {wall} | {r['total_ms']:.1f} | {r['gemm_ms']:.1f} | {r['attention_ms']:.1f} | {r['optimizer_ms']:.1f} "
                      f"| {r['other_ms']:.1f} | {tops} |")
     how = f"{d['model']}, batch {d['batch_size']} × sequence {d['seq_len']}, compiled (default mode), {d['steps']} steps profiled"
     return "\n".join(lines + ["", f"_{how}; {_provenance(d)}; `python bench/profile_step.py`._"])
@@ -295,11 +303,11 @@ def tables(gpu: str) -> dict[str, str]:
     runs = [d for d in (_load(f"train_speed-{m}-{gpu}.json") for m in ("1b", "3b")) if d]
     if runs:
         out["train"] = train_table(runs)
-    if d := _load(f"train_speed-20m-{gpu}.json"):  # the comparison protocol's size and batch
+    if d := _newest("train_speed-20m"):  # the comparison protocol's size and batch: Full-Stack FP4's, newest first
         out["train_20m"] = train_table([d])
     if d := _load(f"profile_step-1b-{gpu}.json"):
         out["profile"] = profile_table(d)
-    if d := _load(f"profile_step-20m-{gpu}.json"):  # Full-Stack FP4 at the comparison protocol's size
+    if d := _newest("profile_step-20m"):  # Full-Stack FP4 at the comparison protocol's size
         out["profile_20m"] = profile_table(d)
     if d := _load(f"gemm_speed-{gpu}.json"):
         out["gemm"] = gemm_table(d)

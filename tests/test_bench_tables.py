@@ -280,12 +280,13 @@ def test_a_step_profile_puts_each_kernel_in_one_class_and_tables_the_preparation
          "steps": 2, "results": [
              {"recipe": "bf16", "total_ms": 200.0, "gemm_ms": 140.0, "attention_ms": 25.0, "optimizer_ms": 12.0, "other_ms": 23.0,
               "top_kernels": [{"name": "nvjet", "class": "gemm", "ms": 40.0, "calls": 80}]},
-             {"recipe": "nvfp4", "total_ms": 366.5, "gemm_ms": 126.5, "attention_ms": 21.1, "optimizer_ms": 11.7, "other_ms": 207.2,
+             {"recipe": "nvfp4", "wall_ms": 400.25, "optimizer_wall_ms": 12.5, "total_ms": 366.5, "gemm_ms": 126.5, "attention_ms": 21.1, "optimizer_ms": 11.7, "other_ms": 207.2,
               "top_kernels": [{"name": "nvjet", "class": "gemm", "ms": 31.9, "calls": 70},
                               {"name": "_cols_kernel", "class": "other", "ms": 34.1, "calls": 98}]},
              {"recipe": "tib2d", "error": "OutOfMemoryError: CUDA out of memory"}]}
     t = tables.profile_table(d)
-    assert "| nvfp4 | 366.5 | 126.5 | 21.1 | 11.7 | 207.2 | `_cols_kernel` 34.1 × 98 |" in t
+    assert "| nvfp4 | 400.2 (12.5) | 366.5 | 126.5 | 21.1 | 11.7 | 207.2 | `_cols_kernel` 34.1 × 98 |" in t
+    assert "| bf16 | — | 200.0 |" in t  # a row profiled before wall times were taken
     assert "| tib2d | failed |" in t and "`nvjet`" not in t and "python bench/profile_step.py" in t
 
 

@@ -146,3 +146,29 @@ def test_a_root_trained_recipe_is_measured_against_bf16_trained_with_root(tmp_pa
     assert full["gap_pct_per_seed"] == pytest.approx({"0": (4.1 / 3.9 - 1) * 100, "1": (4.2 / 4.0 - 1) * 100})
     assert mx["gap_pct_per_seed"] == pytest.approx({"0": 5.0, "1": (4.4 / 4.2 - 1) * 100})
     assert "gap is to `bf16-root`" in (tmp_path / "report.md").read_text()
+
+
+def test_a_report_of_runs_on_two_gpus_names_each_gpus_recipes(tmp_path):
+    """A comparison continued on another machine (a recipe added later): the report names every GPU and what ran on
+    it, not the first run's alone."""
+    import fp4train.train.compare as cmp
+
+    def run(name, seed, loss, gpu):
+        d = tmp_path / "runs" / cmp.run_name(name, seed)
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"final_val_loss": loss, "seed": seed, "optimizer": "adamw", "model": "tiny",
+                                                    "tokens": 10, "steps": 2, "device": "cuda", "gpu": gpu,
+                                                    "tokens_per_s": 5.0, "peak_mem_gib": None}))
+        (d / "metrics.jsonl").write_text(json.dumps({"step": 2, "val_loss": loss}) + "\n")
+
+    run("bf16", 0, 4.0, "NVIDIA H200")
+    run("mxfp4", 0, 4.1, "NVIDIA H100 80GB HBM3")
+    rep = cmp.write_report(tmp_path, ["bf16", "mxfp4"], [0])
+    assert rep["hardware"] == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"] and rep["recipes"]["mxfp4"]["hardware"] == [
+        "NVIDIA H100 80GB HBM3"]
+    assert ("Hardware: NVIDIA H100 80GB HBM3 (mxfp4); NVIDIA H200 (bf16) - tokens/s compare within one."
+            in (tmp_path / "report.md").read_text())
+    run("mxfp4", 1, 4.1, "NVIDIA H200")
+    run("bf16", 1, 4.0, "NVIDIA H200")
+    rep = cmp.write_report(tmp_path, ["bf16", "mxfp4"], [1])
+    assert "Hardware: NVIDIA H200. Date" in (tmp_path / "report.md").read_text()

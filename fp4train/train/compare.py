@@ -428,6 +428,7 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
             "bf16_steps": max(by[(r, s)].get("bf16_steps", 0) for s in seeds),
             "optimizer": by[(r, seeds[0])].get("optimizer"),
             "baseline": baseline,
+            "hardware": sorted({_hardware(by[(r, s)]) for s in seeds}),
         }
         evals = {}
         for text in eval_data or []:
@@ -446,7 +447,8 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
     first = runs[0]
     report = {
         "model": first["model"], "tokens_per_run": first["tokens"], "steps": first["steps"], "seeds": seeds,
-        "device": first["device"], "gpu": first.get("gpu"), "date": time.strftime("%Y-%m-%d"),
+        "device": first["device"], "gpu": first.get("gpu"), "hardware": sorted({_hardware(x) for x in runs}),
+        "date": time.strftime("%Y-%m-%d"),
         "noise_floor": nf, "recipes": summary, "unfinished": unfinished,
         "numerics": sorted({x.get("numerics") or "eager" for x in runs}),
         "backends": sorted({x.get("backend") or "emulated" for x in runs}), "runs_per_gpu": runs_per_gpu,
@@ -464,6 +466,21 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
     return report
 
 
+def _hardware(run: dict) -> str:
+    """What a run trained on: its GPU's name, else its device."""
+    return run.get("gpu") or run["device"]
+
+
+def _hardware_line(rep: dict) -> str:
+    """The report's hardware: one GPU (or device), or each with the recipes that ran on it - a comparison continued
+    on another machine (a recipe added later) names both, and its tokens/s compare only within one."""
+    kinds = rep.get("hardware") or [rep["gpu"] or rep["device"]]
+    if len(kinds) == 1:
+        return f"Hardware: {kinds[0]}."
+    on = {k: [r for r, x in rep["recipes"].items() if k in x.get("hardware", [])] for k in kinds}
+    return "Hardware: " + "; ".join(f"{k} ({', '.join(rs)})" for k, rs in on.items()) + " - tokens/s compare within one."
+
+
 def _fmt(v, spec):
     return "—" if v is None else format(v, spec)
 
@@ -475,12 +492,11 @@ def _ci(x: dict) -> str:
 
 def report_markdown(rep: dict) -> str:
     """A comparison's report.md from its report.json (the tables and the verdicts)."""
-    hw = rep["gpu"] or rep["device"]
     n = len(rep["seeds"])
     lines = [
         f"# Recipe comparison: `{rep['model']}`, {rep['tokens_per_run']:,} tokens per run, seeds {rep['seeds']}",
         "",
-        f"Hardware: {hw}. Date: {rep['date']}. Validation loss at the end of training; gap = loss / BF16 loss − 1 at "
+        f"{_hardware_line(rep)} Date: {rep['date']}. Validation loss at the end of training; gap = loss / BF16 loss − 1 at "
         f"the same seed, its mean over the {n} seeds with a 95% interval (paired t over seeds); a gap is resolved when "
         f"the interval excludes 0. Tokens/s: backend {', '.join(rep.get('backends', ['emulated']))}, numerics {', '.join(rep.get('numerics', []))}"
         + (f", up to {rep['runs_per_gpu']} runs sharing each GPU at once (compare them with each other only; "
