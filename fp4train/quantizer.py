@@ -21,13 +21,13 @@ from dataclasses import dataclass
 
 import torch
 
+from . import kernel_coverage as coverage
 from .formats.qtensor import QuantizedTensor, ScaledBF16
 from .formats.quantize import FORMATS, check_request, encode_blocks, geometry, quantize_tensors, sr_keys
 from .transforms.hadamard import block_transform, hadamard_tensors, signs
 from .transforms.hadamard import check_request as check_hadamard
 
 NUMERICS = ("eager", "compiled", "triton")
-_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 #: Triton is an optional dependency: PyTorch's CUDA builds for Linux bring it, and a CPU needs it only for the tests
@@ -139,7 +139,7 @@ def compiled_cores(numerics: str, cuda: bool) -> bool:
 def hadamard_impl(numerics: str, cuda: bool, ndim: int, dtype: torch.dtype) -> str:
     """How a block Hadamard transform runs: ``"kernel"`` (2D CUDA tensors, numerics other than eager),
     ``"compiled"`` or ``"reference"``."""
-    if numerics != "eager" and cuda and ndim == 2 and dtype in _KERNEL_DTYPES:
+    if numerics != "eager" and cuda and ndim == 2 and dtype in coverage.KERNEL_DTYPES:
         return "kernel"
     return "compiled" if compiled_cores(numerics, cuda) else "reference"
 
@@ -149,11 +149,9 @@ def quantize_impl(numerics: str, cuda: bool, kernels_usable: bool, shape: tuple,
     """How a checked request (``block``/``axis`` as :func:`~fp4train.formats.quantize.geometry` gives them) is quantized
     and packed: ``"kernel"`` where a Triton kernel covers it under ``"triton"`` numerics, else ``"compiled"`` or
     ``"reference"``."""
-    if numerics == "triton" and kernels_usable:
-        from .kernels import dispatch
-
-        if dispatch.quantize_kernel(shape, dtype, fmt, block, axis, scale, rounding, four_over_six) is not None:
-            return "kernel"
+    if numerics == "triton" and kernels_usable and coverage.quantize_kernel(shape, dtype, fmt, block, axis, scale, rounding,
+                                                                             four_over_six):
+        return "kernel"
     return "compiled" if compiled_cores(numerics, cuda) else "reference"
 
 
@@ -161,23 +159,17 @@ def values_impl(numerics: str, cuda: bool, kernels_usable: bool, shape: tuple, d
                 axis: int) -> str | None:
     """How an operand multiplied at once is quantized straight into BF16 values and factors: ``"values kernel"``,
     ``"compiled values"``, or None where these numerics have no such path (eager: the packed reference)."""
-    if numerics == "triton" and kernels_usable:
-        from .kernels import dispatch
-
-        if dispatch.values_kernel(shape, dtype, fmt, kw, axis) is not None:
-            return "values kernel"
+    if numerics == "triton" and kernels_usable and coverage.values_kernel(shape, dtype, fmt, kw, axis):
+        return "values kernel"
     return "compiled values" if compiled_cores(numerics, cuda) else None
 
 
 def fuses_hadamard(numerics: str, kernels_usable: bool, shape: tuple, dtype: torch.dtype, fmt: str, kw: dict, axis: int,
                    transform_block: int, packed: bool) -> bool:
     """Does a Triton kernel quantize the operand together with its GEMM's block Hadamard transform (``"triton"``
-    numerics; :func:`fp4train.kernels.dispatch.hadamard_quantize_kernel`)?"""
-    if numerics != "triton" or not kernels_usable:
-        return False
-    from .kernels import dispatch
-
-    return dispatch.hadamard_quantize_kernel(shape, dtype, fmt, kw, axis, transform_block, packed) is not None
+    numerics; :func:`fp4train.kernel_coverage.hadamard_quantize_kernel`)?"""
+    return (numerics == "triton" and kernels_usable
+            and coverage.hadamard_quantize_kernel(shape, dtype, fmt, kw, axis, transform_block, packed) is not None)
 
 
 @dataclass(frozen=True)

@@ -162,3 +162,35 @@ def test_eager_numerics_launch_no_triton_kernel(recipe, triton_launches):
             assert torch.equal(a, b)
         else:  # the same operands; the GEMMs' summation order may differ
             torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3 * a.abs().max().item())
+
+
+def _gpu_plans() -> dict[str, str]:
+    """Every preset's (and AdaHOP's strategies') plan for a GPU with Triton kernels, on both backends, as text."""
+    out = {}
+    for name, spec in _specs():
+        for fp8 in (False, True):
+            for m in (2048, 48):
+                plan = make_plan(spec, Where("triton", fp8, True, True), m, 256, 384, torch.bfloat16, torch.float32,
+                                 torch.bfloat16)
+                out[f"{name} fp8={fp8} m={m}"] = plan.describe()
+    return out
+
+
+def test_every_preset_plans_for_a_gpu_without_importing_triton():
+    """What a kernel covers is plain data (fp4train.kernel_coverage): a GPU's plan - Triton kernels named where they
+    would run - is made with Triton unimportable, the same plan as with it; only running a kernel imports Triton."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['triton'] = None\n"  # import triton raises ImportError
+            "sys.path.insert(0, 'tests'); import json, test_plan\n"
+            "plans = test_plan._gpu_plans()\n"
+            "assert not any(m == 'triton' or m.startswith('triton.') for m in sys.modules if sys.modules[m] is not None)\n"
+            "print(json.dumps(plans))")
+    root = __import__("pathlib").Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    without = json.loads(r.stdout.strip().splitlines()[-1])
+    assert without == _gpu_plans()
+    assert sum("kernel" in text for text in without.values()) > len(without) // 2  # kernels are planned, not dropped

@@ -30,12 +30,9 @@ import torch
 from ..formats.fold import FoldedFP8, fold
 from ..formats.layout import BlockLayout
 from ..formats.qtensor import QuantizedTensor, ScaledBF16
+from ..kernel_coverage import KERNEL_DTYPES
 from ..quantizer import kernels_usable_on
 from ..recipes.spec import QuantSpec, TransformSpec
-
-
-_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
 
 # What the kernels below take, as predicates on the specs and shapes: a layer's operand plan
 # (fp4train.linear.plan) decides by them before anything runs.
@@ -72,7 +69,7 @@ def pair_fits(kind: str | None, shape: tuple, dtype: torch.dtype, b_role: int = 
     """Can the pair kernels make pair ``kind`` of a tensor of ``shape`` ``[..., K]`` (M = its rows, flattened) for
     the along-M half's GEMM operand ``b_role``? FP8 rowwise: any float input, either role; MXFP4:
     M % 32 == 0, K % 128 == 0, B only (its along-M half is packed for wgrad's B)."""
-    if len(shape) < 2 or dtype not in _KERNEL_DTYPES:
+    if len(shape) < 2 or dtype not in KERNEL_DTYPES:
         return False
     if kind == "fp8":
         return True
