@@ -10,7 +10,6 @@ import torch.nn.functional as F
 import fp4train
 import fp4train.models
 from fp4train.attention import nvfp4_attention, quantize_ds, quantize_heads, reference, set_attention
-from fp4train.kernels import attention as kernel
 
 
 def _inputs(b=1, h=4, hkv=2, t=100, d=64, seed=0, device="cpu"):
@@ -109,8 +108,17 @@ def test_quantize_ds_is_nvfp4_per_64x64_tile():
     assert torch.equal(values, values.bfloat16().float())  # q * sb: exact in BF16
 
 
+@pytest.fixture
+def kernel():
+    """The Triton attention kernels (the reference above imports none: without Triton these tests skip, saying so)."""
+    pytest.importorskip("triton")
+    from fp4train.kernels import attention
+
+    return attention
+
+
 @pytest.mark.parametrize("causal,d,t", [(True, 64, 100), (False, 32, 64)])
-def test_triton_kernels_match_the_reference(causal, d, t, sqnr):
+def test_triton_kernels_match_the_reference(causal, d, t, sqnr, kernel):
     """The kernels (on the CPU through Triton's interpreter, which the test setup switches on): forward within P's BF16 rounding; given the same saved tensors the
     backward's dQ/dK differ from the reference only in FP32 summation order, dV within P's BF16 rounding."""
     q, k, v, do = _inputs(t=t, d=d, device="cuda" if torch.cuda.is_available() else "cpu")
@@ -127,7 +135,7 @@ def test_triton_kernels_match_the_reference(causal, d, t, sqnr):
 
 
 @pytest.mark.parametrize("causal", [True, False])
-def test_deterministic_backward_sums_the_same_dq(causal, sqnr):
+def test_deterministic_backward_sums_the_same_dq(causal, sqnr, kernel):
     """Under torch.use_deterministic_algorithms the backward writes per-key-tile dQ partials (no atomics) and sums
     them after: the same dQ up to FP32 summation order, identical dK/dV, and the same bits when repeated."""
     q, k, v, do = _inputs(t=160, d=32, device="cuda" if torch.cuda.is_available() else "cpu")  # 3 key tiles, one partial
