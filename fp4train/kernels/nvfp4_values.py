@@ -89,18 +89,27 @@ def nvfp4_values(x: torch.Tensor, *, axis: int, rounding: str = "nearest", seed:
     y = torch.empty(M, K, dtype=torch.bfloat16, device=x.device)
     sr, key, key2, kp = _keys(rounding, seed, x.device)
     if M and K:
-        if axis % 2 == 1:
-            rb, nb = 16, 8
-            _rows_kernel[(triton.cdiv(M, rb), triton.cdiv(K, 16 * nb))](x, s_enc, y, M, K, x.stride(0), y.stride(0),
-                                                                         key, key2, M, SR=sr, RB=rb, NB=nb, KEYS_PTR=kp,
-                                                                         **four_six(four_over_six))
-        else:
-            bk = 64  # 64 columns on two warps: 1.3-1.8x faster than on four on the H200 (16384 x 2048/8192 BF16)
-            _cols_kernel[(M // 16, triton.cdiv(K, bk))](x, s_enc, y, M, K, x.stride(0), y.stride(0), key, key2, M, SR=sr, BK=bk,
-                                                        KEYS_PTR=kp, d_ptr=d, H=hadamard, HAS_D=signs is not None,
-                                                        NORM=norm(16), ROUND_BF16=x.dtype == torch.bfloat16, num_warps=2,
-                                                        **four_six(four_over_six))
+        _launch(x, s_enc, y, along_rows=axis % 2 == 1, rows_per_scale=M, sr=sr, key=key, key2=key2, kp=kp, d=d,
+                hadamard=hadamard, has_signs=signs is not None, four_over_six=four_over_six)
     return ScaledBF16(y, None, s_enc.reshape(()), axis % 2)
+
+
+def _launch(x, s_enc, y, *, along_rows: bool, rows_per_scale: int, sr: bool = False, key=0, key2=0, kp: bool = False,
+            d=None, hadamard: bool = False, has_signs: bool = False, four_over_six: bool = False) -> None:
+    """The values kernel over a contiguous 2D ``x`` (a stack's matrices one below the other, ``rows_per_scale`` rows
+    each under its own tensor scale) into ``y``: 1x16 blocks along the rows, or down the columns."""
+    M, K = x.shape
+    if along_rows:
+        rb, nb = 16, 8
+        _rows_kernel[(triton.cdiv(M, rb), triton.cdiv(K, 16 * nb))](x, s_enc, y, M, K, x.stride(0), y.stride(0), key, key2,
+                                                                     rows_per_scale, SR=sr, RB=rb, NB=nb, KEYS_PTR=kp,
+                                                                     **four_six(four_over_six))
+    else:
+        bk = 64  # 64 columns on two warps: 1.3-1.8x faster than on four on the H200 (16384 x 2048/8192 BF16)
+        _cols_kernel[(M // 16, triton.cdiv(K, bk))](x, s_enc, y, M, K, x.stride(0), y.stride(0), key, key2, rows_per_scale,
+                                                    SR=sr, BK=bk, KEYS_PTR=kp, d_ptr=d, H=hadamard, HAS_D=has_signs,
+                                                    NORM=norm(16), ROUND_BF16=x.dtype == torch.bfloat16, num_warps=2,
+                                                    **four_six(four_over_six))
 
 
 def nvfp4_stacked_values(x: torch.Tensor, *, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,10 +127,5 @@ def nvfp4_stacked_values(x: torch.Tensor, *, axis: int) -> tuple[torch.Tensor, t
     s_enc = device_tensor_scale(flat, tensors=n) if n else x.new_ones(0, dtype=torch.float32)
     y = torch.empty(n * rows, K, dtype=torch.bfloat16, device=x.device)
     if flat.numel():
-        if axis % 3 == 2:
-            _rows_kernel[(n * rows // 16, triton.cdiv(K, 16 * 8))](flat, s_enc, y, n * rows, K, K, K, 0, 0, rows, SR=False, RB=16,
-                                                                 NB=8)
-        else:
-            _cols_kernel[(n * rows // 16, triton.cdiv(K, 64))](flat, s_enc, y, n * rows, K, K, K, 0, 0, rows, SR=False, BK=64,
-                                                             num_warps=2)
+        _launch(flat, s_enc, y, along_rows=axis % 3 == 2, rows_per_scale=rows)
     return y.reshape(n, rows, K), s_enc
