@@ -64,17 +64,26 @@ def _four_over_six(x, amax, s_enc, code6, sb6, SR: tl.constexpr):
     ``(code6, sb6)``: the 4-scale (``amax / 4``) where its round-to-nearest encoding's squared error is smaller
     - the reference's choice (:func:`fp4train.formats.nvfp4.encode_blocks`): errors of the nearest encodings,
     under SR too, summed in its fixed tree. Launch with ``enable_fp_fusion=False`` (:func:`four_six`)."""
+    code4, sb4, near4, near6 = _four_six_candidates(amax, s_enc, sb6, SR)
+    err4 = _pairwise_sum16(_squared_errors(x, s_enc, near4[:, None]))
+    err6 = _pairwise_sum16(_squared_errors(x, s_enc, near6[:, None]))
+    use4 = err4 < err6
+    return tl.where(use4, code4, code6), tl.where(use4, sb4, sb6)
+
+
+@triton.jit
+def _four_six_candidates(amax, s_enc, sb6, SR: tl.constexpr):
+    """4/6's candidates for blocks with amaxes ``amax`` and 6-scale ``sb6``: the 4-scale ``(code4, sb4)`` (bumped
+    under SR as the 6-scale is), and the two nearest scales ``(near4, near6)`` the choice is made on - SR's bump may
+    have moved the scales the blocks are encoded with."""
     code4, sb4 = _nvfp4_scale(amax, s_enc, SR, 4.0)
-    if SR:  # the choice is made on the nearest scales, which SR's bump may have moved
+    if SR:
         _, near6 = _nvfp4_scale(amax, s_enc, False, 6.0)
         _, near4 = _nvfp4_scale(amax, s_enc, False, 4.0)
     else:
         near6 = sb6
         near4 = sb4
-    err4 = _pairwise_sum16(_squared_errors(x, s_enc, near4[:, None]))
-    err6 = _pairwise_sum16(_squared_errors(x, s_enc, near6[:, None]))
-    use4 = err4 < err6
-    return tl.where(use4, code4, code6), tl.where(use4, sb4, sb6)
+    return code4, sb4, near4, near6
 
 
 @triton.jit

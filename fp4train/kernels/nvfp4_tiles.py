@@ -37,7 +37,7 @@ import triton.language as tl
 from ..formats.layout import BlockLayout
 from ..formats.qtensor import QuantizedTensor, ScaledBF16
 from .mx_quantize import _e2m1_codes, _kernel_keys, _keys, _uniforms
-from .nvfp4_quantize import _nvfp4_scale, _nvfp4_scaled, _squared_errors, device_tensor_scale, four_six
+from .nvfp4_quantize import _four_six_candidates, _nvfp4_scale, _nvfp4_scaled, _squared_errors, device_tensor_scale, four_six
 from .scaled_decode import decode_scaled_bf16
 
 TILES_PER_PROGRAM = 8  # 16 x 128 elements per program
@@ -71,13 +71,7 @@ def _nvfp4_tile_kernel(x_ptr, s_enc_ptr, codes_ptr, scales_ptr, R, C, n_tc, sx, 
     amax = tl.max(tl.max(tl.maximum(tl.abs(xe), tl.abs(xo)), axis=2), axis=0)
     sb_code, sb = _nvfp4_scale(amax, s_enc, SR, 6.0)
     if FOUR_SIX:  # 4/6 as the 1x16 kernels choose it (nvfp4_quantize._four_over_six), the errors summed over the tile
-        code4, sb4 = _nvfp4_scale(amax, s_enc, SR, 4.0)
-        if SR:
-            _, near6 = _nvfp4_scale(amax, s_enc, False, 6.0)
-            _, near4 = _nvfp4_scale(amax, s_enc, False, 4.0)
-        else:
-            near6 = sb
-            near4 = sb4
+        code4, sb4, near4, near6 = _four_six_candidates(amax, s_enc, sb, SR)
         n4, n6 = near4[None, :, None], near6[None, :, None]
         err4 = _tile_sum(_squared_errors(xe, s_enc, n4), _squared_errors(xo, s_enc, n4), NB)
         err6 = _tile_sum(_squared_errors(xe, s_enc, n6), _squared_errors(xo, s_enc, n6), NB)
