@@ -74,10 +74,17 @@ def _nvfp4_mm(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if x.ndim == 3:
         return torch.stack([_nvfp4_mm(a, b) for a, b in zip(x.unbind(), y.unbind())])
     qx = quantize(x.float(), "nvfp4", axis=1)
-    qy = quantize(y.T.float(), "nvfp4", axis=1)  # y's columns as rows: blocks along the inner dim
+    return _reference_product(x, qx, quantize(y.T.float(), "nvfp4", axis=1))  # y's columns as rows: blocks along K
+
+
+def _reference_product(x: torch.Tensor, qx, qy) -> torch.Tensor:
+    """``qx @ qy^T`` of two 2D NVFP4 operands blocked along the inner dim (``qy`` may be ``qx``: a Gram matrix): their
+    exact BF16 values on BF16 tensor cores where ``x`` is a CUDA tensor, FP32 values elsewhere."""
     if x.is_cuda and not _is_batched(x):
-        return _scaled_mm(qx.scaled_bf16(), qy.scaled_bf16().t())
-    return qx.dequantize(torch.float32) @ qy.dequantize(torch.float32).T
+        sx = qx.scaled_bf16()
+        return _scaled_mm(sx, (sx if qy is qx else qy.scaled_bf16()).t())
+    dx = qx.dequantize(torch.float32)
+    return dx @ (dx if qy is qx else qy.dequantize(torch.float32)).T
 
 
 def _scaled_mm(sx, sy) -> torch.Tensor:
@@ -115,11 +122,13 @@ def _(x, y):
 
 
 def _nvfp4_gram(x: torch.Tensor) -> torch.Tensor:
-    """``_nvfp4_mm(x, x^T)``: both operands are ``x`` in blocks along its rows, quantized once where the kernels
-    quantize (the same values twice otherwise)."""
+    """``_nvfp4_mm(x, x^T)``: both operands are ``x`` in blocks along its rows, so ``x`` is quantized once."""
     if x.is_cuda and not _is_batched(x) and kernels_usable_on(x):
         return nvfp4_kernel_gram(x)
-    return _nvfp4_mm(x, x.transpose(-2, -1))
+    if x.ndim == 3:
+        return torch.stack([_nvfp4_gram(a) for a in x.unbind()])
+    q = quantize(x.float(), "nvfp4", axis=1)
+    return _reference_product(x, q, q)
 
 
 @torch.library.custom_op("fp4train::nvfp4_kernel_gram", mutates_args=())
