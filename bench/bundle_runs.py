@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from fp4train.train.compare import _curve  # the curves a comparison's report.json keeps, read the same way
+from fp4train.train.compare import run_curve  # the curves a comparison's report.json keeps, read the same way
 
 
 def bundle(folder: Path, subfolders: list[str]) -> dict:
@@ -29,7 +29,7 @@ def bundle(folder: Path, subfolders: list[str]) -> dict:
         for run in found:
             runs[f"{sub}/{run.name}"] = {"summary": json.loads((run / "summary.json").read_text()),
                                          "config": json.loads((run / "config.json").read_text()),
-                                         "curve": _curve(run), "train_curve": _curve(run, "loss")}
+                                         "curve": run_curve(run), "train_curve": run_curve(run, "loss")}
     return runs
 
 

@@ -36,11 +36,16 @@ def write_results(path: Path, results, **settings) -> dict:
     """Write ``results`` with the run's provenance and ``settings`` to ``path`` (made if missing); returns
     what was written. Called after every measured row by the long benchmarks: a run cut short keeps what
     it measured."""
-    out = {"gpu": device_name(), "date": datetime.date.today().isoformat(), "commit": code_commit() or "unknown",
-           "torch": torch.__version__, **settings, "results": results}
+    out = _record(results, **settings)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1) + "\n")
     return out
+
+
+def _record(results, **settings) -> dict:
+    """``results`` with the run's provenance (device, date, commit, torch) and ``settings``."""
+    return {"gpu": device_name(), "date": datetime.date.today().isoformat(), "commit": code_commit() or "unknown",
+            "torch": torch.__version__, **settings, "results": results}
 
 
 def write_section(path: Path, key: str, results, **settings) -> dict:
@@ -48,8 +53,7 @@ def write_section(path: Path, key: str, results, **settings) -> dict:
     model preset, say): the other sections are kept, this one replaced. Returns what was written of it."""
     old = json.loads(path.read_text()) if path.exists() else {}
     sections = old.get("sections", {})
-    sections[key] = {"gpu": device_name(), "date": datetime.date.today().isoformat(), "commit": code_commit() or "unknown",
-                     "torch": torch.__version__, **settings, "results": results}
+    sections[key] = _record(results, **settings)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"sections": dict(sorted(sections.items()))}, indent=1) + "\n")
     return sections[key]

@@ -97,7 +97,9 @@ def profile(recipe: str, *, model: str, data: str | None, batch: int, seq: int, 
             host: bool = False) -> dict:
     rec = fp4train.recipes.get(recipe)
     calib = rec.calibration_steps if rec.calibrate else 0
-    cfg = TrainConfig(model=model, recipe=recipe, data=data, seq_len=seq, batch_size=batch, max_steps=calib + warmup + steps + 1,
+    runs = 3 if host else 2  # timed, profiled (and the host's profile)
+    cfg = TrainConfig(model=model, recipe=recipe, data=data, seq_len=seq, batch_size=batch,
+                      max_steps=calib + warmup + runs * steps + 1,
                       warmup_steps=0, eval_every=0, eval_batches=1, out=str(out / recipe), progress=False, tensorboard=False,
                       compile=True, compile_mode="default")
     t = Trainer(cfg, log=lambda m: print(f"  [{recipe}] {m}", flush=True), checkpoints=False)

@@ -1,4 +1,5 @@
-"""Which Triton kernel covers a quantization request - plain Python, importable without Triton or a GPU.
+"""Which Triton kernel covers a quantization request - plain Python over the formats' definitions, importable without
+Triton or a GPU.
 
 A plan (:mod:`fp4train.linear.plan`, through :mod:`fp4train.quantizer`) asks these functions which kernel would
 quantize an operand, and gets the kernel's name or None (the reference, or compiled cores, then). Only executing a
@@ -21,9 +22,12 @@ from typing import NamedTuple
 
 import torch
 
+from .formats.quantize import FORMATS
+
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-BLOCK = {"mxfp4": 32, "mxfp8": 32, "nvfp4": 16}  #: the 1D block of each block-scaled format's kernels
-TILE = {"mxfp4": (32, 32), "mxfp8": (32, 32), "nvfp4": (16, 16)}  #: and its 2D tile
+#: the block-scaled formats' kernels: 1D blocks of the format's block size, and square tiles of it
+BLOCK = {f: FORMATS[f].default_block for f in ("mxfp4", "mxfp8", "nvfp4")}
+TILE = {f: (b, b) for f, b in BLOCK.items()}
 
 
 class Kernel(NamedTuple):

@@ -277,7 +277,7 @@ def run_parallel(cfgs: dict, slots: list[list[int]], on_finish=None) -> None:
         raise RuntimeError("runs failed: " + ", ".join(failed))
 
 
-def _curve(run_dir: Path, key: str = "val_loss") -> list[tuple[int, float]]:
+def run_curve(run_dir: Path, key: str = "val_loss") -> list[tuple[int, float]]:
     """``[(step, value)]`` of ``key`` (``val_loss``, or ``loss``: the training loss at every logged step) in a run's
     metrics."""
     pts = []
@@ -405,7 +405,7 @@ def write_report(out: str | Path, recipes: list[str], seeds: list[int], *, runs_
         for s in seeds:
             d = done[(r, s)]
             summ = json.loads((d / "summary.json").read_text())
-            runs.append({**summ, "recipe_arg": r, "run": d.name, "curve": _curve(d), "train_curve": _curve(d, "loss"),
+            runs.append({**summ, "recipe_arg": r, "run": d.name, "curve": run_curve(d), "train_curve": run_curve(d, "loss"),
                          **{key: json.loads((d / name).read_text()) for key, name in RUN_EVIDENCE.items()
                             if (d / name).exists()}})
     by = {(x["recipe_arg"], x["seed"]): x for x in runs}
