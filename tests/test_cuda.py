@@ -227,7 +227,7 @@ def test_gpu_stacked_nvfp4_products_are_each_matrixs_product():
     kernels, one launch a pass, then a batched BF16 GEMM with FP32 accumulation) is each matrix's own product up to
     the GEMM's summation order, and a compiled stacked step orthogonalizes each update as well as its own eager step.
     (Not closer: the NVFP4 iteration amplifies a rounding flipped by another summation order into a different point
-    of its error ball - a 1e-6 relative change of the input moves the result by up to ~20% at the same distance to
+    of its error ball - a 1e-6 relative change of the input moves the result by percents at the same distance to
     the orthogonal factor, docs/findings.md.)"""
     from fp4train.optim.newton_schulz import nvfp4_kernel_mm
     from fp4train.optim.ns_coefficients import nvfp4_coefficients
